@@ -1,0 +1,252 @@
+"""Attention detection: fused SDPA ops on every device, and matmul-softmax-matmul attention.
+
+A site records its query, key and value nodes, the nodes that belong to it, its mask node and
+the mask's recognised form ("causal", "sliding-window(W)", "padding", "packed-documents",
+"none", "unknown"). Fused ops are found by op; unfused attention is found structurally: a
+matmul whose output has two sequence dims (scores, Q·Kᵀ), the nodes that keep both sequence
+dims (scale, mask, softmax, dropout), and the matmul that contracts the key dim with V.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx as fx
+
+from .axes import RuleOut, normalize_dim
+from .rules import register, shape
+
+aten = torch.ops.aten
+
+SDPA_OPS = tuple(
+    op for op in (
+        getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None),
+        getattr(aten, "_scaled_dot_product_flash_attention", None),
+        getattr(aten, "_scaled_dot_product_efficient_attention", None),
+        getattr(aten, "_scaled_dot_product_cudnn_attention", None),
+        getattr(aten, "_scaled_dot_product_attention_math", None),
+        getattr(aten, "_scaled_dot_product_fused_attention_overrideable", None),
+        getattr(aten, "scaled_dot_product_attention", None),
+    ) if op is not None
+)
+SDPA_OVERLOADS = tuple(op.default for op in SDPA_OPS)
+SDPA_BACKWARD = tuple(
+    getattr(aten, name).default for name in (
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "_scaled_dot_product_flash_attention_backward",
+        "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_cudnn_attention_backward",
+        "_scaled_dot_product_fused_attention_overrideable_backward",
+    ) if hasattr(aten, name)
+)
+
+
+def bind(node: fx.Node) -> dict:
+    """Arguments of an OpOverload call by schema name."""
+    schema = node.target._schema
+    out = {}
+    for i, a in enumerate(schema.arguments):
+        if i < len(node.args):
+            out[a.name] = node.args[i]
+        elif a.name in node.kwargs:
+            out[a.name] = node.kwargs[a.name]
+        elif a.has_default_value():
+            out[a.name] = a.default_value
+    return out
+
+
+@register(*SDPA_OVERLOADS)
+def sdpa(node, T, ax):
+    q, k, v = node.args[:3]
+    qa, ka, va = ax(q), ax(k), ax(v)
+    T.unify(ka[-2], va[-2])
+    for i in range(len(qa) - 2):
+        if shape(q)[i] == shape(k)[i]:
+            T.unify(qa[i], ka[i])
+    out = tuple(qa[:-1]) + (va[-1],)
+    vals = node.meta["val"]
+    n_out = len(vals) if isinstance(vals, (tuple, list)) else 1
+    outs = [out] + [tuple(qa[: len(v_.shape)]) if isinstance(v_, torch.Tensor) else None
+                    for v_ in (list(vals)[1:] if n_out > 1 else [])]
+    return RuleOut(outs, mixed=((k, len(ka) - 2), (v, len(va) - 2)))
+
+
+@register(*SDPA_BACKWARD)
+def sdpa_backward(node, T, ax):
+    q, k, v = node.args[1:4]
+    return RuleOut([ax(q), ax(k), ax(v)] + [None] * (len(node.meta["val"]) - 3),
+                   reduced=((node.args[0], len(ax(q)) - 2),))
+
+
+@dataclasses.dataclass
+class AttentionSite:
+    index: int
+    kind: str                       # "sdpa:<op>" or "matmul-softmax"
+    query: fx.Node
+    key: fx.Node
+    value: fx.Node
+    output: fx.Node
+    nodes: frozenset
+    is_causal: bool
+    mask: fx.Node | None
+    mask_kind: str = "none"
+    window: int | None = None
+    scale: float | None = None
+
+    def describe(self) -> str:
+        mask = self.mask_kind + (f"({self.window})" if self.window else "")
+        return f"#{self.index} {self.kind} causal={self.is_causal} mask={mask}"
+
+
+def find_sites(graph: fx.Graph, sd) -> list[AttentionSite]:
+    """All attention sites in forward order. ``sd`` is the axis result (before the seq axis is known)."""
+    sites: list[AttentionSite] = []
+    claimed: set = set()
+    for node in graph.nodes:
+        if node.op != "call_function" or node in claimed:
+            continue
+        if node.target in SDPA_OVERLOADS:
+            b = bind(node)
+            mask = b.get("attn_mask", b.get("attn_bias"))
+            site = AttentionSite(len(sites), "sdpa:" + node.target._overloadpacket.__name__,
+                                 b["query"], b["key"], b["value"], node, frozenset([node]),
+                                 bool(b.get("is_causal", False)), mask, scale=b.get("scale"))
+            sites.append(site)
+        elif node.target in (aten.bmm.default, aten.mm.default) and _self_similar(node, sd):
+            site = _matmul_site(node, sd, len(sites))
+            if site is not None:
+                claimed |= site.nodes
+                sites.append(site)
+    return sites
+
+
+def _self_similar(node: fx.Node, sd) -> bool:
+    """True if the last two dims of the output are one axis (query positions × key positions)."""
+    axes = sd.axes.get(node, [None])[0]
+    if not axes or len(axes) < 2 or not axes[-1] or not axes[-2]:
+        return False
+    return sd.table.canon(axes[-1]) == sd.table.canon(axes[-2])
+
+
+def _matmul_site(scores: fx.Node, sd, index: int):
+    """Walk from Q·Kᵀ through the nodes that keep both sequence dims to the matmul with V."""
+    seq = sd.table.canon(sd.axes[scores][0][-1])
+    interior, frontier, out, mask = {scores}, [scores], None, None
+    while frontier:
+        n = frontier.pop()
+        for user in n.users:
+            if user in interior:
+                continue
+            if user.target in (aten.bmm.default, aten.mm.default) and user.args[0] in interior:
+                out = user
+                continue
+            ua = (sd.axes.get(user) or [None])[0]
+            if ua and len(ua) >= 2 and sd.table.canon(ua[-1]) == seq:
+                interior.add(user)
+                frontier.append(user)
+    if out is None:
+        return None
+    for n in list(interior):
+        for x in n.all_input_nodes:
+            xa = (sd.axes.get(x) or [None])[0]
+            if x not in interior and xa and len(xa) >= 2 and xa[-1] and sd.table.canon(xa[-1]) == seq \
+                    and xa[-2] and sd.table.canon(xa[-2]) == seq and x is not scores:
+                mask = x
+    q, kt = scores.args[0], scores.args[1]
+    return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
+                         frozenset(interior | {out}), False, mask)
+
+
+def classify_mask(site: AttentionSite, graph_inputs: dict) -> None:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        _classify_mask(site, graph_inputs)
+
+
+def _classify_mask(site: AttentionSite, graph_inputs: dict) -> None:
+    """Recognise the mask as a function of (query position, key position) by evaluating its
+    subgraph on concrete values: padding if it reads a per-token user input, else the pattern."""
+    if site.mask is None:
+        site.mask_kind = "causal" if site.is_causal else "none"
+        return
+    nodes = _ancestors(site.mask)
+    user_inputs = [n for n in nodes if n.op == "placeholder" and n not in graph_inputs]
+    value = _evaluate(site.mask, nodes, graph_inputs)
+    if value is None:
+        site.mask_kind = "unknown"
+        return
+    allowed = _allowed(value)
+    T = allowed.shape[-1]
+    q = torch.arange(T).unsqueeze(1)
+    k = torch.arange(T).unsqueeze(0)
+    diff = q - k
+    causal = diff >= 0
+    kind = None
+    if torch.equal(allowed, causal):
+        kind = "causal"
+    else:
+        lower = allowed & causal
+        if torch.equal(allowed, lower) and allowed.any():
+            widths = (diff * allowed).max().item() + 1
+            if torch.equal(allowed, causal & (diff < widths)):
+                kind, site.window = "sliding-window", int(widths)
+    site.is_causal = kind is not None or site.is_causal
+    if kind is None:
+        kind = "unknown"
+    if user_inputs and kind != "unknown":
+        kind = "padding+" + kind
+    site.mask_kind = kind
+
+
+def _ancestors(node: fx.Node) -> list[fx.Node]:
+    seen, stack = {node}, [node]
+    while stack:
+        for x in stack.pop().all_input_nodes:
+            if x not in seen:
+                seen.add(x)
+                stack.append(x)
+    return [n for n in node.graph.nodes if n in seen]
+
+
+def _evaluate(target: fx.Node, nodes: list, graph_inputs: dict):
+    """Evaluate the mask subgraph; user inputs (token masks, positions) get neutral values."""
+    try:
+        return _run(target, nodes, graph_inputs, {})
+    except Exception:
+        return None
+
+
+def _run(target, nodes, graph_inputs, env):
+    if True:
+        for n in nodes:
+            if n.op == "placeholder":
+                if n in graph_inputs:
+                    env[n] = graph_inputs[n]
+                else:
+                    env[n] = _neutral(n.meta["val"])
+            elif n.op == "call_function":
+                args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda x: env[x])
+                env[n] = n.target(*args, **kwargs)
+            else:
+                return None
+        value = env[target]
+        return value if type(value) is torch.Tensor else None
+
+
+def _neutral(val):
+    """A neutral concrete value for a user input: ones (attention mask), arange (positions)."""
+    shp = [int(s) for s in val.shape]
+    if val.dtype in (torch.int64, torch.int32) and shp:
+        return torch.arange(shp[-1], dtype=val.dtype).expand(shp).contiguous()
+    return torch.ones(shp, dtype=val.dtype)
+
+
+def _allowed(value: torch.Tensor) -> torch.Tensor:
+    """Positions a query may attend to, from a boolean or additive mask, batch/heads collapsed."""
+    v = value
+    while v.dim() > 2:
+        v = v[0]
+    if v.dtype == torch.bool:
+        return v
+    return v > torch.finfo(v.dtype).min / 2 if v.is_floating_point() else v != 0

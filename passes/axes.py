@@ -1,0 +1,180 @@
+"""Abstract axes of a graph: which tensor dims index the same thing, found structurally.
+
+Every dim of every tensor value gets a tuple of atomic axis ids (a product: a view that merges
+B and T gives ``(b, t)``; a broadcast size-1 dim gives ``()``). Rules say how an op's output
+dims relate to its input dims (``rules.py``); this driver owns the union-find and the sizes, so a
+rule is a few lines. Nothing is decided by equal sizes alone: axes are unified only where an op
+aligns two dims (broadcasting, matmul contraction, attention's key/value), so a hidden size
+equal to T stays a different axis.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import operator
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+Axes = tuple  # tuple[tuple[int, ...], ...]: per dim, a product of atomic axis ids
+
+
+@dataclasses.dataclass(frozen=True)
+class RuleOut:
+    """What a rule says about one node.
+
+    out:     axes of each output (a list with one entry per tensor output; None for non-tensors).
+    reduced: (input index, dim) pairs the op sums or contracts over.
+    mixed:   (input index, dim) pairs along which values of different positions are combined
+             in a way that is not a reduction (cumsum, conv, shift, sort, softmax, ...).
+    """
+
+    out: list
+    reduced: tuple = ()
+    mixed: tuple = ()
+
+
+class AxisTable:
+    """Union-find over atomic axes plus the size of each atomic axis."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+        self.size: dict[int, Any] = {}
+        self._ids = itertools.count()
+
+    def fresh(self, size) -> tuple:
+        if _is_one(size):
+            return ()
+        a = next(self._ids)
+        self.parent[a] = a
+        self.size[a] = size
+        return (a,)
+
+    def find(self, a: int) -> int:
+        while self.parent[a] != a:
+            self.parent[a] = self.parent[self.parent[a]]
+            a = self.parent[a]
+        return a
+
+    def canon(self, dim: tuple) -> tuple:
+        return tuple(self.find(a) for a in dim)
+
+    def unify(self, x: tuple, y: tuple) -> None:
+        """Make two dims the same axis; products unify atom by atom when their arity matches."""
+        if len(x) != len(y):
+            return
+        for a, b in zip(x, y):
+            ra, rb = self.find(a), self.find(b)
+            if ra != rb:
+                self.parent[max(ra, rb)] = min(ra, rb)
+
+    def fresh_like(self, shape) -> Axes:
+        return tuple(self.fresh(s) for s in shape)
+
+    def regroup(self, in_axes: Axes, in_shape, out_shape) -> Axes:
+        """Axes of a view/reshape: group dims by running products; merges concatenate atoms,
+        splits hand out the atoms of the merged dim in order (fresh atoms if sizes disagree)."""
+        out: list = []
+        i = j = 0
+        n_in, n_out = len(in_shape), len(out_shape)
+        while j < n_out:
+            if i < n_in and _is_one(in_shape[i]) and not _is_one(out_shape[j]):
+                i += 1
+                continue
+            if _is_one(out_shape[j]):
+                out.append(())
+                j += 1
+                if i < n_in and _is_one(in_shape[i]):
+                    i += 1
+                continue
+            # grow input group and output group until their products agree
+            gi, go = [i], [j]
+            pi, po = in_shape[i] if i < n_in else 1, out_shape[j]
+            while not _eq(pi, po):
+                if _lt(pi, po) and gi[-1] + 1 < n_in:
+                    gi.append(gi[-1] + 1)
+                    pi = pi * in_shape[gi[-1]]
+                elif go[-1] + 1 < n_out:
+                    go.append(go[-1] + 1)
+                    po = po * out_shape[go[-1]]
+                else:
+                    break
+            atoms = [a for k in gi if k < n_in for a in in_axes[k]]
+            if len(go) == 1:
+                out.append(tuple(atoms))
+            else:
+                out.extend(self._split(atoms, [out_shape[k] for k in go]))
+            i, j = gi[-1] + 1, go[-1] + 1
+        return tuple(out)
+
+    def _split(self, atoms: list, sizes: list) -> list:
+        result, k = [], 0
+        for s in sizes:
+            if _is_one(s):
+                result.append(())
+                continue
+            group, prod = [], 1
+            while k < len(atoms) and not _eq(prod, s):
+                group.append(atoms[k])
+                prod = prod * self.size[self.find(atoms[k])]
+                k += 1
+            result.append(tuple(group) if _eq(prod, s) else self.fresh(s))
+        return result
+
+
+def _is_one(s) -> bool:
+    return _eq(s, 1)
+
+
+def _eq(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # unbacked or undecidable symbolic sizes
+        return False
+
+
+def _lt(a, b) -> bool:
+    try:
+        return bool(a < b)
+    except Exception:
+        return False
+
+
+def tensor_meta(x):
+    """The fake tensor (or tuple of them) recorded on a node, or None."""
+    if isinstance(x, fx.Node):
+        return x.meta.get("val")
+    return None
+
+
+def is_tensor(v) -> bool:
+    return isinstance(v, torch.Tensor)
+
+
+def node_inputs(node: fx.Node) -> list[fx.Node]:
+    """Tensor-valued input nodes, flattened from args and kwargs, in order."""
+    flat = fx.node.map_arg((node.args, node.kwargs), lambda n: n)
+    out: list[fx.Node] = []
+
+    def walk(x):
+        if isinstance(x, fx.Node):
+            if is_tensor(x.meta.get("val")):
+                out.append(x)
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y)
+        elif isinstance(x, dict):
+            for y in x.values():
+                walk(y)
+
+    walk(flat)
+    return out
+
+
+def normalize_dim(d: int, ndim: int) -> int:
+    return d + ndim if d < 0 else d
+
+
+getitem = operator.getitem
+Rule = Callable[[fx.Node, Sequence[Axes], AxisTable], RuleOut]

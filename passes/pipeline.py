@@ -1,0 +1,106 @@
+"""The pass pipeline over an AOTAutograd joint graph: analyse, decide, rewrite.
+
+    analysis = analyze(joint, num_fwd_outputs)       # pure: seq dims, attention, regions, classes
+    plans    = decide(analysis, config)              # pure: which regions stream, chunk sizes
+    joint    = stream_joint(joint, ..., plans)       # the only step that builds a new graph
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch.fx as fx
+
+from streamfx.errors import CannotStream
+from . import attention as attn
+from .plan import plan_head
+from .record import NodeRecord, tag
+from .regions import find_regions
+from .seq_dims import UNKNOWN_MIXING, infer_axes, seed_from_embedding
+
+
+@dataclasses.dataclass
+class Analysis:
+    graph: fx.Graph
+    num_fwd_outputs: int
+    fwd_nodes: list
+    bwd_nodes: list
+    sd: object
+    sites: list
+    classes: dict
+    regions: list
+    plans: list = dataclasses.field(default_factory=list)
+    refusals: list = dataclasses.field(default_factory=list)   # (region name, CannotStream)
+
+    @property
+    def seq_len(self):
+        for p in self.plans:
+            return p.length
+        for s in self.sites:
+            return s.query.meta["val"].shape[-2]
+        return None
+
+    def unknown_mixing(self) -> list:
+        return [n for n in self.fwd_nodes if self.classes.get(n) == UNKNOWN_MIXING]
+
+
+def split_joint(graph: fx.Graph, num_fwd_outputs: int):
+    """Forward nodes (needed by the forward outputs, independent of tangents) and the rest."""
+    out = graph.find_nodes(op="output")[0]
+    fwd_outs = [o for o in list(out.args[0])[:num_fwd_outputs] if isinstance(o, fx.Node)]
+    tangent_dep = set()
+    for n in graph.nodes:
+        if (n.op == "placeholder" and n.name.startswith("tangents")) or any(x in tangent_dep for x in n.all_input_nodes):
+            tangent_dep.add(n)
+    needed, stack = set(fwd_outs), list(fwd_outs)
+    while stack:
+        for x in stack.pop().all_input_nodes:
+            if x not in needed:
+                needed.add(x)
+                stack.append(x)
+    fwd = [n for n in graph.nodes if (n in needed or (n.op == "placeholder" and n not in tangent_dep))]
+    bwd = [n for n in graph.nodes if n.op == "call_function" and n not in needed]
+    return fwd, bwd, fwd_outs
+
+
+def analyze(graph: fx.Graph, num_fwd_outputs: int, real_inputs: dict | None = None) -> Analysis:
+    fwd, bwd, fwd_outs = split_joint(graph, num_fwd_outputs)
+    sd = infer_axes(graph)
+    sites = attn.find_sites(graph, sd)
+    sites = [s for s in sites if s.output in set(fwd)]
+    if sites:
+        sd.seq_atom = sd.table.find(sd.axes[sites[0].query][0][-2][-1])
+    else:
+        sd.seq_atom = seed_from_embedding(graph, sd)
+    for s in sites:
+        attn.classify_mask(s, real_inputs or {})
+    site_nodes = frozenset().union(*(s.nodes for s in sites)) if sites else frozenset()
+    classes = {n: sd.classify(n, site_nodes) for n in graph.nodes if n.op in ("call_function", "placeholder", "get_attr")}
+    regions = find_regions(fwd, sd, sites, fwd_outs, classes)
+    analysis = Analysis(graph, num_fwd_outputs, fwd, bwd, sd, sites, classes, regions)
+    _record(analysis, site_nodes)
+    return analysis
+
+
+def _record(a: Analysis, site_nodes) -> None:
+    region_of = {n: r.name for r in a.regions for n in r.nodes}
+    site_of = {n: s.index for s in a.sites for n in s.nodes}
+    fwd = set(a.fwd_nodes)
+    for n, cls in a.classes.items():
+        tag(n, NodeRecord(dims=a.sd.roles(n), cls=cls, part="forward" if n in fwd else "backward",
+                          region=region_of.get(n), attention=site_of.get(n)))
+
+
+def decide(a: Analysis, config) -> list:
+    """Plans for the regions that stream; refusals recorded (with the responsible node)."""
+    outputs = set(o for o in list(a.graph.find_nodes(op="output")[0].args[0])[: a.num_fwd_outputs]
+                  if isinstance(o, fx.Node))
+    plans = []
+    for r in a.regions:
+        if r.kind != "head":
+            continue
+        try:
+            plans.append(plan_head(r, a.sd, a.classes, outputs, config, set(a.fwd_nodes)))
+        except CannotStream as e:
+            a.refusals.append((r.name, e))
+    a.plans = plans
+    return plans

@@ -1,0 +1,103 @@
+"""The plan: which regions stream, with which chunk sizes, what is saved. Pure policy.
+
+A ``RegionPlan`` is everything the rewrite needs for one region: its nodes, inputs (sliced per
+chunk or passed whole), outputs (concatenated per chunk or summed over chunks), outputs that are
+dropped (the logits when a loss is computed and return_logits is False), and the chunk size.
+Refusals raise CannotStream naming the node.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from streamfx.errors import CannotStream
+from .seq_dims import SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
+
+aten = torch.ops.aten
+SUM_OPS = (aten.sum.dim_IntList, aten.sum.default)
+HEAD_CHUNK_ELEMENTS = 1 << 22  # auto head chunk: about 4M logits values (16 MB in fp32) per chunk
+
+
+@dataclasses.dataclass
+class RegionPlan:
+    name: str
+    kind: str
+    nodes: list
+    inputs: list
+    outputs: list
+    dropped: list
+    in_specs: list
+    out_specs: list
+    chunk_size: int
+    length: int
+    grad_inputs: list
+    sd: object
+    shared: frozenset = frozenset()   # nodes computed inside the region and also outside it
+
+    def describe(self) -> str:
+        n_chunks = -(-self.length // self.chunk_size)
+        saved = [x.name for x, (k, _) in zip(self.inputs, self.in_specs) if k == "chunk"]
+        return (f"{self.name}: {n_chunks} chunk(s) of {self.chunk_size} tokens (T={self.length}); "
+                f"saves {saved}; outputs {[f'{o.name}:{k}' for o, (k, _) in zip(self.outputs, self.out_specs)]}"
+                + (f"; drops {[d.name for d in self.dropped]}" if self.dropped else ""))
+
+
+def plan_head(region, sd, classes, graph_outputs: set, config, fwd: set) -> RegionPlan:
+    inside = set(region.nodes)
+    for n in region.nodes:
+        cls = classes[n]
+        if cls not in (TOKEN_LOCAL, SEQ_FREE, SEQ_REDUCTION):
+            raise CannotStream(f"{cls} op in the head region", n)
+        if cls == SEQ_REDUCTION:
+            if n.target not in SUM_OPS:
+                raise CannotStream("a reduction over the sequence that is not a sum", n)
+            if any(u in inside for u in n.users):
+                raise CannotStream("a sum over the sequence is used again inside the head region", n)
+    reductions = [n for n in region.nodes if classes[n] == SEQ_REDUCTION]
+    if not reductions:
+        raise CannotStream("the head computes no reduction over the sequence (no loss in the graph)")
+    outputs, out_specs, dropped = [], [], []
+    for o in region.outputs:
+        if classes[o] == SEQ_REDUCTION:
+            outputs.append(o)
+            out_specs.append(("sum", None))
+            continue
+        d = sd.seq_dim(o)
+        if d is None or "k" in sd.roles(o):
+            raise CannotStream("a value leaves the head region without a sequence dim", o)
+        only_output = all(u.op == "output" or u not in fwd or u in inside for u in o.users) and o in graph_outputs
+        if only_output and not config.return_logits:
+            dropped.append(o)
+            continue
+        outputs.append(o)
+        out_specs.append(("cat", d))
+    in_specs, lengths = [], set()
+    for x in region.inputs:
+        d = sd.seq_dim(x)
+        if d is not None and "k" in sd.roles(x):
+            raise CannotStream("an input of the head region has two sequence dims", x)
+        in_specs.append(("chunk", d) if d is not None else ("whole", None))
+        if d is not None:
+            lengths.add(x.meta["val"].shape[d])
+    if len(lengths) != 1:
+        raise CannotStream(f"head inputs disagree on the sequence length ({sorted(map(str, lengths))})")
+    T = lengths.pop()
+    if not isinstance(T, int):
+        raise CannotStream("symbolic sequence length (dynamic shapes) is not streamed yet")
+    grad_inputs = [i for i, x in enumerate(region.inputs)
+                   if x.meta["val"].is_floating_point() and x.meta["val"].numel() > 0]
+    chunk = config.head_chunk_size or _auto_head_chunk(region, sd, T)
+    return RegionPlan("head", "head", region.nodes, region.inputs, outputs, dropped, in_specs,
+                      out_specs, chunk, T, grad_inputs, sd, region.shared)
+
+
+def _auto_head_chunk(region, sd, T: int) -> int:
+    """Chunk so that the widest per-token tensor of the head holds about HEAD_CHUNK_ELEMENTS values."""
+    widest = 1
+    for n in region.nodes:
+        v = n.meta.get("val")
+        d = sd.seq_dim(n) if isinstance(v, torch.Tensor) else None
+        if d is not None and isinstance(v.shape[d], int) and v.shape[d] > 0:
+            widest = max(widest, v.numel() // v.shape[d])
+    return max(16, min(T, HEAD_CHUNK_ELEMENTS // widest))

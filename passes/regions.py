@@ -1,0 +1,177 @@
+"""Regions of the forward graph: layer regions cut at the residual stream, and the head region.
+
+The residual stream is found with networkx: restrict the forward dataflow to the descendants
+of the token embedding (the hidden path), take the dominator chain of the loss (or of the last
+hidden-path output) from the embedding; each chain node is a tensor every later activation is
+computed from. A layer region runs from the chain node that feeds an attention site's queries
+to the next such chain node. The head region is everything from the last hidden chain node
+(the narrowest one after the last attention site) to the sequence reductions that consume it.
+``nn_module_stack`` meta is used only as a cross-check label, never to decide.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import networkx as nx
+import torch
+import torch.fx as fx
+
+from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, SEQ_FREE
+
+aten = torch.ops.aten
+
+
+@dataclasses.dataclass
+class Region:
+    name: str                     # "layer.3" or "head"
+    kind: str                     # "layer" | "head"
+    entry: fx.Node                # the residual-stream tensor the region starts from
+    nodes: list                   # forward nodes in graph order
+    outputs: list                 # nodes used outside the region (or graph outputs)
+    inputs: list                  # nodes from outside the region used inside it
+    attention: list = dataclasses.field(default_factory=list)
+    module: str = ""              # nn_module_stack cross-check label
+    shared: frozenset = frozenset()  # cheap token-local side nodes recomputed inside the region
+
+    def describe(self) -> str:
+        return (f"{self.name}: {len(self.nodes)} nodes from {self.entry.name}, "
+                f"{len(self.inputs)} inputs, outputs {[o.name for o in self.outputs]}")
+
+
+def dataflow(nodes) -> nx.DiGraph:
+    g = nx.DiGraph()
+    keep = set(nodes)
+    for n in nodes:
+        g.add_node(n)
+        for x in n.all_input_nodes:
+            if x in keep:
+                g.add_edge(x, n)
+    return g
+
+
+def embedding_node(fwd_nodes, sd):
+    """The first node that produces per-token activations from token indices (embedding)."""
+    for n in fwd_nodes:
+        if n.op == "call_function" and n.target is aten.embedding.default:
+            return n
+    return None
+
+
+def residual_chain(fwd_nodes, sd, sinks) -> list:
+    """Dominator chain from the embedding to the sinks over the hidden path."""
+    emb = embedding_node(fwd_nodes, sd)
+    if emb is None or not sinks:
+        return []
+    g = dataflow(fwd_nodes)
+    hidden = nx.descendants(g, emb) | {emb}
+    sub = g.subgraph(hidden).copy()
+    sink = "__sink__"
+    sub.add_node(sink)
+    for s in sinks:
+        if s in hidden:
+            sub.add_edge(s, sink)
+    if sub.in_degree(sink) == 0:
+        return []
+    idom = nx.immediate_dominators(sub, emb)
+    chain, n = [], idom[sink]
+    while n != emb:
+        chain.append(n)
+        n = idom[n]
+    chain.append(emb)
+    order = {n: i for i, n in enumerate(fwd_nodes)}
+    return sorted((c for c in chain if sd.seq_dim(c) is not None), key=order.__getitem__)
+
+
+def find_regions(fwd_nodes, sd, sites, sinks, classes) -> list[Region]:
+    chain = residual_chain(fwd_nodes, sd, sinks)
+    if not chain:
+        return []
+    order = {n: i for i, n in enumerate(fwd_nodes)}
+    g = dataflow(fwd_nodes)
+    # layer boundaries: for each attention site, the last chain node that precedes its query
+    starts = []
+    for site in sorted(sites, key=lambda s: order.get(s.output, 0)):
+        before = [c for c in chain if order[c] < order.get(site.query, -1) and nx.has_path(g, c, site.query)]
+        if before:
+            starts.append((before[-1], site))
+    regions: list[Region] = []
+    last_attn = max((order[s.output] for s in sites if s.output in order), default=-1)
+    tail = [c for c in chain if order[c] > last_attn]
+    head_entry = _head_entry(tail, sd) if tail else None
+    bounds = [s for s, _ in starts] + ([head_entry] if head_entry is not None else [])
+    for i, (start, site) in enumerate(starts):
+        end = bounds[i + 1] if i + 1 < len(bounds) else None
+        nodes = _between(fwd_nodes, g, start, end, order)
+        regions.append(_make_region(f"layer.{i}", "layer", start, nodes, [site], order, fwd_nodes))
+    if head_entry is not None:
+        reach = nx.descendants(g, head_entry)
+        red = [n for n in fwd_nodes if classes.get(n) == SEQ_REDUCTION and n in reach]
+        anc = set()
+        for r in red:
+            anc |= nx.ancestors(g, r) | {r}
+        core = set(n for n in fwd_nodes if n in reach and n in anc)
+        pulled = _pull_merged_inputs(set(core), sd, classes) - core
+        nodes = [n for n in fwd_nodes if n in core or n in pulled]
+        head = _make_region("head", "head", head_entry, nodes, [], order, fwd_nodes)
+        head.shared = frozenset(pulled)
+        head.outputs = [o for o in head.outputs if o not in pulled]
+        regions.append(head)
+    return regions
+
+
+def _pull_merged_inputs(nodes: set, sd, classes) -> set:
+    """Pull in token-local producers of inputs whose sequence dim is merged with the batch
+    (labels.view(-1)), so every input of the region can be sliced along a plain sequence dim."""
+    changed = True
+    while changed:
+        changed = False
+        for n in list(nodes):
+            for x in n.all_input_nodes:
+                if x in nodes or x.op != "call_function" or classes.get(x) != TOKEN_LOCAL:
+                    continue
+                if sd.seq_dim(x) is not None and not sd.seq_is_atomic(x):
+                    nodes.add(x)
+                    changed = True
+    return nodes
+
+
+def _head_entry(tail, sd):
+    """The narrowest per-token chain node after the last attention site (the latest of equals)."""
+    def width(n):
+        v = n.meta["val"]
+        d = sd.seq_dim(n)
+        return v.numel() // max(int(v.shape[d]), 1) if d is not None else float("inf")
+    tail = [n for n in tail if sd.seq_is_atomic(n)]  # a (B*T) merged dim is not sliced per token
+    if not tail:
+        return None
+    best = min(width(n) for n in tail)
+    return [n for n in tail if width(n) == best][-1]
+
+
+def _between(fwd_nodes, g, start, end, order) -> list:
+    reach = nx.descendants(g, start)
+    stop = order[end] if end is not None else None
+    keep = [n for n in fwd_nodes if n in reach and (stop is None or order[n] <= stop)]
+    if end is not None:
+        anc = nx.ancestors(g, end) | {end}
+        keep = [n for n in keep if n in anc]
+    return keep
+
+
+def _make_region(name, kind, entry, nodes, sites, order, fwd_nodes) -> Region:
+    inside = set(nodes)
+    inputs, seen = [], set()
+    for n in nodes:
+        for x in n.all_input_nodes:
+            if x not in inside and x not in seen:
+                seen.add(x)
+                inputs.append(x)
+    fwd = set(fwd_nodes)
+    outputs = [n for n in nodes if any(u not in inside and (u in fwd or u.op == "output") for u in n.users)]
+    module = ""
+    for n in nodes:
+        stack = n.meta.get("nn_module_stack")
+        if stack:
+            module = list(stack.values())[-1][0] if isinstance(list(stack.values())[-1], tuple) else ""
+            break
+    return Region(name, kind, entry, nodes, outputs, sorted(inputs, key=lambda x: order.get(x, -1)), sites, module)

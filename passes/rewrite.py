@@ -1,0 +1,187 @@
+"""The rewrite: streamed regions become ``streamfx::region`` calls; the joint is re-derived.
+
+``stream_joint`` (1) extracts the forward graph from AOTAutograd's joint, (2) builds each planned
+region's full graph and chunk graph, (3) rebuilds the forward with one region call per region,
+(4) traces forward + autograd of that forward into a new joint with the same primals, tangents
+and outputs, which AOTAutograd's own partitioner then splits. Everything that can fail is
+checked in (2) before the joint is touched; failures raise CannotStream.
+"""
+from __future__ import annotations
+
+import operator
+
+import networkx as nx
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+from streamfx.errors import CannotStream
+from streamfx.runtime import RegionProgram
+
+aten = torch.ops.aten
+PASS = "stream_regions"
+SIZE_ARG_OPS = {aten.view.default: 1, aten._unsafe_view.default: 1, aten.reshape.default: 1,
+                aten.expand.default: 1, aten.full.default: 0, aten.zeros.default: 0,
+                aten.ones.default: 0, aten.empty.memory_format: 0, aten.new_zeros.default: 1,
+                aten.new_ones.default: 1, aten.new_empty.default: 1, aten.new_full.default: 1}
+
+
+def region_graphs(plan, sd, chunk_len: int):
+    """Full and chunk GraphModules of one region; the chunk one reads its length from its inputs."""
+    full, chunk = fx.Graph(), fx.Graph()
+    env_f, env_c = {}, {}
+    for i, x in enumerate(plan.inputs):
+        for g, env in ((full, env_f), (chunk, env_c)):
+            p = g.placeholder(f"in_{i}_{x.name}")
+            p.meta["val"] = x.meta.get("val")
+            env[x] = p
+    seq_in = next(i for i, (k, _) in enumerate(plan.in_specs) if k == "chunk")
+    c = chunk.call_function(aten.sym_size.int, (env_c[plan.inputs[seq_in]], plan.in_specs[seq_in][1]))
+    for n in plan.nodes:
+        env_f[n] = full.node_copy(n, lambda x: env_f[x])
+        new = chunk.node_copy(n, lambda x: env_c[x])
+        _patch_sizes(new, n, sd, plan.length, c)
+        new.meta["streamfx_pass"] = PASS
+        env_c[n] = new
+    full.output(tuple(env_f[o] for o in plan.outputs))
+    chunk.output(tuple(env_c[o] for o in plan.outputs))
+    full_gm, chunk_gm = fx.GraphModule({}, full), fx.GraphModule({}, chunk)
+    _check_chunk_graph(plan, chunk_gm, chunk_len)
+    return full_gm, chunk_gm
+
+
+def _patch_sizes(new: fx.Node, old: fx.Node, sd, T: int, c: fx.Node) -> None:
+    """Replace sequence-sized entries of a size argument by the chunk length (x T/len multiples)."""
+    pos = SIZE_ARG_OPS.get(old.target)
+    if pos is None or not isinstance(old.meta.get("val"), torch.Tensor):
+        return
+    roles = sd.roles(old)
+    sizes = list(new.args[pos])
+    changed = False
+    for k, role in enumerate(roles):
+        if role and k < len(sizes) and isinstance(sizes[k], int) and sizes[k] not in (-1,):
+            if sizes[k] % T:
+                raise CannotStream(f"size {sizes[k]} (dims {roles}) is not a multiple of the sequence length {T}", old)
+            factor = sizes[k] // T
+            with new.graph.inserting_before(new):
+                sizes[k] = c if factor == 1 else new.graph.call_function(operator.mul, (c, factor))
+            changed = True
+    if changed:
+        args = list(new.args)
+        args[pos] = sizes
+        new.args = tuple(args)
+
+
+def _check_chunk_graph(plan, chunk_gm, chunk_len) -> None:
+    """Propagate fake chunk-shaped inputs through the chunk graph; any failure means no streaming."""
+    vals = [x.meta["val"] for x in plan.inputs]
+    mode = detect_fake_mode(vals)
+    try:
+        with mode:
+            fake = [v.narrow(d, 0, chunk_len).contiguous() if k == "chunk" else v
+                    for v, (k, d) in zip(vals, plan.in_specs)]
+        FakeTensorProp(chunk_gm, mode).propagate(*fake)
+    except Exception as e:  # noqa: BLE001 - any failure to instantiate the region per chunk
+        raise CannotStream(f"the region does not instantiate per chunk ({type(e).__name__}: {str(e).splitlines()[0]})")
+
+
+def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, codegen: str):
+    """Return a new joint graph in which every planned region runs as a streamed region op."""
+    outputs = list(joint.graph.find_nodes(op="output")[0].args[0])
+    fwd_outs, grad_outs = outputs[:num_fwd_outputs], outputs[num_fwd_outputs:]
+    primals = [n for n in joint.graph.find_nodes(op="placeholder") if n.name.startswith("primals")]
+    tangents = [n for n in joint.graph.find_nodes(op="placeholder") if n.name.startswith("tangents")]
+    needs_grad = [g is not None for g in grad_outs]
+    tangent_outputs = _tangent_outputs(joint, tangents, num_fwd_outputs)
+
+    programs = []
+    for plan in plans:  # everything that can fail happens here, before any new graph exists
+        full_gm, chunk_gm = region_graphs(plan, plan.sd, min(plan.chunk_size, plan.length))
+        prog = RegionProgram(plan.name, chunk_gm, full_gm, plan.in_specs, plan.out_specs,
+                             plan.chunk_size, plan.grad_inputs, codegen)
+        prog.register()
+        programs.append((plan, prog))
+
+    fwd = _forward_with_regions(fwd_nodes, primals, fwd_outs, programs)
+    dropped = {i for i, o in enumerate(fwd_outs) if any(o in p.dropped for p, _ in programs)}
+
+    def joint_fn(primals, tangents):
+        with torch.enable_grad():
+            ps = [p.detach().requires_grad_(True) if ng and p.is_floating_point() else p
+                  for p, ng in zip(primals, needs_grad)]
+            outs = list(fwd(*ps))
+            with_tangent = tangent_outputs if tangent_outputs is not None else [
+                i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
+            if len(with_tangent) != len(tangents):
+                raise CannotStream(f"outputs needing gradients ({len(with_tangent)}) do not match "
+                                   f"the tangents ({len(tangents)})")
+            pairs = [(outs[i], t) for i, t in zip(with_tangent, tangents) if i not in dropped]
+            wrt = [p for p, ng in zip(ps, needs_grad) if ng and p.requires_grad]
+            grads = torch.autograd.grad([o for o, _ in pairs], wrt, [t for _, t in pairs], allow_unused=True)
+        it = iter(grads)
+        all_grads = [next(it) if ng and p.requires_grad else None for p, ng in zip(ps, needs_grad)]
+        all_grads = [g if g is not None or not ng else torch.zeros_like(p)
+                     for g, p, ng in zip(all_grads, ps, needs_grad)]
+        return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs] + all_grads
+
+    vals_p = [p.meta["val"] for p in primals]
+    vals_t = [t.meta["val"] for t in tangents]
+    mode = detect_fake_mode(vals_p + vals_t)
+    with mode:
+        new_joint = make_fx(joint_fn, record_module_stack=True)(vals_p, vals_t)
+    return new_joint, programs, dropped
+
+
+def _tangent_outputs(joint, tangents, num_fwd_outputs):
+    """Index of the forward output each tangent belongs to, from AOTAutograd's descriptors."""
+    out_descs = joint.graph.find_nodes(op="output")[0].meta.get("desc")
+    try:
+        descs = list(out_descs)[:num_fwd_outputs]
+        return [descs.index(t.meta["desc"].output) for t in tangents]
+    except (TypeError, KeyError, AttributeError, ValueError):
+        return None
+
+
+def _forward_with_regions(fwd_nodes, primals, fwd_outs, programs) -> fx.GraphModule:
+    """The forward graph with each region collapsed into one region call (topologically placed)."""
+    owner = {}
+    for plan, prog in programs:
+        for n in plan.nodes:
+            if n not in plan.shared:
+                owner[n] = (plan, prog)
+    order = {n: i for i, n in enumerate(fwd_nodes)}
+    dag = nx.DiGraph()
+    unit = lambda n: owner[n][0].name if n in owner else n  # noqa: E731
+    for n in fwd_nodes:
+        dag.add_node(unit(n))
+        for x in n.all_input_nodes:
+            if unit(x) != unit(n):
+                dag.add_edge(unit(x), unit(n))
+    first = {}
+    for n in fwd_nodes:
+        first.setdefault(unit(n), order[n])
+    g = fx.Graph()
+    env = {}
+    for p in primals:
+        env[p] = g.placeholder(p.name)
+        env[p].meta = dict(p.meta)
+    for u in nx.lexicographical_topological_sort(dag, key=lambda u: first[u]):
+        if isinstance(u, str):
+            plan, prog = next(pp for pp in programs if pp[0].name == u)
+            call = g.call_function(torch.ops.streamfx.region.default, (prog.key, [env[x] for x in plan.inputs]))
+            call.meta["streamfx_pass"] = PASS
+            for j, o in enumerate(plan.outputs):
+                env[o] = g.call_function(operator.getitem, (call, j))
+            for d in plan.dropped:
+                v = d.meta["val"]
+                env[d] = g.call_function(aten.empty.memory_format, ([0],),
+                                         {"dtype": v.dtype, "device": v.device})
+        elif u.op != "placeholder" and u not in env:
+            env[u] = g.node_copy(u, lambda x: env[x])
+    g.output([env[o] if o is not None else None for o in fwd_outs])
+    gm = fx.GraphModule({}, g)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm

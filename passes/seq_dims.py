@@ -1,0 +1,141 @@
+"""Sequence-dimension analysis: the role of each dim and the class of each node.
+
+Pure: reads the graph and its fake-tensor metadata, returns a ``SeqDims`` result; the pipeline
+stores it per node as ``node.meta["streamfx"]`` (see ``record.py``).
+
+Roles: "q" (query sequence: the token a row belongs to), "k" (key sequence: the second sequence
+dim of a token-by-token tensor such as attention scores or a mask), None.
+Classes:
+  token-local         output row t depends only on input rows t (pointwise, matmuls over features,
+                      norms, views that keep the sequence dim)
+  causal-mixing       part of a recognised causal attention site
+  sequence-reduction  sums/contracts over the sequence (loss sums, weight-gradient contractions)
+  sequence-free       no sequence dim in or out (parameters, scalars, sizes)
+  unknown-mixing      combines different positions some other way (shift, cumsum, conv, sort...)
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import torch
+import torch.fx as fx
+
+from .axes import AxisTable, RuleOut, is_tensor, node_inputs
+from .rules import RULES, is_pointwise, pointwise
+
+TOKEN_LOCAL = "token-local"
+CAUSAL_MIXING = "causal-mixing"
+SEQ_REDUCTION = "sequence-reduction"
+SEQ_FREE = "sequence-free"
+UNKNOWN_MIXING = "unknown-mixing"
+CLASSES = (TOKEN_LOCAL, CAUSAL_MIXING, SEQ_REDUCTION, SEQ_FREE, UNKNOWN_MIXING)
+
+
+@dataclasses.dataclass
+class SeqDims:
+    table: AxisTable
+    axes: dict            # node -> list of Axes (one per tensor output; None for non-tensors)
+    reduced: dict         # node -> tuple of (input node, dim)
+    mixed: dict           # node -> tuple of (input node, dim)
+    unknown: set          # nodes without a rule that touch tensors
+    seq_atom: int | None = None
+
+    def has_seq(self, dim_axes) -> bool:
+        return self.seq_atom is not None and any(self.table.find(a) == self.seq_atom for a in dim_axes)
+
+    def roles(self, node: fx.Node, out: int = 0) -> tuple:
+        """Role of each dim of one output of ``node``: "q", "k" or None."""
+        axes = (self.axes.get(node) or [None])[out]
+        if axes is None:
+            return ()
+        roles = ["q" if self.has_seq(d) else None for d in axes]
+        seq = [i for i, r in enumerate(roles) if r]
+        if len(seq) >= 2:
+            roles[seq[-1]] = "k"
+        return tuple(roles)
+
+    def seq_dim(self, node: fx.Node, out: int = 0) -> int | None:
+        """Index of the query-sequence dim of one output of ``node`` (None if it has none)."""
+        roles = self.roles(node, out)
+        return roles.index("q") if "q" in roles else None
+
+    def seq_is_atomic(self, node: fx.Node, out: int = 0) -> bool:
+        """True if the sequence dim of ``node`` holds only the sequence (not merged with batch)."""
+        d = self.seq_dim(node, out)
+        return d is not None and len(self.axes[node][out][d]) == 1
+
+    def touches_seq(self, pairs) -> bool:
+        return any(self.has_seq(self.axes[x][0][d]) for x, d in pairs if self.axes.get(x))
+
+    def classify(self, node: fx.Node, attention_nodes=frozenset()) -> str:
+        if node in attention_nodes:
+            return CAUSAL_MIXING
+        ins = [x for x in node_inputs(node) if self.axes.get(x)]
+        any_seq_in = any(self.seq_dim(x) is not None for x in ins)
+        if node in self.unknown and any_seq_in:
+            return UNKNOWN_MIXING
+        if self.touches_seq(self.mixed.get(node, ())):
+            return UNKNOWN_MIXING
+        if self.touches_seq(self.reduced.get(node, ())):
+            return SEQ_REDUCTION
+        outs = self.axes.get(node) or []
+        if any(a is not None and any(self.has_seq(d) for d in a) for a in outs):
+            return TOKEN_LOCAL
+        return SEQ_FREE
+
+
+def infer_axes(graph: fx.Graph) -> SeqDims:
+    """Run the rule table over every node in order, unifying axes."""
+    T = AxisTable()
+    result = SeqDims(T, {}, {}, {}, set())
+
+    def ax(x):
+        axes = result.axes.get(x)
+        if axes and axes[0] is not None:
+            return axes[0]
+        val = x.meta.get("val")
+        return T.fresh_like(val.shape) if is_tensor(val) else ()
+
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        if node.op in ("placeholder", "get_attr"):
+            result.axes[node] = [T.fresh_like(val.shape)] if is_tensor(val) else [None]
+        elif node.op == "call_function" and node.target is operator.getitem:
+            src, i = node.args
+            src_axes = result.axes.get(src)
+            result.axes[node] = [src_axes[i] if src_axes and i < len(src_axes) else None]
+        elif node.op == "call_function":
+            result.axes[node] = _apply_rule(node, T, ax, result)
+    return result
+
+
+def _apply_rule(node, T, ax, result) -> list:
+    vals = node.meta.get("val")
+    vals = list(vals) if isinstance(vals, (tuple, list)) else [vals]
+    rule = RULES.get(node.target)
+    if rule is None and is_pointwise(node.target) and all(is_tensor(v) for v in vals[:1]):
+        rule = pointwise
+    if rule is None:
+        ins = node_inputs(node)
+        if ins:
+            result.unknown.add(node)
+        return [T.fresh_like(v.shape) if is_tensor(v) else None for v in vals]
+    try:
+        out: RuleOut = rule(node, T, ax)
+    except Exception:  # a rule that cannot read this node's arguments: treat the op as unknown
+        result.unknown.add(node)
+        return [T.fresh_like(v.shape) if is_tensor(v) else None for v in vals]
+    result.reduced[node] = tuple(out.reduced)
+    result.mixed[node] = tuple(out.mixed)
+    return [a if is_tensor(v) else None for a, v in zip(out.out, vals)]
+
+
+def seed_from_embedding(graph: fx.Graph, sd: SeqDims) -> int | None:
+    """Without attention, the sequence axis is the last dim of the token indices of an embedding."""
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.embedding.default:
+            idx_axes = sd.axes[node.args[1]][0]
+            if idx_axes and idx_axes[-1]:
+                return sd.table.find(idx_axes[-1][-1])
+    return None

@@ -1,0 +1,108 @@
+"""The ``streambp`` torch.compile backend.
+
+Dynamo graph -> AOTAutograd joint graph -> our partition hook runs the pass pipeline (analyse,
+decide, rewrite) and hands the joint to AOTAutograd's partitioner -> codegen: Inductor
+(``compile_fx`` with our hook as its custom partitioner) or the FX graphs run as they are.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch import config as functorch_config
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.partitioners import default_partition
+from torch._inductor import config as inductor_config
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
+from torch._inductor.decomposition import select_decomp_table
+
+from .config import StreamConfig
+from .errors import StreamBPError
+from .session import DetachOutputs, Session
+
+
+def streambp_backend(gm: torch.fx.GraphModule, example_inputs, options=None, **kwargs):
+    """Entry point for ``torch.compile(m, backend="streambp", options={...})``."""
+    if kwargs:
+        raise StreamBPError(f"unsupported torch.compile argument(s) {sorted(kwargs)} for backend 'streambp'; "
+                            f"pass streamfx options through options={{...}} with keys "
+                            f"{list(StreamConfig.__dataclass_fields__)}")
+    return compile_graph(gm, example_inputs, StreamConfig.from_options(options))
+
+
+def backend(**fields):
+    """A backend callable with fixed options: ``torch.compile(m, backend=streamfx.backend(chunk_size=512))``."""
+    config = StreamConfig.from_options(fields)
+
+    def streambp(gm, example_inputs):
+        return compile_graph(gm, example_inputs, config)
+
+    streambp.config = config
+    return streambp
+
+
+class _Partitioner(CustomPartitionerFn):
+    """Inductor's custom partitioner slot: our pipeline, then Inductor's min-cut partitioner."""
+
+    def __init__(self, session: Session):
+        self.session = session
+
+    def __call__(self, gm, joint_inputs, **kwargs):
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        kwargs.pop("compiler", None)
+        return self.session.partition(gm, joint_inputs, min_cut_rematerialization_partition,
+                                      compiler="inductor", **kwargs)
+
+    def uuid(self):
+        return None  # never cached: the rewrite registers runtime programs
+
+
+def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None):
+    session = session or Session(config)
+    session.begin_graph(gm, example_inputs)
+    try:
+        return _compile(gm, example_inputs, config, session)
+    except DetachOutputs as restart:
+        session.detached = restart.indices
+        return _compile(detach_outputs(gm, restart.indices), example_inputs, config, session)
+
+
+def detach_outputs(gm, indices):
+    """The Dynamo graph with the given user outputs detached (they are returned as None)."""
+    out = gm.graph.find_nodes(op="output")[0]
+    values = list(out.args[0])
+    with gm.graph.inserting_before(out):
+        for i in indices:
+            values[i] = gm.graph.call_function(torch.Tensor.detach, (values[i],))
+    out.args = (tuple(values),)
+    gm.recompile()
+    return gm
+
+
+def _compile(gm, example_inputs, config, session):
+    patches = dict(enable_autograd_cache=False)
+    with functorch_config.patch(**patches), inductor_config.patch(fx_graph_cache=False):
+        if config.codegen == "eager":
+            compiled = aot_autograd(
+                fw_compiler=_boxed_nop, bw_compiler=_boxed_nop, inference_compiler=_boxed_nop,
+                partition_fn=lambda gm_, ins, **kw: session.partition(gm_, ins, default_partition, **kw),
+                decompositions=select_decomp_table(), keep_inference_input_mutations=True,
+            )(gm, example_inputs)
+        else:
+            from torch._inductor.compile_fx import compile_fx
+
+            with inductor_config.patch(custom_partitioner_fn=_Partitioner(session)):
+                compiled = compile_fx(gm, example_inputs)
+    return session.wrap(compiled)
+
+
+def _boxed_nop(gm, example_inputs):
+    return make_boxed_func(gm.forward)
+
+
+def warn_once(message: str, _seen=set()) -> None:  # noqa: B006 - process-wide once
+    if message not in _seen:
+        _seen.add(message)
+        warnings.warn(message, stacklevel=3)

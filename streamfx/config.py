@@ -1,0 +1,59 @@
+"""User options of the streambp backend, validated before any compile work."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping
+
+from .errors import StreamBPError
+
+CODEGENS = ("inductor", "eager")
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamConfig:
+    """Options of ``torch.compile(m, backend="streambp", options={...})``.
+
+    chunk_size:      tokens per chunk in streamed layer regions; None picks one automatically.
+    head_chunk_size: tokens per chunk in the LM head + loss region; None picks one automatically.
+    codegen:         "inductor" compiles every graph with Inductor; "eager" runs the rewritten
+                     FX graphs as they are (fast to compile, good for debugging).
+    dump_dir:        write graphviz/text dumps of every graph and pass here
+                     (the environment variable STREAMFX_DUMP_DIR does the same).
+    strict:          raise StreamBPError instead of falling back when streaming cannot apply.
+    return_logits:   keep the [B, T, V] logits output when the graph also computes a loss.
+    """
+
+    chunk_size: int | None = None
+    head_chunk_size: int | None = None
+    codegen: str = "inductor"
+    dump_dir: str | None = None
+    strict: bool = False
+    return_logits: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("chunk_size", "head_chunk_size"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise StreamBPError(f"option {key!r} must be a positive int or None, got {value!r}")
+        if self.codegen not in CODEGENS:
+            raise StreamBPError(f"option 'codegen' must be one of {CODEGENS}, got {self.codegen!r}")
+        if self.dump_dir is not None and not isinstance(self.dump_dir, (str, os.PathLike)):
+            raise StreamBPError(f"option 'dump_dir' must be a path or None, got {self.dump_dir!r}")
+        for key in ("strict", "return_logits"):
+            if not isinstance(getattr(self, key), bool):
+                raise StreamBPError(f"option {key!r} must be True or False, got {getattr(self, key)!r}")
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None) -> "StreamConfig":
+        """Build a config from a torch.compile ``options`` dict; unknown keys raise."""
+        options = dict(options or {})
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(options) - set(allowed))
+        if unknown:
+            raise StreamBPError(f"unknown option(s) {unknown}; allowed options are {allowed}")
+        return cls(**options)
+
+    @property
+    def effective_dump_dir(self) -> str | None:
+        return self.dump_dir or os.environ.get("STREAMFX_DUMP_DIR") or None

@@ -1,0 +1,94 @@
+"""Graph dumps: a graphviz .dot and rendered .svg, and a readable text form, per graph and pass.
+
+Nodes are coloured by class, labelled with their sequence-dim roles, and grouped in clusters by
+region; attention sites are outlined; nodes made by a streamfx pass are marked.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+
+import graphviz
+
+from streamfx.passes.record import get
+
+COLORS = {"token-local": "#cfe8cf", "causal-mixing": "#f7c6a3", "sequence-reduction": "#b7d3f2",
+          "sequence-free": "#eeeeee", "unknown-mixing": "#f29b9b"}
+
+
+def _label(node) -> str:
+    rec = get(node)
+    v = node.meta.get("val")
+    shape = "x".join(str(s) for s in v.shape) if hasattr(v, "shape") else ""
+    dims = ""
+    if rec and rec.dims:
+        dims = "[" + ",".join(r or "." for r in rec.dims) + "]"
+    target = getattr(node.target, "__name__", str(node.target)) if node.op == "call_function" else node.op
+    return f"{node.name}\\n{target}\\n{shape} {dims}"
+
+
+def to_dot(gm, title: str = "") -> graphviz.Digraph:
+    g = graphviz.Digraph(title or "graph", graph_attr={"rankdir": "TB", "label": title, "fontsize": "10"},
+                         node_attr={"shape": "box", "style": "filled", "fontsize": "8"})
+    clusters: dict = {}
+    for n in gm.graph.nodes:
+        rec = get(n)
+        attrs = {"fillcolor": COLORS.get(rec.cls, "white") if rec else "white"}
+        if rec and rec.attention is not None:
+            attrs.update(color="#c05000", penwidth="2")
+        if n.meta.get("streamfx_pass") or n.target.__class__.__name__ == "CustomOpDef" or "streamfx" in str(n.target):
+            attrs.update(shape="box3d", fillcolor="#ffe680")
+        region = rec.region if rec else None
+        target = clusters.setdefault(region, graphviz.Digraph(name=f"cluster_{region}",
+                                                              graph_attr={"label": region or "", "style": "dashed"})) if region else g
+        target.node(n.name, _label(n), **attrs)
+    for sub in clusters.values():
+        g.subgraph(sub)
+    for n in gm.graph.nodes:
+        for x in n.all_input_nodes:
+            g.edge(x.name, n.name)
+    return g
+
+
+def to_text(gm, analysis=None, programs=()) -> str:
+    lines = []
+    for n in gm.graph.nodes:
+        rec = get(n)
+        extra = f"  # {rec.cls} dims={rec.dims} region={rec.region} attn={rec.attention} {rec.part}" if rec else ""
+        lines.append(f"{n.format_node()}{extra}")
+    if analysis is not None:
+        lines.append("")
+        lines.append("# attention sites: " + "; ".join(s.describe() for s in analysis.sites))
+        lines.append("# regions: " + "; ".join(r.describe() for r in analysis.regions))
+        lines.append("# plan: " + "; ".join(p.describe() for p in analysis.plans))
+    for plan, prog in programs:
+        lines.append("")
+        lines.append(f"# chunk graph of {plan.name} (schedule: {plan.describe()})")
+        lines.append(prog.chunk_gm.code)
+    return "\n".join(lines)
+
+
+def dump_graph(gm, analysis, directory: str, name: str, programs=()) -> list[str]:
+    """Write <name>.dot, <name>.svg (if graphviz's dot is installed) and <name>.txt; return paths."""
+    os.makedirs(directory, exist_ok=True)
+    base = os.path.join(directory, name)
+    dot = to_dot(gm, name)
+    if programs:
+        for plan, prog in programs:
+            sub = graphviz.Digraph(name=f"cluster_chunk_{plan.name}",
+                                   graph_attr={"label": f"chunk schedule: {plan.describe()}", "style": "bold"})
+            for n in prog.chunk_gm.graph.nodes:
+                sub.node(f"chunk_{plan.name}_{n.name}", n.name, fillcolor="#fff3b0")
+                for x in n.all_input_nodes:
+                    sub.edge(f"chunk_{plan.name}_{x.name}", f"chunk_{plan.name}_{n.name}")
+            dot.subgraph(sub)
+    paths = [base + ".dot", base + ".txt"]
+    with open(base + ".dot", "w") as f:
+        f.write(dot.source)
+    with open(base + ".txt", "w") as f:
+        f.write(to_text(gm, analysis, programs))
+    if shutil.which("dot"):
+        dot.render(base, format="svg", cleanup=True)
+        os.replace(base + ".svg", base + ".svg") if os.path.exists(base + ".svg") else None
+        paths.append(base + ".svg")
+    return paths

@@ -1,0 +1,56 @@
+"""Exceptions raised by streamfx."""
+from torch._dynamo.exc import ShortenTraceback
+
+
+class StreamBPError(ShortenTraceback, ValueError):
+    """Bad options, or a strict-mode refusal to fall back.
+
+    It derives from Dynamo's ShortenTraceback so that torch.compile lets it reach the user as
+    itself (not wrapped in BackendCompilerFailed), and from ValueError for plain callers.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(message, first_useful_frame=None)
+
+
+class CannotStream(Exception):
+    """Raised by an analysis or rewrite, before it changes anything, when a region cannot stream.
+
+    ``node`` is the FX node responsible (its op and source line go into the user's warning).
+    """
+
+    def __init__(self, reason: str, node=None):
+        super().__init__(reason)
+        self.reason = reason
+        self.node = node
+
+    def describe(self) -> str:
+        if self.node is None:
+            return self.reason
+        return f"{self.reason}: {op_name(self.node)}{source_line(self.node)}"
+
+
+def op_name(node) -> str:
+    target = node.target
+    name = getattr(target, "__name__", None) or str(target)
+    return str(getattr(target, "_overloadpacket", name)) if hasattr(target, "_overloadpacket") else name
+
+
+def source_line(node) -> str:
+    """' at file:line (code)' for the innermost user frame of an FX node's stack_trace, or ''."""
+    trace = node.meta.get("stack_trace") if node is not None else None
+    if not trace:
+        return ""
+    lines = [ln.strip() for ln in trace.strip().splitlines()]
+    frames = [i for i, ln in enumerate(lines) if ln.startswith("File ")]
+    if not frames:
+        return ""
+    i = frames[-1]
+    loc = lines[i]
+    code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
+    try:
+        file_part, rest = loc.split(", line ", 1)
+        where = f"{file_part[6:-1]}:{rest.split(',')[0]}"
+    except ValueError:
+        where = loc
+    return f" at {where}" + (f" ({code})" if code else "")

@@ -1,0 +1,98 @@
+"""``streamfx.explain(model, *args, **kwargs)``: what the backend sees and decides, in words."""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import torch
+
+from .config import StreamConfig
+from .errors import source_line, op_name
+
+
+@dataclasses.dataclass
+class Report:
+    seq_dim: list            # per graph: the sequence length found (None if none)
+    attention_sites: list    # AttentionSite objects, all graphs
+    regions: list            # Region objects
+    plan: list               # RegionPlan objects that stream
+    not_streamed: list       # (region or op, reason) pairs
+    classes: Counter
+    saved: list              # names of the tensors the streamed regions save
+    estimated_peak_bytes: int
+    analyses: list
+
+    def __str__(self) -> str:
+        lines = ["streamfx report"]
+        lines.append(f"  sequence length: {', '.join(map(str, self.seq_dim)) or 'not found'}")
+        lines.append(f"  node classes (forward): {dict(self.classes)}")
+        lines.append(f"  attention sites: {len(self.attention_sites)}")
+        for s in self.attention_sites:
+            lines.append(f"    {s.describe()}")
+        lines.append(f"  regions: {len(self.regions)}")
+        for r in self.regions:
+            lines.append(f"    {r.describe()}")
+        lines.append("  streamed:" + ("" if self.plan else " nothing"))
+        for p in self.plan:
+            lines.append(f"    {p.describe()}")
+        lines.append(f"  saved for backward by streamed regions: {self.saved or 'nothing'}")
+        lines.append(f"  estimated peak of streamed regions: {self.estimated_peak_bytes / 2**20:.1f} MiB")
+        if self.not_streamed:
+            lines.append("  not streamed:")
+            for where, why in self.not_streamed:
+                lines.append(f"    {where}: {why}")
+        return "\n".join(lines)
+
+
+def explain(model, *args, options=None, **kwargs) -> Report:
+    """Compile ``model`` with the streambp backend (eager codegen), run one forward with the given
+    inputs, and report what the passes found. Gradients are enabled so the joint graph is built;
+    no backward runs and the model is left unchanged."""
+    from .backend import compile_graph
+    from .session import Session
+
+    config = dataclasses.replace(StreamConfig.from_options(options), codegen="eager")
+    collected: list = []
+
+    def capture(gm, example_inputs):
+        return compile_graph(gm, example_inputs, config, Session(config, collected))
+
+    compiled = torch.compile(model, backend=capture, dynamic=False)
+    with torch.enable_grad():
+        compiled(*args, **kwargs)
+    return build_report(collected)
+
+
+def build_report(analyses) -> Report:
+    sites, regions, plans, refusals, saved = [], [], [], [], []
+    classes: Counter = Counter()
+    peak = 0
+    for a in analyses:
+        sites += a.sites
+        regions += a.regions
+        plans += a.plans
+        for n in a.fwd_nodes:
+            if n.op == "call_function":
+                classes[a.classes.get(n)] += 1
+        for name, err in a.refusals:
+            refusals.append((name, err.describe()))
+        for n in a.unknown_mixing():
+            if any(n in r.nodes for r in a.regions):
+                refusals.append((op_name(n), f"mixes tokens other than causal attention{source_line(n)}"))
+        for p in a.plans:
+            for x, (k, _) in zip(p.inputs, p.in_specs):
+                if k == "chunk":
+                    saved.append(x.name)
+            peak += _chunk_peak(p)
+    return Report([a.seq_len for a in analyses], sites, regions, plans, refusals, classes, saved, peak, analyses)
+
+
+def _chunk_peak(p) -> int:
+    """Bytes of the largest per-chunk tensor of a plan, times three (value, grad, one temporary)."""
+    biggest = 0
+    for n in p.nodes:
+        v = n.meta.get("val")
+        d = p.sd.seq_dim(n) if isinstance(v, torch.Tensor) else None
+        if d is not None and v.shape[d]:
+            biggest = max(biggest, v.numel() // v.shape[d] * min(p.chunk_size, p.length) * v.element_size())
+    return 3 * biggest

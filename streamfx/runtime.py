@@ -1,0 +1,186 @@
+"""Runtime of streamed regions: the ``streamfx::region`` op, its backward, and the chunk loop.
+
+A ``RegionProgram`` holds one region's chunk graph (the region instantiated for a chunk of
+tokens) and how its inputs are sliced and its outputs put together:
+  input  spec ("chunk", d): sliced along dim d;   ("whole", None): passed as is (parameters...)
+  output spec ("cat", d):   chunks concatenated;  ("sum", None): chunk results summed (fp32)
+Forward runs the chunks in order without grad; backward runs them in reverse, recomputing each
+chunk with grad and calling autograd on it, so only one chunk's activations exist at a time.
+Chunk graphs are compiled once (codegen "inductor": dynamic chunk length) and shared by every
+region program with the same graph code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Callable
+
+import torch
+import torch.fx as fx
+
+_PROGRAMS: dict[int, "RegionProgram"] = {}
+_COMPILED: dict[tuple, Callable] = {}
+_ids = itertools.count()
+COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chunks_backward": 0,
+            "chunk_compiles": 0}
+
+
+@dataclasses.dataclass
+class RegionProgram:
+    name: str
+    chunk_gm: fx.GraphModule          # region graph instantiated for a chunk
+    full_gm: fx.GraphModule           # the original region graph (shapes, fake evaluation)
+    in_specs: list
+    out_specs: list
+    chunk_size: int
+    grad_inputs: list                 # indices of inputs that get a gradient
+    codegen: str = "eager"
+    key: int = -1
+
+    def register(self) -> int:
+        self.key = next(_ids)
+        _PROGRAMS[self.key] = self
+        return self.key
+
+    # -- chunk schedule ------------------------------------------------------------------
+    def length(self, inputs) -> int:
+        for x, (kind, d) in zip(inputs, self.in_specs):
+            if kind == "chunk":
+                return x.shape[d]
+        raise AssertionError("region without a chunked input")
+
+    def bounds(self, inputs):
+        T, c = self.length(inputs), self.chunk_size
+        return [(s, min(s + c, T)) for s in range(0, T, c)]
+
+    def chunk_inputs(self, inputs, s, e):
+        return [x.narrow(d, s, e - s).contiguous() if kind == "chunk" else x
+                for x, (kind, d) in zip(inputs, self.in_specs)]
+
+    def fn(self) -> Callable:
+        if self.codegen == "eager":
+            return self.chunk_gm
+        key = (self.chunk_gm.code, tuple(self.in_specs))
+        if key not in _COMPILED:
+            COUNTERS["chunk_compiles"] += 1
+            _COMPILED[key] = torch.compile(self.chunk_gm, backend="inductor", dynamic=True)
+        return _COMPILED[key]
+
+    # -- forward / backward ----------------------------------------------------------------
+    def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        COUNTERS["region_forward"] += 1
+        fn, parts = self.fn(), [[] for _ in self.out_specs]
+        with torch.no_grad():
+            for s, e in self.bounds(inputs):
+                COUNTERS["chunks_forward"] += 1
+                outs = fn(*self.chunk_inputs(inputs, s, e))
+                for acc, o, (kind, _) in zip(parts, outs, self.out_specs):
+                    if kind == "cat":
+                        acc.append(o)
+                    elif acc:
+                        acc[0] = acc[0] + o.float()
+                    else:
+                        acc.append(o.float())
+        result = []
+        for acc, (kind, d), ref in zip(parts, self.out_specs, self.fake_out_dtypes()):
+            result.append(torch.cat(acc, d) if kind == "cat" else acc[0].to(ref))
+        return result
+
+    def backward(self, inputs: list[torch.Tensor], grads: list) -> list[torch.Tensor]:
+        COUNTERS["region_backward"] += 1
+        fn = self.fn()
+        acc: dict[int, torch.Tensor] = {}
+        for i in self.grad_inputs:
+            kind, d = self.in_specs[i]
+            x = inputs[i]
+            acc[i] = torch.zeros_like(x) if kind == "chunk" else torch.zeros_like(x, dtype=_acc_dtype(x))
+        for s, e in reversed(self.bounds(inputs)):
+            COUNTERS["chunks_backward"] += 1
+            with autograd_inside_op(), torch.enable_grad():
+                xs = [x.detach() for x in self.chunk_inputs(inputs, s, e)]
+                for i in self.grad_inputs:
+                    xs[i].requires_grad_(True)
+                outs = fn(*xs)
+                pairs = []
+                for o, g, (kind, d) in zip(outs, grads, self.out_specs):
+                    if g is None or not o.requires_grad:
+                        continue
+                    pairs.append((o, g.narrow(d, s, e - s) if kind == "cat" else g.to(o.dtype)))
+                if not pairs:
+                    continue
+                got = torch.autograd.grad([p[0] for p in pairs], [xs[i] for i in self.grad_inputs],
+                                          [p[1] for p in pairs], allow_unused=True)
+            for i, g in zip(self.grad_inputs, got):
+                if g is None:
+                    continue
+                kind, d = self.in_specs[i]
+                if kind == "chunk":
+                    acc[i].narrow(d, s, e - s).add_(g)
+                else:
+                    acc[i].add_(g)
+        return [acc[i].to(inputs[i].dtype) for i in self.grad_inputs]
+
+    def fake_out_dtypes(self):
+        return [n.meta["val"].dtype for n in self.full_gm.graph.find_nodes(op="output")[0].args[0]]
+
+
+def autograd_inside_op():
+    """Re-enable autograd dispatch inside a custom op kernel (which runs below autograd), so the
+    backward can recompute a chunk and differentiate it."""
+    DK = torch._C.DispatchKey
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for k in (DK.AutogradFunctionality, DK.AutogradOther, DK.AutogradNestedTensor, DK.ADInplaceOrView):
+        exclude = exclude.remove(k)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
+
+
+def _acc_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+
+
+# ---- the custom ops --------------------------------------------------------------------------
+@torch.library.custom_op("streamfx::region", mutates_args=())
+def region(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Run a streamed region forward, chunk by chunk."""
+    return _PROGRAMS[key].forward(list(inputs))
+
+
+@region.register_fake
+def _region_fake(key, inputs):
+    prog = _PROGRAMS[key]
+    outs = prog.full_gm(*inputs)
+    return [o.clone() if o is not None else o for o in outs]
+
+
+@torch.library.custom_op("streamfx::region_backward", mutates_args=())
+def region_backward(key: int, inputs: list[torch.Tensor], grads: list[torch.Tensor],
+                    present: list[bool]) -> list[torch.Tensor]:
+    """Gradients of a streamed region's inputs (those in ``grad_inputs``), chunk by chunk in reverse.
+    ``present[j]`` is False where output j got no gradient (its entry in ``grads`` is a placeholder)."""
+    return _PROGRAMS[key].backward(list(inputs), [g if p else None for g, p in zip(grads, present)])
+
+
+@region_backward.register_fake
+def _region_backward_fake(key, inputs, grads, present):
+    return [torch.empty_like(inputs[i]) for i in _PROGRAMS[key].grad_inputs]
+
+
+def _setup(ctx, inputs, output):
+    key, xs = inputs
+    ctx.key = key
+    ctx.save_for_backward(*xs)
+
+
+def _backward(ctx, grads):
+    prog = _PROGRAMS[ctx.key]
+    xs = list(ctx.saved_tensors)
+    present = [g is not None for g in grads]
+    gs = [g if g is not None else xs[0].new_empty(0) for g in grads]
+    got = region_backward(ctx.key, xs, gs, present)
+    result = [None] * len(xs)
+    for i, g in zip(prog.grad_inputs, got):
+        result[i] = g
+    return None, result
+
+
+region.register_autograd(_backward, setup_context=_setup)

@@ -1,0 +1,114 @@
+"""One backend compilation: runs the pipeline at partition time, keeps reports and dumps."""
+from __future__ import annotations
+
+import itertools
+import warnings
+
+import torch
+
+from streamfx.passes import analyze, decide
+from streamfx.passes.rewrite import stream_joint
+
+from .config import StreamConfig
+from .errors import CannotStream, StreamBPError
+
+_graph_ids = itertools.count()
+_warned: set = set()
+
+
+class DetachOutputs(Exception):
+    """Raised at partition time when user outputs will be dropped (logits): the backend detaches
+    them in the Dynamo graph and traces again, so no gradient buffer for them ever exists."""
+
+    def __init__(self, indices):
+        super().__init__(indices)
+        self.indices = indices
+
+
+class Session:
+    """State shared by the backend call, the partition hook and the output wrapper."""
+
+    def __init__(self, config: StreamConfig, collect: list | None = None):
+        self.config = config
+        self.reports = collect if collect is not None else []
+        self.dropped_user_outputs: list[int] = []
+        self.n_user_outputs = 0
+        self.real_inputs: list = []
+        self.graph_id = None
+        self.detached: list[int] = []
+
+    def begin_graph(self, gm, example_inputs) -> None:
+        self.graph_id = next(_graph_ids)
+        out = gm.graph.find_nodes(op="output")[0].args[0]
+        self.n_user_outputs = len(out) if isinstance(out, (tuple, list)) else 1
+        self.real_inputs = [x for x in example_inputs]
+
+    # -- the partition hook -------------------------------------------------------------------
+    def partition(self, joint, joint_inputs, base_partition, **kwargs):
+        from .dumps import dump_graph
+
+        nfwd = kwargs["num_fwd_outputs"]
+        real = self._real_primals(joint)
+        analysis = analyze(joint.graph, nfwd, real)
+        decide(analysis, self.config)
+        dump_dir = self.config.effective_dump_dir
+        name = f"graph{self.graph_id}"
+        if dump_dir:
+            dump_graph(joint, analysis, dump_dir, f"{name}.0-joint")
+        for region, err in analysis.refusals:
+            self._refuse(region, err)
+        if analysis.plans:
+            try:
+                new_joint, programs, dropped = stream_joint(joint, nfwd, analysis.fwd_nodes,
+                                                            analysis.plans, self.config.codegen)
+            except CannotStream as err:
+                self._refuse("all", err)
+                analysis.plans = []
+            else:
+                if nfwd == self.n_user_outputs:
+                    self.dropped_user_outputs = sorted(dropped)
+                    if set(dropped) - set(self.detached):
+                        raise DetachOutputs(sorted(dropped))
+                analysis.programs = programs
+                joint = new_joint
+                if dump_dir:
+                    after = analyze(joint.graph, nfwd, real)
+                    dump_graph(joint, after, dump_dir, f"{name}.1-streamed", programs=programs)
+        self.reports.append(analysis)
+        return base_partition(joint, joint_inputs, **kwargs)
+
+    def _real_primals(self, joint) -> dict:
+        primals = [n for n in joint.graph.find_nodes(op="placeholder") if n.name.startswith("primals")]
+        if len(primals) != len(self.real_inputs):
+            return {}
+        real = {}
+        for p, x in zip(primals, self.real_inputs):
+            v = p.meta.get("val")
+            if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.FakeTensor) \
+                    and isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(x.shape) \
+                    and not x.requires_grad and x.numel() <= (1 << 24):
+                real[p] = x
+        return real
+
+    def _refuse(self, region: str, err: CannotStream) -> None:
+        message = f"streamfx: region '{region}' is not streamed: {err.describe()}; it runs without streaming"
+        if self.config.strict:
+            raise StreamBPError(message.replace("; it runs without streaming", "") + " (strict=True)")
+        if message not in _warned:
+            _warned.add(message)
+            warnings.warn(message, stacklevel=2)
+
+    # -- outputs ----------------------------------------------------------------------------
+    def wrap(self, compiled):
+        dropped = self.dropped_user_outputs
+        if not dropped:
+            return compiled
+
+        def run(*args):
+            outs = compiled(*args)
+            seq = list(outs)
+            for i in dropped:
+                seq[i] = None
+            return type(outs)(seq) if isinstance(outs, tuple) else seq
+
+        return run
