@@ -66,7 +66,7 @@ def plan_head(region, sd, classes, graph_outputs: set, config, fwd: set) -> Regi
         d = sd.seq_dim(o)
         if d is None or "k" in sd.roles(o):
             raise CannotStream("a value leaves the head region without a sequence dim", o)
-        only_output = all(u.op == "output" or u not in fwd or u in inside for u in o.users) and o in graph_outputs
+        only_output = _reaches_only_outputs(o, fwd, inside)
         if only_output and not config.return_logits:
             dropped.append(o)
             continue
@@ -90,6 +90,18 @@ def plan_head(region, sd, classes, graph_outputs: set, config, fwd: set) -> Regi
     chunk = config.head_chunk_size or _auto_head_chunk(region, sd, T)
     return RegionPlan("head", "head", region.nodes, region.inputs, outputs, dropped, in_specs,
                       out_specs, chunk, T, grad_inputs, sd, region.shared)
+
+
+ALIASES = (aten.alias.default, aten.detach.default)
+
+
+def _reaches_only_outputs(node, fwd: set, inside: set) -> bool:
+    """True if ``node`` leaves the region only as a graph output (possibly through alias/detach)."""
+    users = [u for u in node.users if u in fwd and u not in inside]
+    if not users:
+        return any(u.op == "output" for u in node.users)
+    return all(u.op == "output" or (u.target in ALIASES and _reaches_only_outputs(u, fwd, inside))
+               for u in users)
 
 
 def _auto_head_chunk(region, sd, T: int) -> int:

@@ -14,6 +14,7 @@ import networkx as nx
 import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
+from torch._inductor.decomposition import select_decomp_table
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
@@ -105,7 +106,7 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
         programs.append((plan, prog))
 
     fwd = _forward_with_regions(fwd_nodes, primals, fwd_outs, programs)
-    dropped = {i for i, o in enumerate(fwd_outs) if any(o in p.dropped for p, _ in programs)}
+    dropped = {i for i, o in enumerate(fwd_outs) if any(_alias_root(o) in p.dropped for p, _ in programs)}
 
     def joint_fn(primals, tangents):
         with torch.enable_grad():
@@ -130,8 +131,15 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     vals_t = [t.meta["val"] for t in tangents]
     mode = detect_fake_mode(vals_p + vals_t)
     with mode:
-        new_joint = make_fx(joint_fn, record_module_stack=True)(vals_p, vals_t)
+        new_joint = make_fx(joint_fn, decomposition_table=select_decomp_table(),
+                            record_module_stack=True)(vals_p, vals_t)
     return new_joint, programs, dropped
+
+
+def _alias_root(node):
+    while isinstance(node, fx.Node) and node.target in (aten.alias.default, aten.detach.default):
+        node = node.args[0]
+    return node
 
 
 def _tangent_outputs(joint, tangents, num_fwd_outputs):

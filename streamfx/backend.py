@@ -58,6 +58,9 @@ class _Partitioner(CustomPartitionerFn):
     def uuid(self):
         return None  # never cached: the rewrite registers runtime programs
 
+    def __deepcopy__(self, memo):  # Inductor copies its config for repro strings
+        return self
+
 
 def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None):
     session = session or Session(config)
