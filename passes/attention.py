@@ -92,18 +92,19 @@ class AttentionSite:
     mask_kind: str = "none"
     window: int | None = None
     scale: float | None = None
+    mask_user: fx.Node | None = None   # the node that applies the mask to the scores (unfused)
 
     def describe(self) -> str:
         mask = self.mask_kind + (f"({self.window})" if self.window else "")
         return f"#{self.index} {self.kind} causal={self.is_causal} mask={mask}"
 
 
-def find_sites(graph: fx.Graph, sd) -> list[AttentionSite]:
-    """All attention sites in forward order. ``sd`` is the axis result (before the seq axis is known)."""
+def find_sites(graph: fx.Graph, sd, forward: set) -> list[AttentionSite]:
+    """Attention sites of the forward nodes, in order. ``sd`` is the axis result."""
     sites: list[AttentionSite] = []
     claimed: set = set()
     for node in graph.nodes:
-        if node.op != "call_function" or node in claimed:
+        if node.op != "call_function" or node in claimed or node not in forward:
             continue
         if node.target in SDPA_OVERLOADS:
             b = bind(node)
@@ -112,30 +113,42 @@ def find_sites(graph: fx.Graph, sd) -> list[AttentionSite]:
                                  b["query"], b["key"], b["value"], node, frozenset([node]),
                                  bool(b.get("is_causal", False)), mask, scale=b.get("scale"))
             sites.append(site)
-        elif node.target in (aten.bmm.default, aten.mm.default) and _self_similar(node, sd):
-            site = _matmul_site(node, sd, len(sites))
+        elif node.target in SCORE_OPS and _self_similar(node, sd):
+            site = _matmul_site(node, sd, len(sites), forward)
             if site is not None:
                 claimed |= site.nodes
                 sites.append(site)
     return sites
 
 
+# Q·Kᵀ is a bmm, or a broadcast mul once Inductor's decomposition turns a head_dim-1 bmm into
+# an outer product.
+SCORE_OPS = (aten.bmm.default, aten.mm.default, aten.mul.Tensor)
+
+
 def _self_similar(node: fx.Node, sd) -> bool:
-    """True if the last two dims of the output are one axis (query positions × key positions)."""
+    """True if the last two dims of the output are one axis (query positions × key positions)
+    and both operands are floating-point tensors carrying that axis (queries and keys)."""
     axes = sd.axes.get(node, [None])[0]
     if not axes or len(axes) < 2 or not axes[-1] or not axes[-2]:
         return False
-    return sd.table.canon(axes[-1]) == sd.table.canon(axes[-2])
+    seq = sd.table.canon(axes[-1])
+    if sd.table.canon(axes[-2]) != seq:
+        return False
+    operands = node.args[:2]
+    return all(isinstance(x, fx.Node) and x.meta["val"].is_floating_point()
+               and any(d and sd.table.canon(d) == seq for d in (sd.axes.get(x) or [()])[0])
+               for x in operands)
 
 
-def _matmul_site(scores: fx.Node, sd, index: int):
+def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
     """Walk from Q·Kᵀ through the nodes that keep both sequence dims to the matmul with V."""
     seq = sd.table.canon(sd.axes[scores][0][-1])
     interior, frontier, out, mask = {scores}, [scores], None, None
     while frontier:
         n = frontier.pop()
         for user in n.users:
-            if user in interior:
+            if user in interior or user not in forward:
                 continue
             if user.target in (aten.bmm.default, aten.mm.default) and user.args[0] in interior:
                 out = user
@@ -146,15 +159,16 @@ def _matmul_site(scores: fx.Node, sd, index: int):
                 frontier.append(user)
     if out is None:
         return None
+    mask_user = None
     for n in list(interior):
         for x in n.all_input_nodes:
             xa = (sd.axes.get(x) or [None])[0]
             if x not in interior and xa and len(xa) >= 2 and xa[-1] and sd.table.canon(xa[-1]) == seq \
                     and xa[-2] and sd.table.canon(xa[-2]) == seq and x is not scores:
-                mask = x
+                mask, mask_user = x, n
     q, kt = scores.args[0], scores.args[1]
     return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
-                         frozenset(interior | {out}), False, mask)
+                         frozenset(interior | {out}), False, mask, mask_user=mask_user)
 
 
 def classify_mask(site: AttentionSite, graph_inputs: dict) -> None:
@@ -172,7 +186,15 @@ def _classify_mask(site: AttentionSite, graph_inputs: dict) -> None:
         return
     nodes = _ancestors(site.mask)
     user_inputs = [n for n in nodes if n.op == "placeholder" and n not in graph_inputs]
-    value = _evaluate(site.mask, nodes, graph_inputs)
+    if site.mask_user is not None:
+        # apply the mask to zero scores: the result is additive whatever the mask's convention
+        preset = {x: torch.zeros(tuple(int(d) for d in x.meta["val"].shape), dtype=x.meta["val"].dtype)
+                  for x in site.mask_user.all_input_nodes if x in site.nodes}
+        others = [x for x in site.mask_user.all_input_nodes if x not in site.nodes]
+        nodes = [n for n in site.mask.graph.nodes if any(n in _ancestors(x) for x in others)]
+        value = _evaluate(site.mask_user, nodes + [site.mask_user], graph_inputs, preset)
+    else:
+        value = _evaluate(site.mask, nodes, graph_inputs)
     if value is None:
         site.mask_kind = "unknown"
         return
@@ -209,10 +231,10 @@ def _ancestors(node: fx.Node) -> list[fx.Node]:
     return [n for n in node.graph.nodes if n in seen]
 
 
-def _evaluate(target: fx.Node, nodes: list, graph_inputs: dict):
+def _evaluate(target: fx.Node, nodes: list, graph_inputs: dict, preset=None):
     """Evaluate the mask subgraph; user inputs (token masks, positions) get neutral values."""
     try:
-        return _run(target, nodes, graph_inputs, {})
+        return _run(target, nodes, graph_inputs, dict(preset or {}))
     except Exception:
         return None
 
@@ -220,6 +242,8 @@ def _evaluate(target: fx.Node, nodes: list, graph_inputs: dict):
 def _run(target, nodes, graph_inputs, env):
     if True:
         for n in nodes:
+            if n in env:
+                continue
             if n.op == "placeholder":
                 if n in graph_inputs:
                     env[n] = graph_inputs[n]

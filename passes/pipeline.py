@@ -65,8 +65,7 @@ def split_joint(graph: fx.Graph, num_fwd_outputs: int):
 def analyze(graph: fx.Graph, num_fwd_outputs: int, real_inputs: dict | None = None) -> Analysis:
     fwd, bwd, fwd_outs = split_joint(graph, num_fwd_outputs)
     sd = infer_axes(graph)
-    sites = attn.find_sites(graph, sd)
-    sites = [s for s in sites if s.output in set(fwd)]
+    sites = attn.find_sites(graph, sd, set(fwd))
     if sites:
         sd.seq_atom = sd.table.find(sd.axes[sites[0].query][0][-2][-1])
     else:

@@ -1,0 +1,38 @@
+"""Dumps: graphviz .dot, rendered .svg and text, per graph and per pass that changed it."""
+import shutil
+
+import pytest
+import torch
+
+from test_analysis import TinyLM
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot is not installed")
+def test_dump_renders_svg_with_classes_regions_and_schedule(tmp_path):
+    torch.manual_seed(0)
+    model = TinyLM(V=32, d=16, H=2, layers=2)
+    idx = torch.randint(0, 32, (1, 12))
+    compiled = torch.compile(model, backend="streambp",
+                             options={"codegen": "eager", "dump_dir": str(tmp_path), "head_chunk_size": 5})
+    compiled(idx, idx).backward()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    joint = [n for n in names if n.endswith("0-joint.svg")]
+    streamed = [n for n in names if n.endswith("1-streamed.svg")]
+    assert joint and streamed, names
+    svg = (tmp_path / joint[0]).read_text()
+    assert svg.lstrip().startswith("<?xml") and "<svg" in svg
+    dot = (tmp_path / joint[0].replace(".svg", ".dot")).read_text()
+    assert "cluster_layer.0" in dot and "cluster_head" in dot  # regions as clusters
+    assert "#f7c6a3" in dot  # causal-mixing colour: the attention sites
+    text = (tmp_path / streamed[0].replace(".svg", ".txt")).read_text()
+    assert "streamfx.region" in text and "region_backward" in text
+    assert "chunk graph of head" in text and "3 chunk(s) of 5 tokens" in text
+    assert "chunk schedule" in (tmp_path / streamed[0].replace(".svg", ".dot")).read_text()
+
+
+def test_dump_dir_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("STREAMFX_DUMP_DIR", str(tmp_path))
+    model = TinyLM(V=16, d=8, H=2)
+    idx = torch.randint(0, 16, (1, 6))
+    torch.compile(model, backend="streambp", options={"codegen": "eager"})(idx, idx)
+    assert any(p.name.endswith(".txt") for p in tmp_path.iterdir())

@@ -1,0 +1,80 @@
+"""Options: validation before any compile work, and the ways options reach the backend."""
+import pytest
+import torch
+
+import streamfx
+from streamfx import StreamBPError, StreamConfig
+
+
+def _model():
+    return torch.nn.Linear(4, 4)
+
+
+@pytest.mark.parametrize("options, key", [
+    ({"chunk_sise": 4}, "chunk_sise"),
+    ({"chunk_size": 0}, "chunk_size"),
+    ({"chunk_size": -3}, "chunk_size"),
+    ({"head_chunk_size": 2.5}, "head_chunk_size"),
+    ({"chunk_size": True}, "chunk_size"),
+    ({"codegen": "triton"}, "codegen"),
+    ({"strict": "yes"}, "strict"),
+    ({"return_logits": 1}, "return_logits"),
+])
+def test_bad_options_raise_streambp_error_through_torch_compile(options, key):
+    compiled = torch.compile(_model(), backend="streambp", options=options)
+    with pytest.raises(StreamBPError) as err:
+        compiled(torch.randn(2, 4))
+    assert key in str(err.value)
+
+
+def test_error_names_allowed_values():
+    with pytest.raises(StreamBPError, match=r"\('inductor', 'eager'\)"):
+        StreamConfig(codegen="fast")
+    with pytest.raises(StreamBPError, match="allowed options are .*chunk_size.*head_chunk_size"):
+        StreamConfig.from_options({"chunksize": 8})
+
+
+def test_backend_factory_validates_at_construction():
+    with pytest.raises(StreamBPError, match="chunk_size"):
+        streamfx.backend(chunk_size=-1)
+    be = streamfx.backend(chunk_size=8, codegen="eager")
+    assert be.config == StreamConfig(chunk_size=8, codegen="eager")
+
+
+def test_streambp_error_is_a_value_error():
+    assert issubclass(StreamBPError, ValueError)
+
+
+def test_dump_dir_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("STREAMFX_DUMP_DIR", str(tmp_path))
+    assert StreamConfig().effective_dump_dir == str(tmp_path)
+    assert StreamConfig(dump_dir="x").effective_dump_dir == "x"
+
+
+def test_registered_entry_point_without_import():
+    """`backend="streambp"` resolves through the torch_dynamo_backends entry point."""
+    import subprocess
+    import sys
+    code = ("import torch; m = torch.nn.Linear(3, 3); "
+            "y = torch.compile(m, backend='streambp', options={'codegen': 'eager'})(torch.randn(2, 3)); "
+            "print('streamfx' in __import__('sys').modules, tuple(y.shape))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("True (2, 3)")
+
+
+@pytest.mark.parametrize("codegen", ["eager", "inductor"])
+def test_inference_and_no_tangent_graphs_pass_through(codegen):
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.GELU(), torch.nn.Linear(7, 3))
+    x = torch.randn(4, 5)
+    compiled = torch.compile(m, backend="streambp", options={"codegen": codegen})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), m(x))
+    y = compiled(x)
+    y.sum().backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    m(x).sum().backward()
+    for g, p in zip(grads, m.parameters()):
+        torch.testing.assert_close(g, p.grad)
