@@ -72,19 +72,23 @@ def plan_head(region, sd, classes, graph_outputs: set, config, fwd: set) -> Regi
             continue
         outputs.append(o)
         out_specs.append(("cat", d))
-    in_specs, lengths = [], set()
+    in_specs, lengths = [], []
     for x in region.inputs:
+        if not isinstance(x.meta.get("val"), torch.Tensor):
+            raise CannotStream("symbolic sizes (dynamic shapes) are not streamed yet; "
+                               "compile with dynamic=False", x)
         d = sd.seq_dim(x)
         if d is not None and "k" in sd.roles(x):
             raise CannotStream("an input of the head region has two sequence dims", x)
         in_specs.append(("chunk", d) if d is not None else ("whole", None))
         if d is not None:
-            lengths.add(x.meta["val"].shape[d])
-    if len(lengths) != 1:
-        raise CannotStream(f"head inputs disagree on the sequence length ({sorted(map(str, lengths))})")
-    T = lengths.pop()
-    if not isinstance(T, int):
-        raise CannotStream("symbolic sequence length (dynamic shapes) is not streamed yet")
+            lengths.append(x.meta["val"].shape[d])
+    if any(not isinstance(t, int) for t in lengths):
+        raise CannotStream("symbolic sequence length (dynamic shapes) is not streamed yet; "
+                           "compile with dynamic=False")
+    if len(set(lengths)) != 1:
+        raise CannotStream(f"head inputs disagree on the sequence length ({sorted(set(lengths))})")
+    T = lengths[0]
     grad_inputs = [i for i, x in enumerate(region.inputs)
                    if x.meta["val"].is_floating_point() and x.meta["val"].numel() > 0]
     chunk = config.head_chunk_size or _auto_head_chunk(region, sd, T)
