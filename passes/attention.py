@@ -63,6 +63,12 @@ def sdpa(node, T, ax):
     for i in range(len(qa) - 2):
         if shape(q)[i] == shape(k)[i]:
             T.unify(qa[i], ka[i])
+    b = bind(node)
+    mask = b.get("attn_mask", b.get("attn_bias"))
+    if isinstance(mask, fx.Node):  # the mask is (..., queries, keys)
+        ma = ax(mask)
+        T.unify(ma[-2], qa[-2]) if ma[-2] else None
+        T.unify(ma[-1], ka[-2]) if ma[-1] else None
     out = tuple(qa[:-1]) + (va[-1],)
     vals = node.meta["val"]
     n_out = len(vals) if isinstance(vals, (tuple, list)) else 1

@@ -12,7 +12,7 @@ import torch.fx as fx
 
 from streamfx.errors import CannotStream
 from . import attention as attn
-from .plan import plan_head
+from .plan import plan_head, plan_layer
 from .record import NodeRecord, tag
 from .regions import find_regions
 from .seq_dims import UNKNOWN_MIXING, infer_axes, seed_from_embedding
@@ -94,11 +94,13 @@ def decide(a: Analysis, config) -> list:
     outputs = set(o for o in list(a.graph.find_nodes(op="output")[0].args[0])[: a.num_fwd_outputs]
                   if isinstance(o, fx.Node))
     plans = []
+    fwd = set(a.fwd_nodes)
     for r in a.regions:
-        if r.kind != "head":
-            continue
         try:
-            plans.append(plan_head(r, a.sd, a.classes, outputs, config, set(a.fwd_nodes)))
+            if r.kind == "head":
+                plans.append(plan_head(r, a.sd, a.classes, outputs, config, fwd))
+            else:
+                plans.append(plan_layer(r, a.sd, a.classes, config, fwd))
         except CannotStream as e:
             a.refusals.append((r.name, e))
     a.plans = plans

@@ -117,3 +117,83 @@ def _auto_head_chunk(region, sd, T: int) -> int:
         if d is not None and isinstance(v.shape[d], int) and v.shape[d] > 0:
             widest = max(widest, v.numel() // v.shape[d])
     return max(16, min(T, HEAD_CHUNK_ELEMENTS // widest))
+
+
+RANDOM_OPS = {aten.native_dropout.default, aten.bernoulli.default, aten.bernoulli.p, aten.rand.default,
+              aten.randn.default, aten.rand_like.default, aten.randn_like.default}
+
+
+@dataclasses.dataclass
+class LayerPlan(RegionPlan):
+    site: object = None
+    kv_nodes: list = dataclasses.field(default_factory=list)
+
+
+def plan_layer(region, sd, classes, config, fwd: set) -> LayerPlan:
+    """A layer region streams when all its ops are token-local except one causal attention site."""
+    if len(region.attention) != 1:
+        raise CannotStream(f"a layer region with {len(region.attention)} attention sites")
+    site = region.attention[0]
+    if not site.is_causal:
+        raise CannotStream("attention that is not causal mixes every token with every other", site.output)
+    for n in region.nodes:
+        if n.target in RANDOM_OPS:
+            raise CannotStream("random op (dropout) whose randomness the chunked recomputation cannot replay", n)
+        cls = classes[n]
+        if cls == "causal-mixing" and n not in site.nodes:
+            raise CannotStream("token mixing outside the recognised attention site", n)
+        if cls not in (TOKEN_LOCAL, SEQ_FREE, "causal-mixing"):
+            raise CannotStream(f"{cls} op inside a layer", n)
+    inside = set(region.nodes)
+    outputs, out_specs = [], []
+    for o in region.outputs:
+        d = sd.seq_dim(o)
+        if d is None or not sd.seq_is_atomic(o):
+            raise CannotStream("a value leaves the layer without a plain sequence dim", o)
+        outputs.append(o)
+        out_specs.append(("cat", d))
+    in_specs, lengths = [], []
+    for x in region.inputs:
+        v = x.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            raise CannotStream("symbolic sizes (dynamic shapes) are not streamed yet; compile with dynamic=False", x)
+        roles = sd.roles(x)
+        if "k" in roles:
+            dq, dk = roles.index("q"), roles.index("k")
+            in_specs.append(("qk", (dq, dk)))
+            lengths += [v.shape[dq], v.shape[dk]]
+        elif "q" in roles:
+            if not sd.seq_is_atomic(x):
+                raise CannotStream("an input of the layer merges the sequence with another dim", x)
+            in_specs.append(("chunk", roles.index("q")))
+            lengths.append(v.shape[roles.index("q")])
+        else:
+            in_specs.append(("whole", None))
+    if any(not isinstance(t, int) for t in lengths) or len(set(lengths)) != 1:
+        raise CannotStream(f"layer inputs disagree on a static sequence length ({lengths})")
+    kv = _ancestors_within({site.key, site.value}, inside)
+    T = lengths[0]
+    # token-by-token inputs are attention masks: they get no gradient (fused attention refuses one)
+    grad_inputs = [i for i, x in enumerate(region.inputs) if in_specs[i][0] != "qk"
+                   and x.meta["val"].is_floating_point() and x.meta["val"].numel() > 0]
+    chunk = config.chunk_size or auto_chunk(T)
+    return LayerPlan(region.name, "layer", region.nodes, region.inputs, outputs, [], in_specs, out_specs,
+                     chunk, T, grad_inputs, sd, frozenset(), site=site,
+                     kv_nodes=[n for n in region.nodes if n in kv])
+
+
+def auto_chunk(T: int) -> int:
+    """Automatic layer chunk: a quarter of the sequence, at least 64 tokens. Fewer, larger chunks
+    run faster (the paper uses T/3); smaller chunks lower the per-chunk working set."""
+    return min(T, max(64, -(-T // 4)))
+
+
+def _ancestors_within(targets, inside: set) -> set:
+    seen, stack = set(), [t for t in targets if t in inside]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(x for x in n.all_input_nodes if x in inside)
+    return seen

@@ -19,7 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from streamfx.errors import CannotStream
-from streamfx.runtime import RegionProgram
+from streamfx.runtime import LayerProgram, RegionProgram, slice_input
 
 aten = torch.ops.aten
 PASS = "stream_regions"
@@ -31,30 +31,47 @@ SIZE_ARG_OPS = {aten.view.default: 1, aten._unsafe_view.default: 1, aten.reshape
 
 def region_graphs(plan, sd, chunk_len: int):
     """Full and chunk GraphModules of one region; the chunk one reads its length from its inputs."""
-    full, chunk = fx.Graph(), fx.Graph()
-    env_f, env_c = {}, {}
-    for i, x in enumerate(plan.inputs):
-        for g, env in ((full, env_f), (chunk, env_c)):
-            p = g.placeholder(f"in_{i}_{x.name}")
-            p.meta["val"] = x.meta.get("val")
-            env[x] = p
-    seq_in = next(i for i, (k, _) in enumerate(plan.in_specs) if k == "chunk")
-    c = chunk.call_function(aten.sym_size.int, (env_c[plan.inputs[seq_in]], plan.in_specs[seq_in][1]))
-    for n in plan.nodes:
-        env_f[n] = full.node_copy(n, lambda x: env_f[x])
-        new = chunk.node_copy(n, lambda x: env_c[x])
-        _patch_sizes(new, n, sd, plan.length, c)
-        new.meta["streamfx_pass"] = PASS
-        env_c[n] = new
-    full.output(tuple(env_f[o] for o in plan.outputs))
-    chunk.output(tuple(env_c[o] for o in plan.outputs))
-    full_gm, chunk_gm = fx.GraphModule({}, full), fx.GraphModule({}, chunk)
-    _check_chunk_graph(plan, chunk_gm, chunk_len)
-    return full_gm, chunk_gm
+    full = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, None)
+    chunk = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, plan)
+    _check_chunk_graph(plan, chunk, chunk_len)
+    return full, chunk
 
 
-def _patch_sizes(new: fx.Node, old: fx.Node, sd, T: int, c: fx.Node) -> None:
-    """Replace sequence-sized entries of a size argument by the chunk length (x T/len multiples)."""
+def build_graph(inputs, nodes, outputs, sd, plan, extra=()):
+    """Copy ``nodes`` into a new GraphModule with ``inputs`` (then ``extra`` nodes) as placeholders.
+
+    With a ``plan``, sizes that scale with the sequence are rewritten: a query-sequence dim gets
+    the chunk length (read from the first chunked input), a key-sequence dim the prefix length
+    (read from the first ``extra`` placeholder, the keys), so one graph serves every chunk.
+    """
+    g, env = fx.Graph(), {}
+    for i, x in enumerate(list(inputs) + list(extra)):
+        p = g.placeholder(f"in_{i}_{x.name}")
+        p.meta["val"] = x.meta.get("val")
+        env[x] = p
+    lengths = {}
+    if plan is not None:
+        i, (_, d) = next((i, s) for i, s in enumerate(plan.in_specs) if s[0] == "chunk")
+        lengths["q"] = g.call_function(aten.sym_size.int, (env[inputs[i]], d))
+        if extra:
+            lengths["k"] = g.call_function(aten.sym_size.int, (env[extra[0]], sd.seq_dim(extra[0])))
+    for n in nodes:
+        if n in env:
+            continue
+        new = g.node_copy(n, lambda x: env[x])
+        if plan is not None:
+            _patch_sizes(new, n, sd, plan.length, lengths)
+            new.meta["streamfx_pass"] = PASS
+        env[n] = new
+    g.output(tuple(env[o] for o in outputs))
+    gm = fx.GraphModule({}, g)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def _patch_sizes(new: fx.Node, old: fx.Node, sd, T: int, lengths: dict) -> None:
+    """Replace sequence-sized entries of a size argument by the chunk (or prefix) length."""
     pos = SIZE_ARG_OPS.get(old.target)
     if pos is None or not isinstance(old.meta.get("val"), torch.Tensor):
         return
@@ -62,12 +79,13 @@ def _patch_sizes(new: fx.Node, old: fx.Node, sd, T: int, c: fx.Node) -> None:
     sizes = list(new.args[pos])
     changed = False
     for k, role in enumerate(roles):
-        if role and k < len(sizes) and isinstance(sizes[k], int) and sizes[k] not in (-1,):
-            if sizes[k] % T:
-                raise CannotStream(f"size {sizes[k]} (dims {roles}) is not a multiple of the sequence length {T}", old)
+        if role and k < len(sizes) and isinstance(sizes[k], int) and sizes[k] != -1:
+            if sizes[k] % T or role not in lengths:
+                raise CannotStream(f"size {sizes[k]} (dims {roles}) does not scale with the sequence length {T}", old)
             factor = sizes[k] // T
             with new.graph.inserting_before(new):
-                sizes[k] = c if factor == 1 else new.graph.call_function(operator.mul, (c, factor))
+                L = lengths[role]
+                sizes[k] = L if factor == 1 else new.graph.call_function(operator.mul, (L, factor))
             changed = True
     if changed:
         args = list(new.args)
@@ -75,14 +93,66 @@ def _patch_sizes(new: fx.Node, old: fx.Node, sd, T: int, c: fx.Node) -> None:
         new.args = tuple(args)
 
 
-def _check_chunk_graph(plan, chunk_gm, chunk_len) -> None:
+def layer_program(plan, codegen: str) -> LayerProgram:
+    """K/V graph (keys and values of a chunk) and query graph (a chunk's output from its queries
+    and the key/value prefix), with causal attention aligned to the bottom right of the prefix."""
+    sd, site = plan.sd, plan.site
+    full = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, None)
+    kv = build_graph(plan.inputs, plan.kv_nodes, [site.key, site.value], sd, plan)
+    q = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, plan, extra=(site.key, site.value))
+    if site.kind.startswith("sdpa"):
+        _lower_right_causal(q, site)
+    c = min(plan.chunk_size, plan.length)
+    _check_chunk_graph(plan, kv, c)
+    _check_chunk_graph(plan, q, c, prefix=(site.key, site.value))
+    return LayerProgram(plan.name, q, full, plan.in_specs, plan.out_specs, plan.chunk_size,
+                        plan.grad_inputs, codegen, kv_gm=kv,
+                        kv_dims=(sd.seq_dim(site.key), sd.seq_dim(site.value)))
+
+
+def _lower_right_causal(gm: fx.GraphModule, site) -> None:
+    """Give the chunk's fused attention an explicit mask: query i of a chunk of c queries sees
+    keys 0..(e - c + i) of the e-key prefix (causal, aligned to the bottom right)."""
+    from .attention import bind
+    node = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is site.output.target)
+    b = bind(node)
+    mask_key = "attn_mask" if "attn_mask" in b else "attn_bias"
+    if not b.get("is_causal"):
+        return  # the mask is an input, sliced per chunk like any other
+    if b.get(mask_key) is not None:
+        raise CannotStream("fused attention with both is_causal and a mask", site.output)
+    device = site.query.meta["val"].device
+    g = gm.graph
+    with g.inserting_before(node):
+        q_len = g.call_function(aten.sym_size.int, (node.args[0], -2))
+        k_len = g.call_function(aten.sym_size.int, (node.args[1], -2))
+        qpos = g.call_function(aten.arange.default, (q_len,), {"dtype": torch.int64, "device": device})
+        qpos = g.call_function(aten.add.Tensor, (qpos, g.call_function(operator.sub, (k_len, q_len))))
+        kpos = g.call_function(aten.arange.default, (k_len,), {"dtype": torch.int64, "device": device})
+        mask = g.call_function(aten.ge.Tensor, (g.call_function(aten.unsqueeze.default, (qpos, 1)),
+                                                g.call_function(aten.unsqueeze.default, (kpos, 0))))
+    names = [a.name for a in node.target._schema.arguments]
+    args = list(node.args)
+    i = names.index("is_causal")
+    if i < len(args):
+        args[i] = False
+    kwargs = dict(node.kwargs)
+    kwargs.pop("is_causal", None)
+    if i >= len(args):
+        kwargs["is_causal"] = False
+    kwargs[mask_key] = mask
+    node.args, node.kwargs = tuple(args), kwargs
+    gm.recompile()
+
+
+def _check_chunk_graph(plan, chunk_gm, chunk_len, prefix=()) -> None:
     """Propagate fake chunk-shaped inputs through the chunk graph; any failure means no streaming."""
     vals = [x.meta["val"] for x in plan.inputs]
     mode = detect_fake_mode(vals)
     try:
         with mode:
-            fake = [v.narrow(d, 0, chunk_len).contiguous() if k == "chunk" else v
-                    for v, (k, d) in zip(vals, plan.in_specs)]
+            fake = [slice_input(v, spec, 0, chunk_len) for v, spec in zip(vals, plan.in_specs)]
+            fake += [x.meta["val"].narrow(plan.sd.seq_dim(x), 0, chunk_len) for x in prefix]
         FakeTensorProp(chunk_gm, mode).propagate(*fake)
     except Exception as e:  # noqa: BLE001 - any failure to instantiate the region per chunk
         raise CannotStream(f"the region does not instantiate per chunk ({type(e).__name__}: {str(e).splitlines()[0]})")
@@ -99,11 +169,15 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
 
     programs = []
     for plan in plans:  # everything that can fail happens here, before any new graph exists
-        full_gm, chunk_gm = region_graphs(plan, plan.sd, min(plan.chunk_size, plan.length))
-        prog = RegionProgram(plan.name, chunk_gm, full_gm, plan.in_specs, plan.out_specs,
-                             plan.chunk_size, plan.grad_inputs, codegen)
-        prog.register()
+        if plan.kind == "layer":
+            prog = layer_program(plan, codegen)
+        else:
+            full_gm, chunk_gm = region_graphs(plan, plan.sd, min(plan.chunk_size, plan.length))
+            prog = RegionProgram(plan.name, chunk_gm, full_gm, plan.in_specs, plan.out_specs,
+                                 plan.chunk_size, plan.grad_inputs, codegen)
         programs.append((plan, prog))
+    for _, prog in programs:
+        prog.register()
 
     fwd = _forward_with_regions(fwd_nodes, primals, fwd_outs, programs)
     dropped = {i for i, o in enumerate(fwd_outs) if any(_alias_root(o) in p.dropped for p, _ in programs)}

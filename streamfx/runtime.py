@@ -54,16 +54,17 @@ class RegionProgram:
         return [(s, min(s + c, T)) for s in range(0, T, c)]
 
     def chunk_inputs(self, inputs, s, e):
-        return [x.narrow(d, s, e - s).contiguous() if kind == "chunk" else x
-                for x, (kind, d) in zip(inputs, self.in_specs)]
+        return [slice_input(x, spec, s, e) for x, spec in zip(inputs, self.in_specs)]
 
-    def fn(self) -> Callable:
+    def fn(self, gm: fx.GraphModule | None = None) -> Callable:
+        """The chunk graph (or ``gm``) as run: itself, or compiled once per distinct graph code."""
+        gm = gm if gm is not None else self.chunk_gm
         if self.codegen == "eager":
-            return self.chunk_gm
-        key = (self.chunk_gm.code, tuple(self.in_specs))
+            return gm
+        key = (gm.code, tuple(self.in_specs))
         if key not in _COMPILED:
             COUNTERS["chunk_compiles"] += 1
-            _COMPILED[key] = torch.compile(self.chunk_gm, backend="inductor", dynamic=True)
+            _COMPILED[key] = torch.compile(gm, backend="inductor", dynamic=True)
         return _COMPILED[key]
 
     # -- forward / backward ----------------------------------------------------------------
@@ -122,6 +123,116 @@ class RegionProgram:
 
     def fake_out_dtypes(self):
         return [n.meta["val"].dtype for n in self.full_gm.graph.find_nodes(op="output")[0].args[0]]
+
+
+def slice_input(x: torch.Tensor, spec, s: int, e: int) -> torch.Tensor:
+    """The part of a region input a chunk [s, e) reads: its rows, or for a token-by-token input
+    (a mask) its rows [s, e) against the key prefix [0, e)."""
+    kind, d = spec
+    if kind == "chunk":
+        return x.narrow(d, s, e - s).contiguous()
+    if kind == "qk":
+        dq, dk = d
+        return x.narrow(dq, s, e - s).narrow(dk, 0, e)
+    return x
+
+
+@dataclasses.dataclass
+class LayerProgram(RegionProgram):
+    """A transformer layer: ``kv_gm`` gives a chunk's keys and values, ``chunk_gm`` a chunk's
+    output from its queries and the key/value prefix [0, e).
+
+    Forward: chunks in order; keys/values are written into full-length buffers as they come.
+    Backward: keys/values for the whole sequence once; chunks in reverse: recompute the chunk,
+    backward it, accumulate dK/dV over the prefix in fp32 and the parameter gradients; rows
+    [s, e) of dK/dV are then final, so they go back through the K/V producers at once and the
+    chunk's input gradient is complete.
+    """
+
+    kv_gm: fx.GraphModule | None = None
+    kv_dims: tuple = (None, None)
+
+    def keys_values(self, inputs, fn_kv):
+        bufs = None
+        for s, e in self.bounds(inputs):
+            k, v = fn_kv(*self.chunk_inputs(inputs, s, e))
+            if bufs is None:
+                bufs = [_full_like_along(t, d, self.length(inputs)) for t, d in zip((k, v), self.kv_dims)]
+            for buf, t, d in zip(bufs, (k, v), self.kv_dims):
+                buf.narrow(d, s, e - s).copy_(t)
+            yield s, e, bufs
+
+    def forward(self, inputs):
+        COUNTERS["region_forward"] += 1
+        fn, fn_kv = self.fn(), self.fn(self.kv_gm)
+        parts = [[] for _ in self.out_specs]
+        with torch.no_grad():
+            for s, e, (K, V) in self.keys_values(inputs, fn_kv):
+                COUNTERS["chunks_forward"] += 1
+                outs = fn(*self.chunk_inputs(inputs, s, e), K.narrow(self.kv_dims[0], 0, e),
+                          V.narrow(self.kv_dims[1], 0, e))
+                for acc, o in zip(parts, outs):
+                    acc.append(o)
+        return [torch.cat(acc, d) for acc, (_, d) in zip(parts, self.out_specs)]
+
+    def backward(self, inputs, grads):
+        COUNTERS["region_backward"] += 1
+        fn, fn_kv = self.fn(), self.fn(self.kv_gm)
+        with torch.no_grad():
+            for _, _, (K, V) in self.keys_values(inputs, fn_kv):
+                pass
+        dK = torch.zeros_like(K, dtype=torch.float32)
+        dV = torch.zeros_like(V, dtype=torch.float32)
+        acc = {i: torch.zeros_like(inputs[i], dtype=_acc_dtype(inputs[i])) for i in self.grad_inputs}
+        dk, dv = self.kv_dims
+        for s, e in reversed(self.bounds(inputs)):
+            COUNTERS["chunks_backward"] += 1
+            with autograd_inside_op(), torch.enable_grad():
+                xs = self._leaves(self.chunk_inputs(inputs, s, e))
+                Kp = K.narrow(dk, 0, e).detach().requires_grad_(True)
+                Vp = V.narrow(dv, 0, e).detach().requires_grad_(True)
+                outs = fn(*xs, Kp, Vp)
+                pairs = [(o, g.narrow(d, s, e - s)) for o, g, (_, d) in zip(outs, grads, self.out_specs)
+                         if g is not None and o.requires_grad]
+                wrt = [xs[i] for i in self.grad_inputs] + [Kp, Vp]
+                got = torch.autograd.grad([p[0] for p in pairs], wrt, [p[1] for p in pairs], allow_unused=True)
+                self._accumulate(acc, got[:-2], s, e)
+                for buf, g, d in ((dK, got[-2], dk), (dV, got[-1], dv)):
+                    if g is not None:
+                        buf.narrow(d, 0, e).add_(g)
+                # rows [s, e) of dK/dV are final: push them through the K/V producers now
+                xs = self._leaves(self.chunk_inputs(inputs, s, e))
+                k, v = fn_kv(*xs)
+                got = torch.autograd.grad([k, v], [xs[i] for i in self.grad_inputs],
+                                          [dK.narrow(dk, s, e - s).to(k.dtype), dV.narrow(dv, s, e - s).to(v.dtype)],
+                                          allow_unused=True)
+                self._accumulate(acc, got, s, e)
+        return [acc[i].to(inputs[i].dtype) for i in self.grad_inputs]
+
+    def _leaves(self, xs):
+        xs = [x.detach() for x in xs]
+        for i in self.grad_inputs:
+            xs[i].requires_grad_(True)
+        return xs
+
+    def _accumulate(self, acc, got, s, e):
+        for i, g in zip(self.grad_inputs, got):
+            if g is None:
+                continue
+            kind, d = self.in_specs[i]
+            if kind == "chunk":
+                acc[i].narrow(d, s, e - s).add_(g)
+            elif kind == "qk":
+                dq, dkk = d
+                acc[i].narrow(dq, s, e - s).narrow(dkk, 0, e).add_(g)
+            else:
+                acc[i].add_(g)
+
+
+def _full_like_along(t: torch.Tensor, d: int, length: int) -> torch.Tensor:
+    shape = list(t.shape)
+    shape[d] = length
+    return t.new_empty(shape)
 
 
 def autograd_inside_op():
