@@ -64,10 +64,22 @@ def build_graph(inputs, nodes, outputs, sd, plan, extra=()):
             new.meta["streamfx_pass"] = PASS
         env[n] = new
     g.output(tuple(env[o] for o in outputs))
+    g.eliminate_dead_code()
+    _canonical_names(g)
     gm = fx.GraphModule({}, g)
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
     return gm
+
+
+def _canonical_names(g: fx.Graph) -> None:
+    """Name nodes by position so layers of the same structure produce the same code (one compile)."""
+    nodes = list(g.nodes)
+    for i, n in enumerate(nodes):
+        n._rename(f"tmp_{i}_{id(n)}")
+    for i, n in enumerate(nodes):
+        if n.op != "output":
+            n._rename(f"x{i}")
+        if n.op == "placeholder":
+            n.target = n.name
 
 
 def _patch_sizes(new: fx.Node, old: fx.Node, sd, T: int, lengths: dict) -> None:
