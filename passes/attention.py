@@ -165,6 +165,16 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
                 frontier.append(user)
     if out is None:
         return None
+    # softmax statistics (max and sum over the keys) leave the two-sequence-dim shape and come back
+    grown = True
+    while grown:
+        grown = False
+        for n in list(interior):
+            for user in n.users:
+                if user not in interior and user in forward and user is not out \
+                        and any(u in interior for u in user.users):
+                    interior.add(user)
+                    grown = True
     mask_user = None
     for n in list(interior):
         for x in n.all_input_nodes:

@@ -141,8 +141,12 @@ def _lower_right_causal(gm: fx.GraphModule, site) -> None:
         qpos = g.call_function(aten.arange.default, (q_len,), {"dtype": torch.int64, "device": device})
         qpos = g.call_function(aten.add.Tensor, (qpos, g.call_function(operator.sub, (k_len, q_len))))
         kpos = g.call_function(aten.arange.default, (k_len,), {"dtype": torch.int64, "device": device})
-        mask = g.call_function(aten.ge.Tensor, (g.call_function(aten.unsqueeze.default, (qpos, 1)),
-                                                g.call_function(aten.unsqueeze.default, (kpos, 0))))
+        allowed = g.call_function(aten.ge.Tensor, (g.call_function(aten.unsqueeze.default, (qpos, 1)),
+                                                   g.call_function(aten.unsqueeze.default, (kpos, 0))))
+        dtype = site.query.meta["val"].dtype  # fused CPU attention wants an additive mask of q's dtype
+        zero = g.call_function(aten.scalar_tensor.default, (0.0,), {"dtype": dtype, "device": device})
+        ninf = g.call_function(aten.scalar_tensor.default, (float("-inf"),), {"dtype": dtype, "device": device})
+        mask = g.call_function(aten.where.self, (allowed, zero, ninf))
     names = [a.name for a in node.target._schema.arguments]
     args = list(node.args)
     i = names.index("is_causal")

@@ -45,7 +45,8 @@ def source_line(node) -> str:
     frames = [i for i, ln in enumerate(lines) if ln.startswith("File ")]
     if not frames:
         return ""
-    i = frames[-1]
+    user = [i for i in frames if "/torch/" not in lines[i] and "/streamfx/" not in lines[i]]
+    i = (user or frames)[-1]  # the innermost frame of the user's code, not torch's
     loc = lines[i]
     code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
     try:
