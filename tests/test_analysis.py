@@ -107,7 +107,7 @@ def test_regions_cut_at_residual_stream():
         assert len(r.attention) == 1
     layer_entries = [r.entry for r in report.regions]
     assert all(get(e).dims == (None, "q", None) for e in layer_entries)
-    assert report.plan and report.plan[0].name == "head"
+    assert [p.name for p in report.plan] == kinds  # every layer and the head stream
     assert "head" in str(report) and "attention sites: 3" in str(report)
 
 
