@@ -6,8 +6,6 @@ decide, rewrite) and hands the joint to AOTAutograd's partitioner -> codegen: In
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch import config as functorch_config
@@ -103,9 +101,3 @@ def _compile(gm, example_inputs, config, session):
 
 def _boxed_nop(gm, example_inputs):
     return make_boxed_func(gm.forward)
-
-
-def warn_once(message: str, _seen=set()) -> None:  # noqa: B006 - process-wide once
-    if message not in _seen:
-        _seen.add(message)
-        warnings.warn(message, stacklevel=3)

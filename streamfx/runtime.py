@@ -90,36 +90,44 @@ class RegionProgram:
     def backward(self, inputs: list[torch.Tensor], grads: list) -> list[torch.Tensor]:
         COUNTERS["region_backward"] += 1
         fn = self.fn()
-        acc: dict[int, torch.Tensor] = {}
-        for i in self.grad_inputs:
-            kind, d = self.in_specs[i]
-            x = inputs[i]
-            acc[i] = torch.zeros_like(x) if kind == "chunk" else torch.zeros_like(x, dtype=_acc_dtype(x))
+        acc = self._grad_buffers(inputs)
         for s, e in reversed(self.bounds(inputs)):
             COUNTERS["chunks_backward"] += 1
             with autograd_inside_op(), torch.enable_grad():
-                xs = [x.detach() for x in self.chunk_inputs(inputs, s, e)]
-                for i in self.grad_inputs:
-                    xs[i].requires_grad_(True)
+                xs = self._leaves(self.chunk_inputs(inputs, s, e))
                 outs = fn(*xs)
-                pairs = []
-                for o, g, (kind, d) in zip(outs, grads, self.out_specs):
-                    if g is None or not o.requires_grad:
-                        continue
-                    pairs.append((o, g.narrow(d, s, e - s) if kind == "cat" else g.to(o.dtype)))
+                pairs = [(o, g.narrow(d, s, e - s) if kind == "cat" else g.to(o.dtype))
+                         for o, g, (kind, d) in zip(outs, grads, self.out_specs)
+                         if g is not None and o.requires_grad]
                 if not pairs:
                     continue
                 got = torch.autograd.grad([p[0] for p in pairs], [xs[i] for i in self.grad_inputs],
                                           [p[1] for p in pairs], allow_unused=True)
-            for i, g in zip(self.grad_inputs, got):
-                if g is None:
-                    continue
-                kind, d = self.in_specs[i]
-                if kind == "chunk":
-                    acc[i].narrow(d, s, e - s).add_(g)
-                else:
-                    acc[i].add_(g)
+            self._accumulate(acc, got, s, e)
         return [acc[i].to(inputs[i].dtype) for i in self.grad_inputs]
+
+    def _grad_buffers(self, inputs) -> dict:
+        """Gradient buffers; parameters (whole inputs) accumulate over chunks in fp32."""
+        return {i: torch.zeros_like(inputs[i], dtype=_acc_dtype(inputs[i])) for i in self.grad_inputs}
+
+    def _leaves(self, xs):
+        xs = [x.detach() for x in xs]
+        for i in self.grad_inputs:
+            xs[i].requires_grad_(True)
+        return xs
+
+    def _accumulate(self, acc, got, s, e):
+        for i, g in zip(self.grad_inputs, got):
+            if g is None:
+                continue
+            kind, d = self.in_specs[i]
+            if kind == "chunk":
+                acc[i].narrow(d, s, e - s).add_(g)
+            elif kind == "qk":
+                dq, dk = d
+                acc[i].narrow(dq, s, e - s).narrow(dk, 0, e).add_(g)
+            else:
+                acc[i].add_(g)
 
     def fake_out_dtypes(self):
         return [n.meta["val"].dtype for n in self.full_gm.graph.find_nodes(op="output")[0].args[0]]
@@ -183,7 +191,7 @@ class LayerProgram(RegionProgram):
                 pass
         dK = torch.zeros_like(K, dtype=torch.float32)
         dV = torch.zeros_like(V, dtype=torch.float32)
-        acc = {i: torch.zeros_like(inputs[i], dtype=_acc_dtype(inputs[i])) for i in self.grad_inputs}
+        acc = self._grad_buffers(inputs)
         dk, dv = self.kv_dims
         for s, e in reversed(self.bounds(inputs)):
             COUNTERS["chunks_backward"] += 1
@@ -208,25 +216,6 @@ class LayerProgram(RegionProgram):
                                           allow_unused=True)
                 self._accumulate(acc, got, s, e)
         return [acc[i].to(inputs[i].dtype) for i in self.grad_inputs]
-
-    def _leaves(self, xs):
-        xs = [x.detach() for x in xs]
-        for i in self.grad_inputs:
-            xs[i].requires_grad_(True)
-        return xs
-
-    def _accumulate(self, acc, got, s, e):
-        for i, g in zip(self.grad_inputs, got):
-            if g is None:
-                continue
-            kind, d = self.in_specs[i]
-            if kind == "chunk":
-                acc[i].narrow(d, s, e - s).add_(g)
-            elif kind == "qk":
-                dq, dkk = d
-                acc[i].narrow(dq, s, e - s).narrow(dkk, 0, e).add_(g)
-            else:
-                acc[i].add_(g)
 
 
 def _full_like_along(t: torch.Tensor, d: int, length: int) -> torch.Tensor:
