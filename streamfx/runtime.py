@@ -13,16 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import warnings
 from typing import Callable
 
 import torch
 import torch.fx as fx
+from torch._functorch import config as functorch_config
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 _PROGRAMS: dict[int, "RegionProgram"] = {}
 _COMPILED: dict[tuple, Callable] = {}
 _ids = itertools.count()
 COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chunks_backward": 0,
-            "chunk_compiles": 0}
+            "chunk_compiles": 0, "chunk_compile_failures": 0}
 
 
 @dataclasses.dataclass
@@ -56,21 +59,28 @@ class RegionProgram:
     def chunk_inputs(self, inputs, s, e):
         return [slice_input(x, spec, s, e) for x, spec in zip(inputs, self.in_specs)]
 
-    def fn(self, gm: fx.GraphModule | None = None) -> Callable:
-        """The chunk graph (or ``gm``) as run: itself, or compiled once per distinct graph code."""
+    def fn(self, gm: fx.GraphModule | None = None, inputs=None, prefix=()) -> Callable:
+        """The chunk graph (or ``gm``) as run: itself, or compiled by Inductor once per distinct
+        graph code, with symbolic chunk and prefix lengths (``inputs``: the region inputs)."""
         gm = gm if gm is not None else self.chunk_gm
         if self.codegen == "eager":
             return gm
-        key = (gm.code, tuple(self.in_specs))
+        key = (gm.code, tuple(self.in_specs), tuple(str(t.dtype) for t in inputs))
         if key not in _COMPILED:
             COUNTERS["chunk_compiles"] += 1
-            _COMPILED[key] = torch.compile(gm, backend="inductor", dynamic=True)
+            try:
+                _COMPILED[key] = compile_chunk_graph(gm, self, inputs, prefix)
+            except Exception as e:  # noqa: BLE001 - Inductor limits on symbolic shapes
+                COUNTERS["chunk_compile_failures"] += 1
+                warnings.warn(f"streamfx: a chunk graph of {self.name} runs as an FX graph, Inductor "
+                              f"could not compile it ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+                _COMPILED[key] = gm
         return _COMPILED[key]
 
     # -- forward / backward ----------------------------------------------------------------
     def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         COUNTERS["region_forward"] += 1
-        fn, parts = self.fn(), [[] for _ in self.out_specs]
+        fn, parts = self.fn(inputs=inputs), [[] for _ in self.out_specs]
         with torch.no_grad():
             for s, e in self.bounds(inputs):
                 COUNTERS["chunks_forward"] += 1
@@ -89,7 +99,7 @@ class RegionProgram:
 
     def backward(self, inputs: list[torch.Tensor], grads: list) -> list[torch.Tensor]:
         COUNTERS["region_backward"] += 1
-        fn = self.fn()
+        fn = self.fn(inputs=inputs)
         acc = self._grad_buffers(inputs)
         for s, e in reversed(self.bounds(inputs)):
             COUNTERS["chunks_backward"] += 1
@@ -133,6 +143,48 @@ class RegionProgram:
         return [n.meta["val"].dtype for n in self.full_gm.graph.find_nodes(op="output")[0].args[0]]
 
 
+def compile_chunk_graph(gm: fx.GraphModule, prog: "RegionProgram", inputs, prefix) -> Callable:
+    """Inductor-compile a chunk graph for every chunk length c and prefix length e at once.
+
+    Sample inputs take c and e (> c) as sizes, in a fresh ShapeEnv without duck sizing, and only
+    the sequence dims are dynamic, so the compiled code assumes nothing about c, e but their
+    role. Inputs that get gradients require grad, so AOTAutograd also compiles the backward.
+    """
+    from torch._inductor.compile_fx import compile_fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    T = prog.length(inputs)
+    c = max(2, min(prog.chunk_size, T))
+    e = min(T, 2 * c + 1) if prefix else c
+    mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=False))
+    samples, dynamic = [], []
+    for i, (x, (kind, d)) in enumerate(zip(inputs, prog.in_specs)):
+        shape, dyn = list(x.shape), set()
+        if kind == "chunk":
+            shape[d], dyn = c, {d}
+        elif kind == "qk":
+            shape[d[0]], shape[d[1]], dyn = c, e, set(d)
+        sample = (torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) if kind == "whole"
+                  else torch.empty(shape, dtype=x.dtype, device=x.device))  # chunks are made dense
+        samples.append((sample, dyn, i in prog.grad_inputs))
+    for t, d in prefix:  # keys and values: the prefix [0, e)
+        shape = list(t.shape)
+        shape[d] = e
+        samples.append((torch.empty(shape, dtype=t.dtype, device=t.device), {d}, True))
+    fakes = []
+    for t, dyn, grad in samples:
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if k in dyn else DimDynamic.STATIC
+                                                      for k in range(t.dim())])
+        f = mode.from_tensor(t.requires_grad_(grad and t.is_floating_point()), symbolic_context=ctx)
+        fakes.append(f)
+    _LazyGraphModule.force_recompile(gm)
+    # grad mode on: AOTAutograd compiles forward and backward (the kernel may run under no_grad)
+    with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), torch.enable_grad(), \
+            functorch_config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False):
+        return compile_fx(gm, fakes)
+
+
 def slice_input(x: torch.Tensor, spec, s: int, e: int) -> torch.Tensor:
     """The part of a region input a chunk [s, e) reads: its rows, or for a token-by-token input
     (a mask) its rows [s, e) against the key prefix [0, e)."""
@@ -141,7 +193,7 @@ def slice_input(x: torch.Tensor, spec, s: int, e: int) -> torch.Tensor:
         return x.narrow(d, s, e - s).contiguous()
     if kind == "qk":
         dq, dk = d
-        return x.narrow(dq, s, e - s).narrow(dk, 0, e)
+        return x.narrow(dq, s, e - s).narrow(dk, 0, e).contiguous()
     return x
 
 
@@ -170,25 +222,30 @@ class LayerProgram(RegionProgram):
                 buf.narrow(d, s, e - s).copy_(t)
             yield s, e, bufs
 
+    def prefix(self, K, V, e):
+        """Keys and values [0, e), contiguous (compiled chunk graphs assume dense inputs)."""
+        return K.narrow(self.kv_dims[0], 0, e).contiguous(), V.narrow(self.kv_dims[1], 0, e).contiguous()
+
     def forward(self, inputs):
         COUNTERS["region_forward"] += 1
-        fn, fn_kv = self.fn(), self.fn(self.kv_gm)
+        fn, fn_kv = None, self.fn(self.kv_gm, inputs=inputs)
         parts = [[] for _ in self.out_specs]
         with torch.no_grad():
             for s, e, (K, V) in self.keys_values(inputs, fn_kv):
                 COUNTERS["chunks_forward"] += 1
-                outs = fn(*self.chunk_inputs(inputs, s, e), K.narrow(self.kv_dims[0], 0, e),
-                          V.narrow(self.kv_dims[1], 0, e))
+                fn = fn or self.fn(inputs=inputs, prefix=[(K, self.kv_dims[0]), (V, self.kv_dims[1])])
+                outs = fn(*self.chunk_inputs(inputs, s, e), *self.prefix(K, V, e))
                 for acc, o in zip(parts, outs):
                     acc.append(o)
         return [torch.cat(acc, d) for acc, (_, d) in zip(parts, self.out_specs)]
 
     def backward(self, inputs, grads):
         COUNTERS["region_backward"] += 1
-        fn, fn_kv = self.fn(), self.fn(self.kv_gm)
+        fn_kv = self.fn(self.kv_gm, inputs=inputs)
         with torch.no_grad():
             for _, _, (K, V) in self.keys_values(inputs, fn_kv):
                 pass
+        fn = self.fn(inputs=inputs, prefix=[(K, self.kv_dims[0]), (V, self.kv_dims[1])])
         dK = torch.zeros_like(K, dtype=torch.float32)
         dV = torch.zeros_like(V, dtype=torch.float32)
         acc = self._grad_buffers(inputs)
@@ -197,8 +254,7 @@ class LayerProgram(RegionProgram):
             COUNTERS["chunks_backward"] += 1
             with autograd_inside_op(), torch.enable_grad():
                 xs = self._leaves(self.chunk_inputs(inputs, s, e))
-                Kp = K.narrow(dk, 0, e).detach().requires_grad_(True)
-                Vp = V.narrow(dv, 0, e).detach().requires_grad_(True)
+                Kp, Vp = (t.requires_grad_(True) for t in self.prefix(K, V, e))
                 outs = fn(*xs, Kp, Vp)
                 pairs = [(o, g.narrow(d, s, e - s)) for o, g, (_, d) in zip(outs, grads, self.out_specs)
                          if g is not None and o.requires_grad]
