@@ -1,0 +1,164 @@
+"""The training methods compared by the benchmark.
+
+Contract:
+  * ``METHODS`` maps a method name to a :class:`Method` (a one-line description plus what it
+    needs).  The runner uses :func:`not_applicable` to turn a method that cannot run here into a
+    row with a reason, without starting a worker.
+  * :func:`prepare` runs inside a worker.  It receives the freshly built model and returns
+    ``step(input_ids, labels) -> loss``: one full BP step (forward with labels, HF causal-LM loss,
+    ``loss.backward()``) that leaves the gradients in ``model``'s parameters and returns the loss
+    as a detached scalar tensor.  Compilation happens lazily, in the first call.
+  * :func:`worker_env` lists the environment variables a method's worker process needs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    name: str
+    description: str
+    needs_cuda: bool = False
+    reference: bool = False     # runs in the reference venv's interpreter
+
+
+METHODS: dict[str, Method] = {m.name: m for m in [
+    Method("eager", "PyTorch eager, every activation kept"),
+    Method("ckpt", "eager + HF model.gradient_checkpointing_enable() (one checkpoint per layer)"),
+    Method("inductor", "torch.compile(model) with default Inductor"),
+    Method("auto_chunker", "torch.compile(model) with torch._inductor.config.auto_chunker.enable"),
+    Method("membudget0", "torch.compile(model) with torch._functorch.config.activation_memory_budget = 0"),
+    Method("streambp", "torch.compile(model, backend='streambp', options={...})"),
+    Method("streambp-eager", "torch.compile(model, backend='streambp', options={'codegen': 'eager'})"),
+    Method("reference", "reference StreamBP (PyPI package streambp, transformers 4.51.3) StreamModel; it "
+           "divides the summed loss by the number of labels != -100 before the shift (n, where HF uses the "
+           "n - 1 shifted targets), so its loss and gradients are (n-1)/n of eager's", reference=True),
+    Method("liger", "Liger-Kernel Qwen3 patches (fused linear cross-entropy) + HF gradient checkpointing",
+           needs_cuda=True),
+]}
+
+DEFAULT_METHODS = ["eager", "ckpt", "inductor", "auto_chunker", "membudget0", "streambp",
+                   "streambp-eager", "reference", "liger"]
+
+
+def parse_methods(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; known methods: {list(METHODS)}")
+    return names
+
+
+def not_applicable(name: str, device: str, reference_python: str | None,
+                   reference_error: str | None = None) -> str | None:
+    """Why ``name`` cannot run on ``device`` (None when it can)."""
+    method = METHODS[name]
+    if method.needs_cuda and device != "cuda":
+        return "needs CUDA"
+    if method.reference:
+        if reference_error:
+            return reference_error
+        if reference_python is None:
+            return "not installed (pass --reference-venv to build its venv)"
+    return None
+
+
+def worker_env(name: str) -> dict[str, str]:
+    if name == "auto_chunker":
+        return {"TORCHINDUCTOR_AUTO_CHUNKER": "1"}
+    return {}
+
+
+def _hf_step(model, extra=None):
+    extra = dict(extra or {})
+
+    def step(input_ids, labels):
+        out = model(input_ids=input_ids, labels=labels, use_cache=False, **extra)
+        out.loss.backward()
+        return out.loss.detach()
+
+    return step
+
+
+def _streambp_backend():
+    """The 'streambp' backend name, registering streamfx's backend if its entry point is absent."""
+    import torch._dynamo
+    from torch._dynamo.backends.registry import register_backend
+
+    from streamfx.backend import streambp_backend  # an ImportError here is the row's reason
+
+    if "streambp" not in torch._dynamo.list_backends(exclude_tags=()):
+        register_backend(streambp_backend, name="streambp")
+    return "streambp"
+
+
+def prepare(name: str, model, device: str, streambp_options: dict | None = None,
+            reference_options: dict | None = None, seq: int = 0):
+    """Set ``model`` up for method ``name`` and return its BP step (see the module docstring)."""
+    import torch
+
+    if name == "eager":
+        return _hf_step(model)
+    if name == "ckpt":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            model.gradient_checkpointing_enable()
+        return _hf_step(model)
+    if name == "inductor":
+        return _hf_step(torch.compile(model))
+    if name == "auto_chunker":
+        import torch._inductor.config as inductor_config
+
+        if not hasattr(inductor_config, "auto_chunker"):
+            raise RuntimeError(f"torch {torch.__version__} has no torch._inductor.config.auto_chunker")
+        inductor_config.auto_chunker.enable = True
+        return _hf_step(torch.compile(model))
+    if name == "membudget0":
+        import torch._functorch.config as functorch_config
+
+        functorch_config.activation_memory_budget = 0.0
+        return _hf_step(torch.compile(model))
+    if name in ("streambp", "streambp-eager"):
+        options = dict(streambp_options or {})
+        if name == "streambp-eager":
+            options["codegen"] = "eager"
+        return _hf_step(torch.compile(model, backend=_streambp_backend(), options=options))
+    if name == "reference":
+        return _reference_step(model, seq, reference_options or {})
+    if name == "liger":
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3
+
+        apply_liger_kernel_to_qwen3(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            model.gradient_checkpointing_enable()
+        return _hf_step(model)
+    raise ValueError(f"unknown method {name!r}")
+
+
+def _reference_step(model, seq: int, options: dict):
+    """The reference implementation's StreamModel wrapper (runs under transformers 4.51.3).
+
+    StreamModel runs the backward pass inside its forward; its returned loss only needs a
+    ``backward()`` when it still requires grad.
+    """
+    import torch
+    from streambp.stream_model import StreamModel
+
+    kwargs = {"gradient_accumulation_steps": 1, "logits_chunk_size": 100,
+              "checkpoint_chunk_size": max(1, -(-seq // 4)), "stream_checkpoint": True}
+    kwargs.update(options)
+    stream = StreamModel(model, **kwargs)
+    stream.gradient_checkpointing_enable()
+
+    def step(input_ids, labels):
+        out = stream(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), labels=labels,
+                     use_cache=False, return_dict=True)
+        loss = torch.as_tensor(out.loss)
+        if loss.requires_grad:
+            loss.backward()
+        return loss.detach()
+
+    return step

@@ -1,0 +1,113 @@
+"""The benchmark harness end to end on the tiny preset, plus its pure helpers."""
+import json
+import math
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("matplotlib")
+
+from streamfx.bench import cli, runner  # noqa: E402
+from streamfx.bench.methods import not_applicable, parse_methods  # noqa: E402
+from streamfx.bench.presets import PRESETS  # noqa: E402
+from streamfx.bench.summary import least_squares_slope  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+METHODS = ["eager", "ckpt", "streambp-eager"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    rc = cli.main(["--model", "tiny", "--seq", "32,64", "--methods", ",".join(METHODS + ["liger"]),
+                   "--repeats", "1", "--device", "cpu", "--timeout", "300", "--out", str(out)])
+    assert rc == 0
+    return out
+
+
+def test_outputs_exist(tiny_run):
+    for name in ("results.md", "results.json", "results.csv", "memory.png"):
+        assert (tiny_run / name).is_file(), name
+    assert (tiny_run / "memory.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_markdown_has_a_row_per_method(tiny_run):
+    md = (tiny_run / "results.md").read_text()
+    rows = {}  # first table: one row per method
+    for line in md.splitlines():
+        if line.startswith("| "):
+            rows.setdefault(line.split("|")[1].strip(), line)
+    for method in METHODS + ["liger"]:
+        assert method in rows, method
+    for method in ("eager", "ckpt"):
+        assert rows[method].rstrip(" |").endswith("ok"), rows[method]
+    # streambp-eager: numbers, or the reason it failed
+    sb = [c.strip() for c in rows["streambp-eager"].split("|")[1:-1]]
+    assert sb[-1] == "ok" or sb[-1] not in ("", "—"), sb
+    assert "needs CUDA" in rows["liger"]
+    assert "torch" in md and "transformers" in md and "cores" in md
+
+
+def test_json_fields(tiny_run):
+    doc = json.loads((tiny_run / "results.json").read_text())
+    assert {"meta", "config", "summary", "runs", "max_len"} <= set(doc)
+    assert doc["config"]["device"] == "cpu"
+    runs = doc["runs"]
+    assert {(r["method"], r["seq"]) for r in runs} == {(m, s) for m in METHODS + ["liger"] for s in (32, 64)}
+    for r in runs:
+        assert r["status"] in ("ok", "error", "oom", "timeout", "crashed", "skipped")
+        if r["status"] == "ok":
+            assert r["peak_bytes"] >= r["pre_bytes"] > 0
+            assert r["peak_delta_bytes"] == r["peak_bytes"] - r["pre_bytes"]
+            assert r["median_time_s"] > 0 and math.isfinite(r["loss"])
+        else:
+            assert r["reason"]
+    eager = [r for r in runs if r["method"] == "eager"]
+    assert all(r["status"] == "ok" for r in eager)
+    ckpt = [r for r in runs if r["method"] == "ckpt"]
+    assert all(r["status"] == "ok" and r["loss_rel_err"] < 1e-5 and r["grad_rel_err"] < 1e-4 for r in ckpt)
+    rows = {r["method"]: r for r in doc["summary"]["tiny"]["rows"]}
+    assert rows["eager"]["bytes_per_token"] is not None
+    assert rows["ckpt"]["mem_vs_ckpt"] == pytest.approx(1.0)
+    assert rows["liger"]["status"] == "needs CUDA"
+
+
+def test_csv_has_a_line_per_run(tiny_run):
+    lines = (tiny_run / "results.csv").read_text().strip().splitlines()
+    assert lines[0].startswith("preset,method,seq")
+    assert len(lines) == 1 + 2 * (len(METHODS) + 1)
+
+
+def test_helpers():
+    assert least_squares_slope([(1, 3.0), (2, 5.0), (3, 7.0)]) == pytest.approx(2.0)
+    assert least_squares_slope([(1, 3.0)]) is None
+    assert parse_methods("eager, streambp") == ["eager", "streambp"]
+    with pytest.raises(ValueError):
+        parse_methods("eager,nope")
+    assert not_applicable("liger", "cpu", None) == "needs CUDA"
+    assert "not installed" in not_applicable("reference", "cpu", None)
+    assert not_applicable("streambp", "cpu", None) is None
+    for name in ("tiny", "qwen3-head", "qwen3-layers", "qwen3-0.6b", "qwen3-4b", "qwen3-8b"):
+        assert name in PRESETS
+    assert PRESETS["qwen3-8b"].vocab_size == 151936
+
+
+def test_max_len_bisection(tmp_path, monkeypatch):
+    limit = 50_000
+    seen = []
+
+    def fake_worker(cfg, args, log_name):
+        seen.append(args["seq"])
+        ok = args["seq"] <= limit
+        return {"status": "ok" if ok else "oom", "reason": "" if ok else "OutOfMemoryError: CUDA out of memory"}
+
+    monkeypatch.setattr(runner, "run_worker", fake_worker)
+    cfg = runner.BenchConfig(presets=["tiny"], methods=["ckpt"], out_dir=tmp_path, device="cuda",
+                             max_len_start=4096, max_len_step=512)
+    result = runner._bisect(cfg, "tiny", "ckpt")
+    assert result["status"] == "ok"
+    assert result["max_len"] <= limit < result["first_failure"]
+    assert result["first_failure"] - result["max_len"] <= max(512, result["max_len"] // 16)
+    assert len(seen) <= cfg.max_len_probes
+    cpu = runner.run_max_len(runner.BenchConfig(presets=["tiny"], methods=[], out_dir=tmp_path, device="cpu"))
+    assert {r["reason"] for r in cpu} == {"needs CUDA"}
