@@ -59,6 +59,9 @@ def build_graph(inputs, nodes, outputs, sd, plan, extra=()):
         if n in env:
             continue
         new = g.node_copy(n, lambda x: env[x])
+        if new.target is torch.ops.prims.convert_element_type.default:
+            # the aten form has an autograd formula; chunk graphs are differentiated at run time
+            new.target, new.args, new.kwargs = aten._to_copy.default, (new.args[0],), {"dtype": new.args[1]}
         if plan is not None:
             _patch_sizes(new, n, sd, plan.length, lengths)
             new.meta["streamfx_pass"] = PASS
@@ -215,7 +218,7 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
         all_grads = [next(it) if ng and p.requires_grad else None for p, ng in zip(ps, needs_grad)]
         all_grads = [g if g is not None or not ng else torch.zeros_like(p)
                      for g, p, ng in zip(all_grads, ps, needs_grad)]
-        return [o.detach() if isinstance(o, torch.Tensor) else o for o in outs] + all_grads
+        return outs + all_grads
 
     vals_p = [p.meta["val"] for p in primals]
     vals_t = [t.meta["val"] for t in tangents]
@@ -223,7 +226,21 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     with mode:
         new_joint = make_fx(joint_fn, decomposition_table=select_decomp_table(),
                             record_module_stack=True)(vals_p, vals_t)
+    _tag_forward_backward(new_joint.graph)
     return new_joint, programs, dropped
+
+
+def _tag_forward_backward(graph: fx.Graph) -> None:
+    """AOTAutograd's partitioners place nodes by ``partitioner_tag``. As when AOTAutograd traces
+    a joint itself, nodes traced before the backward started are forward, the rest backward."""
+    started = False
+    for n in graph.nodes:
+        if n.op == "output":
+            break
+        is_tangent = n.op == "placeholder" and n.name.startswith("tangents")
+        started = started or (n.op != "placeholder" and any(
+            x.op == "placeholder" and x.name.startswith("tangents") for x in n.all_input_nodes))
+        n.meta["partitioner_tag"] = "is_backward" if started or is_tangent else "is_forward"
 
 
 def _alias_root(node):
