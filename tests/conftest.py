@@ -1,0 +1,173 @@
+"""Shared fixtures and helpers of the end-to-end tests: a clean Dynamo per test, eager-vs-compiled
+runs with the same weights, and the gradient comparison used everywhere."""
+from __future__ import annotations
+
+import collections
+import contextlib
+import copy
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Every test compiles from scratch: no cached graphs or guards from an earlier test, and
+    streamfx's warn-once memory is cleared so each test sees its own refusal warnings."""
+    torch._dynamo.reset()
+    import streamfx.session
+
+    warned = getattr(streamfx.session, "_warned", None)
+    if isinstance(warned, set):
+        warned.clear()
+    yield
+
+
+def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """max|got - ref| / max|ref| (computed in fp64; 0 when both are all zero)."""
+    got, ref = got.detach().double(), ref.detach().double()
+    scale = ref.abs().max().item()
+    diff = (got - ref).abs().max().item()
+    if scale == 0.0:
+        return diff
+    return diff / scale
+
+
+def assert_grads_match(model_eager_grads: dict, model_compiled_grads: dict, rtol: float = 1e-4) -> dict:
+    """Per parameter, max|g - g_ref| / max|g_ref| <= rtol (fp32 parity is typically ~1e-6).
+
+    Both arguments map parameter names to gradients (None where a parameter got no gradient).
+    Returns the per-parameter errors."""
+    assert model_eager_grads.keys() == model_compiled_grads.keys(), (
+        sorted(set(model_eager_grads) ^ set(model_compiled_grads)))
+    errors, bad = {}, []
+    for name, ref in model_eager_grads.items():
+        got = model_compiled_grads[name]
+        if ref is None or got is None:
+            assert ref is None and got is None, f"{name}: eager grad {ref is not None}, compiled grad {got is not None}"
+            continue
+        assert got.shape == ref.shape and got.dtype == ref.dtype, (name, got.shape, ref.shape, got.dtype, ref.dtype)
+        assert torch.isfinite(ref).all(), f"{name}: eager reference gradient is not finite"
+        assert torch.isfinite(got).all(), f"{name}: compiled gradient is not finite"
+        errors[name] = relative_error(got, ref)
+        if not errors[name] <= rtol:
+            bad.append(f"{name}: {errors[name]:.3e}")
+    assert not bad, f"gradients differ (rtol={rtol}): " + ", ".join(bad)
+    return errors
+
+
+def grads_of(model: torch.nn.Module) -> dict:
+    return {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
+
+
+@dataclasses.dataclass
+class Run:
+    """An eager-reference run and a compiled run of the same weights on the same inputs."""
+    ref_out: object
+    out: object
+    ref_loss: torch.Tensor
+    loss: torch.Tensor
+    ref_grads: dict
+    grads: dict
+    ref_model: torch.nn.Module
+    model: torch.nn.Module
+    counters: dict          # COUNTERS increments during the compiled forward + backward
+    warnings: list          # streamfx warning messages raised during the compiled run
+    programs: list          # RegionPrograms registered by this compile (runtime._PROGRAMS)
+    schedules: dict         # program name -> chunk count of each region call (forward, backward...)
+
+    def programs_named(self, name: str) -> list:
+        return [p for p in self.programs if p.name == name]
+
+
+def run_eager_and_compiled(model, inputs, options=None, *, ref_model=None, compile_model=True,
+                           loss_of=None) -> Run:
+    """Run ``model`` eagerly (reference) and through ``torch.compile(backend="streambp")`` on a
+    deep copy (same weights), backward the loss of each, return both losses and gradients.
+
+    ``inputs`` is a ``zoo.Inputs``; ``options`` defaults to eager codegen. ``ref_model`` overrides
+    the reference (e.g. an fp32 reference of a bf16 model)."""
+    from streamfx.runtime import _PROGRAMS, COUNTERS
+
+    options = {"codegen": "eager", **(options or {})}
+    loss_of = loss_of or inputs.loss_of
+    ref = copy.deepcopy(ref_model if ref_model is not None else model)
+    ref.zero_grad(set_to_none=True)
+    ref_out = ref(*inputs.args, **inputs.kwargs)
+    ref_loss = loss_of(ref_out)
+    ref_loss.backward()
+
+    mine = copy.deepcopy(model)
+    mine.zero_grad(set_to_none=True)
+    compiled = torch.compile(mine, backend="streambp", options=options) if compile_model else mine
+    before, keys = dict(COUNTERS), set(_PROGRAMS)
+    with warnings.catch_warnings(record=True) as caught, record_schedules() as schedules:
+        warnings.simplefilter("always")
+        out = compiled(*inputs.args, **inputs.kwargs)
+        loss = loss_of(out)
+        loss.backward()
+    counters = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
+    messages = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    return Run(ref_out, out, ref_loss.detach(), loss.detach(), grads_of(ref), grads_of(mine), ref, mine,
+               counters, messages, [p for k, p in _PROGRAMS.items() if k not in keys], dict(schedules))
+
+
+@contextlib.contextmanager
+def record_schedules():
+    """Record, per region program name, how many chunks each forward/backward call ran
+    (``RegionProgram.bounds`` is asked once per region call for its chunk schedule)."""
+    from streamfx.runtime import RegionProgram
+
+    schedules: dict = collections.defaultdict(list)
+    original = RegionProgram.bounds
+
+    def bounds(self, inputs):
+        result = original(self, inputs)
+        schedules[self.name].append(len(result))
+        return result
+
+    RegionProgram.bounds = bounds
+    try:
+        yield schedules
+    finally:
+        RegionProgram.bounds = original
+
+
+def assert_streamed(run: Run, T: int | None = None, head_chunk_size: int | None = None, *,
+                    exact_schedule: bool = True) -> None:
+    """The head region really ran chunk by chunk, forward and backward: a "head" region program
+    was registered by this compile (with the requested chunk size), it ran exactly once forward
+    and once backward with ceil(T / head_chunk_size) chunks each, and the global chunk counters
+    moved by at least that much (streamed layer regions add their own chunks).
+    ``exact_schedule=False`` accepts extra forward runs of the head (recomputation)."""
+    c = run.counters
+    heads = run.programs_named("head")
+    assert heads, f"no head region program was registered; counters {c}; warnings {run.warnings}"
+    assert c["region_forward"] >= 1 and c["region_backward"] >= 1, (c, run.warnings)
+    n = 1
+    if head_chunk_size is not None:
+        # (one program per partition attempt: dropping the logits output re-traces once)
+        assert all(p.chunk_size == head_chunk_size for p in heads), [p.chunk_size for p in heads]
+        if T is not None:
+            n = -(-T // head_chunk_size)
+    assert c["chunks_forward"] >= n and c["chunks_backward"] >= n, (c, n, run.warnings)
+    if T is not None and head_chunk_size is not None:
+        runs = run.schedules.get("head", [])
+        if exact_schedule:
+            assert runs == [n, n], (run.schedules, n)
+        else:
+            assert len(runs) >= 2 and set(runs) == {n}, (run.schedules, n)
+
+
+def assert_head_not_streamed(run: Run) -> None:
+    """The LM head + loss did not stream in this compile: no "head" region program was registered
+    (layer regions may still stream; their chunks are not checked here)."""
+    heads = run.programs_named("head")
+    assert not heads, [p.name for p in run.programs]
+
+
+def head_plans(report) -> list:
+    """The streamed head plans of a ``streamfx.explain`` report (layer plans left out)."""
+    return [p for p in report.plan if p.name == "head"]

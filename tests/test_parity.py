@@ -1,0 +1,127 @@
+"""Gradient parity through the streambp backend against eager autograd, over the model zoo.
+
+Every test compiles a deep copy of a zoo model (same weights), runs forward + backward on the
+same inputs as an eager reference, and checks the loss and *every* parameter gradient
+(max|g - g_ref| / max|g_ref| <= 1e-4; fp32 parity is ~1e-6 in practice). Every test also checks
+that the LM head + loss region really streamed (a "head" region program was registered and the
+chunk counters moved), so a pass that silently stops applying fails here; where the head does
+*not* stream today, the test asserts that current behaviour explicitly and says why.
+
+Cases are spread over the zoo (not the full cross product) to keep the file at about three
+minutes on two CPU cores; every case runs on at least two models, every model on two or more
+cases (the head tests in test_head_streaming.py add more cases on nanoGPT, Qwen3, TinyLlama). ``codegen="eager"`` everywhere except the ``inductor`` tests at the end.
+"""
+import pytest
+import torch
+
+import streamfx
+import zoo
+from conftest import (assert_grads_match, assert_head_not_streamed, assert_streamed, head_plans,
+                      run_eager_and_compiled)
+
+HEAD_CHUNK = 4  # T = 13..17 -> 4 or 5 head chunks, partial last chunk for odd T
+
+EAGER_MATRIX = {
+    "qwen3_sdpa": ["right_pad", "left_pad", "odd17"],
+    "qwen3_eager": ["left_pad", "prompt"],
+    "llama_tied": ["right_pad", "odd17"],
+    "mistral_sliding": ["b1", "odd13"],                # sliding_window 5 < T
+    "gemma3": ["right_pad", "odd17"],                  # sliding (4) + global layers, logit softcapping
+    "nanogpt": ["b1", "right_pad"],
+    "tiny_llama": ["left_pad", "prompt", "odd17"],
+    "gpt2_loss_type": ["left_pad", "odd13"],
+}
+PARAMS = [pytest.param(m, c, id=f"{m}-{c}") for m, cases in EAGER_MATRIX.items() for c in cases]
+
+
+def gpt2_loss_type():
+    """GPT-2 with ``model.loss_type = "ForCausalLM"``: without it, transformers' ``loss_function``
+    property logs a ``warning_once`` that Dynamo cannot trace, the graph breaks between the LM head
+    and the loss, and the head is not streamed (see ``test_gpt2_default_graph_break_head_not_streamed``)."""
+    model, make_inputs = zoo.gpt2()
+    model.loss_type = "ForCausalLM"
+    return model, make_inputs
+
+
+def build(name):
+    return gpt2_loss_type() if name == "gpt2_loss_type" else zoo.ZOO[name]()
+
+
+def check_parity(run, inputs, head_chunk_size=HEAD_CHUNK, rtol=1e-4):
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads, rtol=rtol)
+    assert_streamed(run, T=inputs.T, head_chunk_size=head_chunk_size)
+    # return_logits=False and a loss is computed: the logits output is dropped
+    assert inputs.logits_of(run.out) is None
+    assert not [w for w in run.warnings if "region 'head'" in w], run.warnings
+
+
+@pytest.mark.parametrize("name, case", PARAMS)
+def test_parity_eager_codegen(name, case):
+    model, make_inputs = build(name)
+    inputs = make_inputs(case)
+    run = run_eager_and_compiled(model, inputs, {"codegen": "eager", "head_chunk_size": HEAD_CHUNK})
+    check_parity(run, inputs)
+
+
+def test_every_case_and_model_covered():
+    cases = {c for cs in EAGER_MATRIX.values() for c in cs}
+    assert cases == set(zoo.CASES)
+    assert set(zoo.ZOO) - {"gpt2"} <= set(EAGER_MATRIX)
+    for c in zoo.CASES:
+        assert sum(c in cs for cs in EAGER_MATRIX.values()) >= 2, c
+
+
+def test_gpt2_default_graph_break_head_not_streamed():
+    """Current behaviour, recorded on purpose: stock GPT2LMHeadModel does NOT stream its head.
+
+    ``PreTrainedModel.loss_function`` calls ``logger.warning_once("`loss_type=None` was set in the
+    config but it is unrecognized...")`` for GPT2LMHeadModel (its class name does not name a loss
+    type); Dynamo graph-breaks on logging, so graph 1 ends at the logits and graph 2 computes the
+    loss from them. Neither graph has an LM head followed by a loss, and streamfx refuses with "the
+    head computes no reduction over the sequence". Gradients are still exact. Workaround:
+    ``model.loss_type = "ForCausalLM"`` (``gpt2_loss_type`` in the matrix above streams)."""
+    model, make_inputs = zoo.gpt2()
+    inputs = make_inputs("b1")
+    run = run_eager_and_compiled(model, inputs, {"codegen": "eager", "head_chunk_size": HEAD_CHUNK})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert_head_not_streamed(run)
+    assert inputs.logits_of(run.out) is not None  # nothing dropped: the logits leave graph 1
+    torch._dynamo.reset()
+    report = streamfx.explain(model, *inputs.args, options={"head_chunk_size": HEAD_CHUNK}, **inputs.kwargs)
+    assert head_plans(report) == []
+    assert len(report.seq_dim) == 2  # two graphs: the graph break
+    assert ("head", "the head computes no reduction over the sequence (no loss in the graph)") in report.not_streamed
+
+
+def test_logit_shift_head_not_streamed():
+    """Current behaviour, recorded on purpose: the classic hand-written shift
+    ``F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1))`` does NOT stream.
+
+    ``logits[:, :-1]`` slices part of the sequence dim; the axis analysis treats that as a token
+    shift (unknown-mixing) and gives the sliced dim a fresh axis, so the loss's sum is no longer a
+    reduction over *the* sequence: the head region comes out empty and streamfx refuses with "the
+    head computes no reduction over the sequence (no loss in the graph)". Gradients stay exact.
+    Shifting the labels instead (HF style, ``TinyLlama(shift="labels")``) streams. The misleading
+    reason is covered by an xfail in test_head_streaming.py."""
+    model, make_inputs = zoo.tiny_llama_logit_shift()
+    inputs = make_inputs("prompt")
+    run = run_eager_and_compiled(model, inputs, {"codegen": "eager", "head_chunk_size": HEAD_CHUNK})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert_head_not_streamed(run)
+    assert inputs.logits_of(run.out) is not None
+
+
+# ---- inductor codegen: a smaller set (each compile is ~15-50 s on two cores) --------------------
+@pytest.mark.parametrize("name, case", [
+    pytest.param("nanogpt", "prompt", id="nanogpt-prompt"),
+    pytest.param("qwen3_sdpa", "right_pad", id="qwen3_sdpa-right_pad"),
+])
+def test_parity_inductor_codegen(name, case):
+    model, make_inputs = build(name)
+    inputs = make_inputs(case)
+    run = run_eager_and_compiled(model, inputs, {"codegen": "inductor", "head_chunk_size": HEAD_CHUNK})
+    check_parity(run, inputs)
+    assert all(p.codegen == "inductor" for p in run.programs_named("head"))

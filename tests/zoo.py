@@ -1,0 +1,413 @@
+"""A zoo of tiny causal LMs for end-to-end tests of the streambp backend.
+
+Every factory returns ``(model, make_inputs)``:
+  model:        an fp32 ``nn.Module`` with deterministic (``torch.manual_seed``) random weights, in
+                train mode (dropout is 0 everywhere), ``use_cache=False`` for Hugging Face models.
+  make_inputs:  ``make_inputs(case) -> Inputs``; ``case`` is one of ``CASES`` (or a custom
+                ``Case``). ``Inputs`` carries the call's args/kwargs and knows how to read the loss
+                and the logits from that model's output (HF ``ModelOutput`` or a plain tuple).
+
+Cases (``CASES``):
+  b1          B=1, T=16, every label counts
+  right_pad   B=2, T=16; row 1 ends with 5 padding tokens (attention_mask 0, labels -100)
+  left_pad    B=2, T=16; row 1 starts with 5 padding tokens (attention_mask 0, labels -100)
+  prompt      B=2, T=16; labels -100 over the prompt span [2, 11) of both rows: with head chunks
+              of 4 tokens the span starts inside a chunk and crosses chunk boundaries
+  odd13       B=2, T=13
+  odd17       B=1, T=17
+Plain PyTorch models take no attention mask: their padding cases only mask the labels.
+
+Hugging Face models shift the labels inside their loss (labels[t + 1] scores logits[t]); the
+plain models shift inside ``forward`` too (nanoGPT takes already-shifted targets, as nanoGPT does).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VOCAB = 96
+HIDDEN = 32
+HEADS = 4
+KV_HEADS = 2
+HEAD_DIM = HIDDEN // HEADS
+LAYERS = 2
+MAX_POS = 64
+PAD_ID = 0
+
+
+# ---- cases --------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    B: int
+    T: int
+    pad: str | None = None              # None | "right" | "left"
+    n_pad: int = 5
+    ignore: tuple | None = None         # (start, end): labels -100 over [start, end) in every row
+    seed: int = 1234
+
+
+CASES = {
+    "b1": Case("b1", 1, 16),
+    "right_pad": Case("right_pad", 2, 16, pad="right"),
+    "left_pad": Case("left_pad", 2, 16, pad="left"),
+    "prompt": Case("prompt", 2, 16, ignore=(2, 11)),
+    "odd13": Case("odd13", 2, 13),
+    "odd17": Case("odd17", 1, 17),
+}
+
+
+def tokens(case: Case, vocab: int = VOCAB):
+    """(input_ids, attention_mask, labels) of a case: labels = input_ids with -100 where ignored."""
+    g = torch.Generator().manual_seed(case.seed)
+    ids = torch.randint(1, vocab, (case.B, case.T), generator=g)
+    mask = torch.ones(case.B, case.T, dtype=torch.long)
+    if case.pad == "right":
+        mask[-1, case.T - case.n_pad:] = 0
+    elif case.pad == "left":
+        mask[-1, : case.n_pad] = 0
+    ids = ids.masked_fill(mask == 0, PAD_ID)
+    labels = ids.masked_fill(mask == 0, -100)
+    if case.ignore is not None:
+        s, e = case.ignore
+        labels[:, s:e] = -100
+    return ids, mask, labels
+
+
+@dataclasses.dataclass
+class Inputs:
+    args: tuple
+    kwargs: dict
+    case: Case
+    loss_of: Callable[[Any], torch.Tensor]
+    logits_of: Callable[[Any], torch.Tensor | None]
+    vocab: int
+
+    @property
+    def B(self) -> int:
+        return self.case.B
+
+    @property
+    def T(self) -> int:
+        return self.case.T
+
+
+def _case(case) -> Case:
+    return CASES[case] if isinstance(case, str) else case
+
+
+def _hf_inputs(vocab: int, use_mask: bool = True):
+    def make_inputs(case, **extra) -> Inputs:
+        case = _case(case)
+        ids, mask, labels = tokens(case, vocab)
+        kwargs = dict(input_ids=ids, labels=labels)
+        if use_mask and case.pad is not None:
+            kwargs["attention_mask"] = mask
+        kwargs.update(extra)
+        return Inputs((), kwargs, case, lambda o: o.loss, lambda o: o.logits, vocab)
+
+    return make_inputs
+
+
+# ---- Hugging Face models ---------------------------------------------------------------------
+def _hf(model_cls, config, attn: str):
+    config.use_cache = False
+    config._attn_implementation = attn
+    torch.manual_seed(0)
+    model = model_cls(config).float().train()
+    assert model.config._attn_implementation == attn, model.config._attn_implementation
+    return model
+
+
+def qwen3(attn: str = "sdpa"):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=LAYERS,
+                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                      max_position_embeddings=MAX_POS, tie_word_embeddings=False, pad_token_id=PAD_ID)
+    return _hf(Qwen3ForCausalLM, cfg, attn), _hf_inputs(VOCAB)
+
+
+def qwen3_sdpa():
+    return qwen3("sdpa")
+
+
+def qwen3_eager():
+    return qwen3("eager")
+
+
+def llama_tied(attn: str = "sdpa"):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=LAYERS,
+                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                      max_position_embeddings=MAX_POS, tie_word_embeddings=True, pad_token_id=PAD_ID)
+    model = _hf(LlamaForCausalLM, cfg, attn)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    return model, _hf_inputs(VOCAB)
+
+
+def mistral_sliding(attn: str = "sdpa", window: int = 5):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=LAYERS,
+                        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                        max_position_embeddings=MAX_POS, sliding_window=window, tie_word_embeddings=False,
+                        pad_token_id=PAD_ID)
+    model = _hf(MistralForCausalLM, cfg, attn)
+    assert model.config.sliding_window == window
+    return model, _hf_inputs(VOCAB)
+
+
+def gemma3(attn: str = "eager", window: int = 4, softcap: float = 3.0):
+    """Gemma3 text: layer 0 sliding (window 4 < T), layer 1 global; final logit softcapping."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=LAYERS,
+                           num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                           max_position_embeddings=MAX_POS, sliding_window=window, query_pre_attn_scalar=HEAD_DIM,
+                           layer_types=["sliding_attention", "full_attention"],
+                           final_logit_softcapping=softcap, pad_token_id=PAD_ID)
+    model = _hf(Gemma3ForCausalLM, cfg, attn)
+    assert model.config.final_logit_softcapping == softcap
+    assert list(model.config.layer_types) == ["sliding_attention", "full_attention"]
+    return model, _hf_inputs(VOCAB)
+
+
+def gpt2(attn: str = "sdpa"):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_positions=MAX_POS,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=PAD_ID)
+    return _hf(GPT2LMHeadModel, cfg, attn), _hf_inputs(VOCAB)
+
+
+# ---- plain PyTorch: nanoGPT ----------------------------------------------------------------------
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d, n_head, block_size):
+        super().__init__()
+        self.c_attn = nn.Linear(d, 3 * d)
+        self.c_proj = nn.Linear(d, d)
+        self.n_head = n_head
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.c_fc = nn.Linear(d, 4 * d)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, d, n_head, block_size):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d)
+        self.attn = CausalSelfAttention(d, n_head, block_size)
+        self.ln_2 = nn.LayerNorm(d)
+        self.mlp = MLP(d)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class NanoGPT(nn.Module):
+    def __init__(self, vocab=VOCAB, d=HIDDEN, n_head=HEADS, n_layer=LAYERS, block_size=MAX_POS):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab, d),
+            wpe=nn.Embedding(block_size, d),
+            h=nn.ModuleList([Block(d, n_head, block_size) for _ in range(n_layer)]),
+            ln_f=nn.LayerNorm(d),
+        ))
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+        self.vocab = vocab
+
+    def forward(self, idx, targets=None):
+        b, t = idx.size()
+        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
+        return logits, loss
+
+
+def nanogpt():
+    torch.manual_seed(0)
+    model = NanoGPT().float().train()
+
+    def make_inputs(case) -> Inputs:
+        case = _case(case)
+        ids, _, labels = tokens(case)
+        targets = torch.cat([labels[:, 1:], torch.full((case.B, 1), -100)], dim=1)  # next-token targets
+        return Inputs((ids, targets), {}, case, lambda o: o[1], lambda o: o[0], VOCAB)
+
+    return model, make_inputs
+
+
+# ---- plain PyTorch: Llama-style ----------------------------------------------------------------
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x):
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, d, n_head, n_kv, head_dim):
+        super().__init__()
+        self.n_head, self.n_kv, self.hd = n_head, n_kv, head_dim
+        self.q_proj = nn.Linear(d, n_head * head_dim, bias=False)
+        self.k_proj = nn.Linear(d, n_kv * head_dim, bias=False)
+        self.v_proj = nn.Linear(d, n_kv * head_dim, bias=False)
+        self.o_proj = nn.Linear(n_head * head_dim, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        rep = self.n_head // self.n_kv
+        k = k.repeat_interleave(rep, dim=1)
+        v = v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d, hidden):
+        super().__init__()
+        self.gate = nn.Linear(d, hidden, bias=False)
+        self.up = nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        return self.down(F.silu(self.gate(x)) * self.up(x))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, d, n_head, n_kv, head_dim, ffn):
+        super().__init__()
+        self.attn_norm = RMSNorm(d)
+        self.attn = LlamaAttention(d, n_head, n_kv, head_dim)
+        self.mlp_norm = RMSNorm(d)
+        self.mlp = SwiGLU(d, ffn)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TinyLlama(nn.Module):
+    """RMSNorm, RoPE (cos/sin buffers), GQA, SDPA(is_causal=True), SwiGLU, untied head.
+
+    ``forward(idx, labels)`` returns ``(loss, logits)``; the label shift happens inside:
+    ``shift="labels"`` shifts the labels the way HF's loss does (pad with -100, drop the first),
+    ``shift="logits"`` is the classic ``logits[:, :-1]`` / ``labels[:, 1:]``.
+    """
+
+    def __init__(self, vocab=VOCAB, d=HIDDEN, n_head=HEADS, n_kv=KV_HEADS, n_layer=LAYERS, ffn=64,
+                 max_pos=MAX_POS, theta=10000.0, shift="labels"):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        hd = d // n_head
+        self.layers = nn.ModuleList(LlamaBlock(d, n_head, n_kv, hd, ffn) for _ in range(n_layer))
+        self.norm = RMSNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        inv = 1.0 / (theta ** (torch.arange(0, hd, 2).float() / hd))
+        freqs = torch.outer(torch.arange(max_pos).float(), inv)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.vocab, self.shift = vocab, shift
+
+    def forward(self, idx, labels=None):
+        B, T = idx.shape
+        cos, sin = self.cos[:T], self.sin[:T]
+        x = self.embed(idx)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        logits = self.lm_head(self.norm(x))
+        loss = None
+        if labels is not None:
+            if self.shift == "logits":
+                loss = F.cross_entropy(logits[:, :-1].reshape(-1, self.vocab), labels[:, 1:].reshape(-1),
+                                       ignore_index=-100)
+            else:
+                shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+                loss = F.cross_entropy(logits.reshape(-1, self.vocab).float(), shifted.reshape(-1),
+                                       ignore_index=-100)
+        return loss, logits
+
+
+def _plain_inputs(vocab):
+    def make_inputs(case) -> Inputs:
+        case = _case(case)
+        ids, _, labels = tokens(case, vocab)
+        return Inputs((ids, labels), {}, case, lambda o: o[0], lambda o: o[1], vocab)
+
+    return make_inputs
+
+
+def tiny_llama(shift: str = "labels"):
+    torch.manual_seed(0)
+    return TinyLlama(shift=shift).float().train(), _plain_inputs(VOCAB)
+
+
+def tiny_llama_logit_shift():
+    return tiny_llama(shift="logits")
+
+
+# ---- registry ------------------------------------------------------------------------------------
+ZOO: dict[str, Callable] = {
+    "qwen3_sdpa": qwen3_sdpa,
+    "qwen3_eager": qwen3_eager,
+    "llama_tied": llama_tied,
+    "mistral_sliding": mistral_sliding,
+    "gemma3": gemma3,
+    "gpt2": gpt2,
+    "nanogpt": nanogpt,
+    "tiny_llama": tiny_llama,
+}
+HF_MODELS = ("qwen3_sdpa", "qwen3_eager", "llama_tied", "mistral_sliding", "gemma3", "gpt2")
