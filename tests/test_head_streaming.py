@@ -240,39 +240,29 @@ def grpo_case(shift="labels"):
     return GRPOLoss(lm, shift=shift), PlainInputs((ids, labels, old, torch.tensor([1.0, -0.7])), 2, 16)
 
 
-MINIMUM_REASON = (
-    "torch.minimum/maximum outside the streamed regions (F.logsigmoid decomposes to "
-    "min(0, x) - log1p(exp(-|x|)); torch.min(a, b) in an unstreamed head) crash the compile as soon "
-    "as any region streams: the joint re-traced by stream_joint is not functionalized, minimum's "
-    "backward (masked_fill_) becomes aten.copy_ on a backward node, and AOTAutograd's partitioner "
-    "fails with 'AssertionError: Node _unsafe_masked_index_put_accumulate was invalid, but is output'")
-
-
 def test_dpo_logsigmoid_parity():
+    """DPO as written in the paper / TRL: -logsigmoid(beta * margin). F.logsigmoid decomposes to
+    min(0, x) - log1p(exp(-|x|)), so torch.minimum's backward runs after the streamed head
+    (this used to crash AOTAutograd's partitioner on the re-derived joint)."""
     model, inputs = dpo_case("logsigmoid")
     parity(model, inputs, 4)
 
 
 def test_dpo_softplus_parity():
     """The same DPO loss written as softplus(-margin): streams, exact gradients; each sequence's
-    token log-prob sum is a "sum" output of the head region, accumulated over chunks. (The head
-    forward currently runs twice, see test_dpo_head_forward_not_recomputed.)"""
+    token log-prob sum is a "sum" output of the head region, accumulated over chunks."""
     model, inputs = dpo_case("softplus")
-    run = parity(model, inputs, 4, exact_schedule=False)
+    run = parity(model, inputs, 4)
     head = run.programs_named("head")[-1]
     assert ("sum", None) in head.out_specs
 
 
-RECOMPUTE_REASON = (
-    "codegen='eager' recomputes the whole forward inside the backward: the joint that "
-    "stream_joint re-traces with make_fx carries no partitioner_tag='is_forward' node meta, and "
-    "torch 2.13's default_partition places ops by that tag, so every compute node counts as "
-    "backward; the forward graph saves only the primals and the backward graph re-runs every "
-    "layer (and the streamed head region whenever the loss gradient needs its outputs)")
-
-
 def test_dpo_head_forward_not_recomputed():
-    """One training step runs the head region forward once and backward once (4 chunks each)."""
+    """One training step runs the head region forward once and backward once (4 chunks each),
+    although the loss gradient needs the head's outputs (the per-sequence sums): the forward
+    graph saves them rather than the backward re-running the region. (Regression test: the
+    re-derived joint once lacked partitioner tags and the default partitioner recomputed the
+    whole forward inside the backward.)"""
     model, inputs = dpo_case("softplus")
     run = run_eager_and_compiled(model, inputs, {**EAGER, "head_chunk_size": 4})
     assert run.schedules["head"] == [4, 4], run.schedules
@@ -303,7 +293,8 @@ count_calls.register_autograd(lambda ctx, grad: grad)
 ])
 def test_trunk_forward_runs_once_per_step(codegen):
     """A counting identity op after the first transformer block must run once per training step
-    (forward) -- as with Dynamo's own aot_eager backend -- not again inside the backward."""
+    (forward) -- as with Dynamo's own aot_eager backend -- not again inside the backward
+    (regression test for the forward recomputation under the default partitioner)."""
     model, make_inputs = zoo.nanogpt()
     model.transformer.h[0].register_forward_hook(lambda mod, args, out: count_calls(out))
     inputs = make_inputs("b1")
@@ -359,8 +350,7 @@ def test_rl_losses_head_planned_by_explain(case):
     "the TRL-style logits[:, :-1] shift is not streamed: the slice is classified unknown-mixing, "
     "the head region comes out empty and the warning reads \"streamfx: region 'head' is not "
     "streamed: the head computes no reduction over the sequence (no loss in the graph); it runs "
-    "without streaming\" (and since layers stream, the compile then crashes on torch.min, see "
-    "MINIMUM_REASON)"))
+    "without streaming\""))
 def test_grpo_logit_shift_streams():
     model, inputs = grpo_case("logits")
     report, messages, crash = explain_with_warnings(model, inputs)
@@ -370,8 +360,8 @@ def test_grpo_logit_shift_streams():
 
 
 def test_grpo_logit_shift_parity_without_streaming():
-    """Current behaviour of the TRL-style shift: head not streamed; gradients must stay exact.
-    (Fails to compile once the layer regions stream: torch.min is then outside every region.)"""
+    """Current behaviour of the TRL-style shift: head not streamed (layers still stream), exact
+    gradients; torch.min of the clipped objective is then outside every streamed region."""
     model, inputs = grpo_case("logits")
     run = run_eager_and_compiled(model, inputs, {**EAGER, "head_chunk_size": 4})
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
