@@ -30,6 +30,7 @@ class Analysis:
     regions: list
     plans: list = dataclasses.field(default_factory=list)
     refusals: list = dataclasses.field(default_factory=list)   # (region name, CannotStream)
+    programs: list = dataclasses.field(default_factory=list)   # (plan, runtime program) after the rewrite
 
     @property
     def seq_len(self):
@@ -91,14 +92,12 @@ def _record(a: Analysis, site_nodes) -> None:
 
 def decide(a: Analysis, config) -> list:
     """Plans for the regions that stream; refusals recorded (with the responsible node)."""
-    outputs = set(o for o in list(a.graph.find_nodes(op="output")[0].args[0])[: a.num_fwd_outputs]
-                  if isinstance(o, fx.Node))
     plans = []
     fwd = set(a.fwd_nodes)
     for r in a.regions:
         try:
             if r.kind == "head":
-                plans.append(plan_head(r, a.sd, a.classes, outputs, config, fwd))
+                plans.append(plan_head(r, a.sd, a.classes, config, fwd))
             else:
                 plans.append(plan_layer(r, a.sd, a.classes, config, fwd))
         except CannotStream as e:

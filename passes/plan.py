@@ -43,7 +43,7 @@ class RegionPlan:
                 + (f"; drops {[d.name for d in self.dropped]}" if self.dropped else ""))
 
 
-def plan_head(region, sd, classes, graph_outputs: set, config, fwd: set) -> RegionPlan:
+def plan_head(region, sd, classes, config, fwd: set) -> RegionPlan:
     inside = set(region.nodes)
     for n in region.nodes:
         cls = classes[n]

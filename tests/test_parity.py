@@ -83,16 +83,21 @@ def test_gpt2_default_graph_break_head_not_streamed():
     ``model.loss_type = "ForCausalLM"`` (``gpt2_loss_type`` in the matrix above streams)."""
     model, make_inputs = zoo.gpt2()
     inputs = make_inputs("b1")
-    run = run_eager_and_compiled(model, inputs, {"codegen": "eager", "head_chunk_size": HEAD_CHUNK})
-    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
-    assert_grads_match(run.ref_grads, run.grads)
-    assert_head_not_streamed(run)
-    assert inputs.logits_of(run.out) is not None  # nothing dropped: the logits leave graph 1
+    assert_exact_and_head_not_streamed(model, inputs)  # nothing dropped: the logits leave graph 1
     torch._dynamo.reset()
     report = streamfx.explain(model, *inputs.args, options={"head_chunk_size": HEAD_CHUNK}, **inputs.kwargs)
     assert head_plans(report) == []
     assert len(report.seq_dim) == 2  # two graphs: the graph break
     assert ("head", "the head computes no reduction over the sequence (no loss in the graph)") in report.not_streamed
+
+
+def assert_exact_and_head_not_streamed(model, inputs):
+    """Exact loss and gradients through the backend, the head unstreamed and the logits kept."""
+    run = run_eager_and_compiled(model, inputs, {"codegen": "eager", "head_chunk_size": HEAD_CHUNK})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert_head_not_streamed(run)
+    assert inputs.logits_of(run.out) is not None
 
 
 def test_logit_shift_head_not_streamed():
@@ -107,11 +112,7 @@ def test_logit_shift_head_not_streamed():
     reason is covered by an xfail in test_head_streaming.py."""
     model, make_inputs = zoo.tiny_llama_logit_shift()
     inputs = make_inputs("prompt")
-    run = run_eager_and_compiled(model, inputs, {"codegen": "eager", "head_chunk_size": HEAD_CHUNK})
-    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
-    assert_grads_match(run.ref_grads, run.grads)
-    assert_head_not_streamed(run)
-    assert inputs.logits_of(run.out) is not None
+    assert_exact_and_head_not_streamed(model, inputs)
 
 
 # ---- inductor codegen: a smaller set (each compile is ~15-50 s on two cores) --------------------
