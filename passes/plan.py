@@ -12,6 +12,7 @@ import dataclasses
 import torch
 
 from streamfx.errors import CannotStream
+from .rules import is_pointwise
 from .seq_dims import SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
 
 aten = torch.ops.aten
@@ -37,7 +38,7 @@ class RegionPlan:
 
     def describe(self) -> str:
         n_chunks = -(-self.length // self.chunk_size)
-        saved = [x.name for x, (k, _) in zip(self.inputs, self.in_specs) if k == "chunk"]
+        saved = [x.name for x, (k, _) in zip(self.inputs, self.in_specs) if k != "whole"]
         return (f"{self.name}: {n_chunks} chunk(s) of {self.chunk_size} tokens (T={self.length}); "
                 f"saves {saved}; outputs {[f'{o.name}:{k}' for o, (k, _) in zip(self.outputs, self.out_specs)]}"
                 + (f"; drops {[d.name for d in self.dropped]}" if self.dropped else ""))
@@ -127,6 +128,7 @@ RANDOM_OPS = {aten.native_dropout.default, aten.bernoulli.default, aten.bernoull
 class LayerPlan(RegionPlan):
     site: object = None
     kv_nodes: list = dataclasses.field(default_factory=list)
+    unpulled: "LayerPlan | None" = None   # the same plan with its masks as token-by-token inputs
 
 
 def plan_layer(region, sd, classes, config, fwd: set) -> LayerPlan:
@@ -144,7 +146,15 @@ def plan_layer(region, sd, classes, config, fwd: set) -> LayerPlan:
             raise CannotStream("token mixing outside the recognised attention site", n)
         if cls not in (TOKEN_LOCAL, SEQ_FREE, "causal-mixing"):
             raise CannotStream(f"{cls} op inside a layer", n)
-    inside = set(region.nodes)
+    nodes, inputs, pulled = pull_masks(region, sd)
+    plan = _layer_plan(region, sd, config, site, nodes, inputs, pulled)
+    if pulled.nodes:  # the rewrite uses this one if the masks do not rebuild per chunk
+        plan.unpulled = _layer_plan(region, sd, config, site, region.nodes, region.inputs, PulledMasks())
+    return plan
+
+
+def _layer_plan(region, sd, config, site, nodes, inputs, pulled) -> LayerPlan:
+    inside = set(nodes)
     outputs, out_specs = [], []
     for o in region.outputs:
         d = sd.seq_dim(o)
@@ -153,12 +163,17 @@ def plan_layer(region, sd, classes, config, fwd: set) -> LayerPlan:
         outputs.append(o)
         out_specs.append(("cat", d))
     in_specs, lengths = [], []
-    for x in region.inputs:
+    for x in inputs:
         v = x.meta.get("val")
         if not isinstance(v, torch.Tensor):
             raise CannotStream("symbolic sizes (dynamic shapes) are not streamed yet; compile with dynamic=False", x)
         roles = sd.roles(x)
-        if "k" in roles:
+        if x in pulled.frontier:
+            role, d = pulled.frontier[x]
+            in_specs.append(("whole", None) if role is None else ("chunk" if role == "q" else "prefix", d))
+            if d is not None:
+                lengths.append(v.shape[d])
+        elif "k" in roles:
             dq, dk = roles.index("q"), roles.index("k")
             in_specs.append(("qk", (dq, dk)))
             lengths += [v.shape[dq], v.shape[dk]]
@@ -173,13 +188,95 @@ def plan_layer(region, sd, classes, config, fwd: set) -> LayerPlan:
         raise CannotStream(f"layer inputs disagree on a static sequence length ({lengths})")
     kv = _ancestors_within({site.key, site.value}, inside)
     T = lengths[0]
-    # token-by-token inputs are attention masks: they get no gradient (fused attention refuses one)
-    grad_inputs = [i for i, x in enumerate(region.inputs) if in_specs[i][0] != "qk"
-                   and x.meta["val"].is_floating_point() and x.meta["val"].numel() > 0]
+    # mask inputs (token-by-token, or the per-token values a mask is built from) get no gradient
+    grad_inputs = [i for i, x in enumerate(inputs) if in_specs[i][0] in ("chunk", "whole")
+                   and x not in pulled.frontier and x.meta["val"].is_floating_point() and x.meta["val"].numel() > 0]
     chunk = config.chunk_size or auto_chunk(T)
-    return LayerPlan(region.name, "layer", region.nodes, region.inputs, outputs, [], in_specs, out_specs,
-                     chunk, T, grad_inputs, sd, frozenset(), site=site,
-                     kv_nodes=[n for n in region.nodes if n in kv])
+    return LayerPlan(region.name, "layer", nodes, inputs, outputs, [], in_specs, out_specs,
+                     chunk, T, grad_inputs, sd, frozenset(pulled.nodes), site=site,
+                     kv_nodes=[n for n in nodes if n in kv])
+
+
+# ---- masks built per chunk --------------------------------------------------------------------
+# Ops a token-by-token mask may be built with inside a chunk: each output dim lines up with the
+# same dim of every (broadcast) input, so a chunk of the mask is the op on chunks of its inputs.
+MASK_VIEW_OPS = {aten.expand.default, aten.clone.default, aten.alias.default, aten._to_copy.default,
+                 torch.ops.prims.convert_element_type.default, aten.where.self,
+                 aten.masked_fill.Scalar, aten.masked_fill.Tensor}
+
+
+@dataclasses.dataclass
+class PulledMasks:
+    nodes: list = dataclasses.field(default_factory=list)      # mask nodes recomputed per chunk
+    frontier: dict = dataclasses.field(default_factory=dict)   # input -> (role "q"/"k"/None, dim)
+
+
+def pull_masks(region, sd):
+    """Move the token-by-token part of each mask into the layer: a region input with two sequence
+    dims (a [.., T, T] mask) is replaced by the per-token values it is computed from (query
+    positions, key positions, padding flags, document ids), so each chunk builds its [.., c, e]
+    slice of the mask and no T x T tensor exists. Inputs whose mask cannot be rebuilt this way
+    stay token-by-token inputs, sliced per chunk.
+
+    Returns (nodes, inputs, PulledMasks): the region's nodes with the pulled mask nodes, in graph
+    order, and its inputs with each pulled mask replaced by its frontier."""
+    pulled = PulledMasks()
+    pullable = {}
+
+    def can_pull(n) -> bool:
+        if n in pullable:
+            return pullable[n]
+        ok = (n.op == "call_function" and "k" in sd.roles(n)
+              and (n.target in MASK_VIEW_OPS or is_pointwise(n.target))
+              and all(_frontier_role(x, n, sd) is not False or can_pull(x) for x in n.all_input_nodes))
+        pullable[n] = ok
+        return ok
+
+    replaced = [x for x in region.inputs if "k" in sd.roles(x) and can_pull(x)]
+    if not replaced:
+        return region.nodes, region.inputs, pulled
+    chosen, stack = set(), list(replaced)
+    while stack:
+        n = stack.pop()
+        if n in chosen:
+            continue
+        chosen.add(n)
+        for x in n.all_input_nodes:
+            if "k" in sd.roles(x) and can_pull(x):
+                stack.append(x)
+            else:
+                role = _frontier_role(x, n, sd)
+                d = None if role is None else role[1]
+                pulled.frontier.setdefault(x, (None if role is None else role[0], d))
+    order = {n: i for i, n in enumerate(region.nodes[0].graph.nodes)}
+    pulled.nodes = sorted(chosen, key=order.__getitem__)
+    nodes = sorted(set(region.nodes) | chosen, key=order.__getitem__)
+    inputs = [x for x in region.inputs if x not in chosen]
+    inputs += [x for x in pulled.frontier if x not in inputs]
+    return nodes, inputs, pulled
+
+
+def _frontier_role(x, user, sd):
+    """How an input ``x`` of a pulled mask node ``user`` is sliced per chunk: None (whole: no
+    sequence dim), ("q", d) (rows [s, e) along dim d), ("k", d) (the key prefix [0, e) along d),
+    or False when it cannot be sliced (it has both sequence dims itself, or a sequence dim that
+    does not line up with one of the user's)."""
+    v = x.meta.get("val")
+    if not isinstance(v, torch.Tensor):
+        return None
+    axes = (sd.axes.get(x) or [None])[0]
+    if axes is None:
+        return False
+    seq = [i for i, a in enumerate(axes) if sd.has_seq(a)]
+    if not seq:
+        return None
+    if len(seq) > 1:
+        return False
+    out_roles = sd.roles(user)
+    j = seq[0] + len(out_roles) - v.dim()
+    if j < 0 or out_roles[j] not in ("q", "k"):
+        return False
+    return out_roles[j], seq[0]
 
 
 def auto_chunk(T: int) -> int:

@@ -187,9 +187,15 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     tangent_outputs = _tangent_outputs(joint, tangents, num_fwd_outputs)
 
     programs = []
-    for plan in plans:  # everything that can fail happens here, before any new graph exists
+    for i, plan in enumerate(plans):  # everything that can fail happens here, before any new graph exists
         if plan.kind == "layer":
-            prog = layer_program(plan, codegen)
+            try:
+                prog = layer_program(plan, codegen)
+            except CannotStream:
+                if plan.unpulled is None:
+                    raise
+                plan = plans[i] = plan.unpulled
+                prog = layer_program(plan, codegen)
         else:
             full_gm, chunk_gm = region_graphs(plan, plan.sd, min(plan.chunk_size, plan.length))
             prog = RegionProgram(plan.name, chunk_gm, full_gm, plan.in_specs, plan.out_specs,

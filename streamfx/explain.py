@@ -81,7 +81,7 @@ def build_report(analyses) -> Report:
                 refusals.append((op_name(n), f"mixes tokens other than causal attention{source_line(n)}"))
         for p in a.plans:
             for x, (k, _) in zip(p.inputs, p.in_specs):
-                if k == "chunk":
+                if k != "whole":
                     saved.append(x.name)
             peak += _chunk_peak(p)
     return Report([a.seq_len for a in analyses], sites, regions, plans, refusals, classes, saved, peak, analyses)

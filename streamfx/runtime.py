@@ -3,6 +3,7 @@
 A ``RegionProgram`` holds one region's chunk graph (the region instantiated for a chunk of
 tokens) and how its inputs are sliced and its outputs put together:
   input  spec ("chunk", d): sliced along dim d;   ("whole", None): passed as is (parameters...)
+               ("prefix", d): the key prefix [0, e) along d;  ("qk", (dq, dk)): both
   output spec ("cat", d):   chunks concatenated;  ("sum", None): chunk results summed (fp32)
 Forward runs the chunks in order without grad; backward runs them in reverse, recomputing each
 chunk with grad and calling autograd on it, so only one chunk's activations exist at a time.
@@ -12,6 +13,7 @@ region program with the same graph code.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import warnings
 from typing import Callable
@@ -59,17 +61,19 @@ class RegionProgram:
     def chunk_inputs(self, inputs, s, e):
         return [slice_input(x, spec, s, e) for x, spec in zip(inputs, self.in_specs)]
 
-    def fn(self, gm: fx.GraphModule | None = None, inputs=None, prefix=()) -> Callable:
+    def fn(self, gm: fx.GraphModule | None = None, inputs=None, prefix=(), train: bool = True) -> Callable:
         """The chunk graph (or ``gm``) as run: itself, or compiled by Inductor once per distinct
-        graph code, with symbolic chunk and prefix lengths (``inputs``: the region inputs)."""
+        graph code, with symbolic chunk and prefix lengths (``inputs``: the region inputs).
+        ``train=False`` gives the inference compile the forward runs under no_grad: its outputs
+        hold no autograd graph, so nothing of a chunk outlives it."""
         gm = gm if gm is not None else self.chunk_gm
         if self.codegen == "eager":
             return gm
-        key = (gm.code, tuple(self.in_specs), tuple(str(t.dtype) for t in inputs))
+        key = (gm.code, tuple(self.in_specs), tuple(str(t.dtype) for t in inputs), train)
         if key not in _COMPILED:
             COUNTERS["chunk_compiles"] += 1
             try:
-                _COMPILED[key] = compile_chunk_graph(gm, self, inputs, prefix)
+                _COMPILED[key] = compile_chunk_graph(gm, self, inputs, prefix, train)
             except Exception as e:  # noqa: BLE001 - Inductor limits on symbolic shapes
                 COUNTERS["chunk_compile_failures"] += 1
                 warnings.warn(f"streamfx: a chunk graph of {self.name} runs as an FX graph, Inductor "
@@ -80,22 +84,25 @@ class RegionProgram:
     # -- forward / backward ----------------------------------------------------------------
     def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         COUNTERS["region_forward"] += 1
-        fn, parts = self.fn(inputs=inputs), [[] for _ in self.out_specs]
+        fn, T = self.fn(inputs=inputs, train=False), self.length(inputs)
+        result = [None] * len(self.out_specs)
         with torch.no_grad():
             for s, e in self.bounds(inputs):
                 COUNTERS["chunks_forward"] += 1
                 outs = fn(*self.chunk_inputs(inputs, s, e))
-                for acc, o, (kind, _) in zip(parts, outs, self.out_specs):
+                for j, (o, (kind, d)) in enumerate(zip(outs, self.out_specs)):
                     if kind == "cat":
-                        acc.append(o)
-                    elif acc:
-                        acc[0] = acc[0] + o.float()
+                        _put_rows(result, j, o, d, s, e, T)
+                    elif result[j] is None:
+                        result[j] = o.float()
                     else:
-                        acc.append(o.float())
-        result = []
-        for acc, (kind, d), ref in zip(parts, self.out_specs, self.fake_out_dtypes()):
-            result.append(torch.cat(acc, d) if kind == "cat" else acc[0].to(ref))
-        return result
+                        result[j].add_(o)
+        return [r if kind == "cat" else r.to(dtype)
+                for r, (kind, _), dtype in zip(result, self.out_specs, self._out_dtypes)]
+
+    @functools.cached_property
+    def _out_dtypes(self):
+        return [n.meta["val"].dtype for n in self.full_gm.graph.find_nodes(op="output")[0].args[0]]
 
     def backward(self, inputs: list[torch.Tensor], grads: list) -> list[torch.Tensor]:
         COUNTERS["region_backward"] += 1
@@ -139,16 +146,20 @@ class RegionProgram:
             else:
                 acc[i].add_(g)
 
-    def fake_out_dtypes(self):
-        return [n.meta["val"].dtype for n in self.full_gm.graph.find_nodes(op="output")[0].args[0]]
+def _put_rows(result: list, j: int, o: torch.Tensor, d: int, s: int, e: int, T: int) -> None:
+    """Write a chunk's rows [s, e) of output j into its full-length buffer (made on first use)."""
+    if result[j] is None:
+        result[j] = _full_like_along(o, d, T)
+    result[j].narrow(d, s, e - s).copy_(o)
 
 
-def compile_chunk_graph(gm: fx.GraphModule, prog: "RegionProgram", inputs, prefix) -> Callable:
+def compile_chunk_graph(gm: fx.GraphModule, prog: "RegionProgram", inputs, prefix, train: bool = True) -> Callable:
     """Inductor-compile a chunk graph for every chunk length c and prefix length e at once.
 
     Sample inputs take c and e (> c) as sizes, in a fresh ShapeEnv without duck sizing, and only
     the sequence dims are dynamic, so the compiled code assumes nothing about c, e but their
-    role. Inputs that get gradients require grad, so AOTAutograd also compiles the backward.
+    role. With ``train``, inputs that get gradients require grad, so AOTAutograd also compiles
+    the backward; without, the graph is compiled for inference.
     """
     from torch._inductor.compile_fx import compile_fx
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -163,15 +174,17 @@ def compile_chunk_graph(gm: fx.GraphModule, prog: "RegionProgram", inputs, prefi
         shape, dyn = list(x.shape), set()
         if kind == "chunk":
             shape[d], dyn = c, {d}
+        elif kind == "prefix":
+            shape[d], dyn = e, {d}
         elif kind == "qk":
             shape[d[0]], shape[d[1]], dyn = c, e, set(d)
         sample = (torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) if kind == "whole"
                   else torch.empty(shape, dtype=x.dtype, device=x.device))  # chunks are made dense
-        samples.append((sample, dyn, i in prog.grad_inputs))
+        samples.append((sample, dyn, train and i in prog.grad_inputs))
     for t, d in prefix:  # keys and values: the prefix [0, e)
         shape = list(t.shape)
         shape[d] = e
-        samples.append((torch.empty(shape, dtype=t.dtype, device=t.device), {d}, True))
+        samples.append((torch.empty(shape, dtype=t.dtype, device=t.device), {d}, train))
     fakes = []
     for t, dyn, grad in samples:
         ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if k in dyn else DimDynamic.STATIC
@@ -179,18 +192,22 @@ def compile_chunk_graph(gm: fx.GraphModule, prog: "RegionProgram", inputs, prefi
         f = mode.from_tensor(t.requires_grad_(grad and t.is_floating_point()), symbolic_context=ctx)
         fakes.append(f)
     _LazyGraphModule.force_recompile(gm)
-    # grad mode on: AOTAutograd compiles forward and backward (the kernel may run under no_grad)
-    with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), torch.enable_grad(), \
+    # grad mode as asked: AOTAutograd compiles forward and backward, or an inference graph
+    with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
+            torch.set_grad_enabled(train), \
             functorch_config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False):
         return compile_fx(gm, fakes)
 
 
 def slice_input(x: torch.Tensor, spec, s: int, e: int) -> torch.Tensor:
-    """The part of a region input a chunk [s, e) reads: its rows, or for a token-by-token input
-    (a mask) its rows [s, e) against the key prefix [0, e)."""
+    """The part of a region input a chunk [s, e) reads: its rows ("chunk"), the key prefix [0, e)
+    of a per-key input ("prefix": key positions, padding flags), or for a token-by-token input
+    (a mask) its rows [s, e) against the key prefix [0, e) ("qk")."""
     kind, d = spec
     if kind == "chunk":
         return x.narrow(d, s, e - s).contiguous()
+    if kind == "prefix":
+        return x.narrow(d, 0, e).contiguous()
     if kind == "qk":
         dq, dk = d
         return x.narrow(dq, s, e - s).narrow(dk, 0, e).contiguous()
@@ -228,23 +245,23 @@ class LayerProgram(RegionProgram):
 
     def forward(self, inputs):
         COUNTERS["region_forward"] += 1
-        fn, fn_kv = None, self.fn(self.kv_gm, inputs=inputs)
-        parts = [[] for _ in self.out_specs]
+        fn, fn_kv, T = None, self.fn(self.kv_gm, inputs=inputs, train=False), self.length(inputs)
+        result = [None] * len(self.out_specs)
         with torch.no_grad():
             for s, e, (K, V) in self.keys_values(inputs, fn_kv):
                 COUNTERS["chunks_forward"] += 1
-                fn = fn or self.fn(inputs=inputs, prefix=[(K, self.kv_dims[0]), (V, self.kv_dims[1])])
+                fn = fn or self.fn(inputs=inputs, prefix=[(K, self.kv_dims[0]), (V, self.kv_dims[1])], train=False)
                 outs = fn(*self.chunk_inputs(inputs, s, e), *self.prefix(K, V, e))
-                for acc, o in zip(parts, outs):
-                    acc.append(o)
-        return [torch.cat(acc, d) for acc, (_, d) in zip(parts, self.out_specs)]
+                for j, (o, (_, d)) in enumerate(zip(outs, self.out_specs)):
+                    _put_rows(result, j, o, d, s, e, T)
+        return result
 
     def backward(self, inputs, grads):
         COUNTERS["region_backward"] += 1
-        fn_kv = self.fn(self.kv_gm, inputs=inputs)
         with torch.no_grad():
-            for _, _, (K, V) in self.keys_values(inputs, fn_kv):
+            for _, _, (K, V) in self.keys_values(inputs, self.fn(self.kv_gm, inputs=inputs, train=False)):
                 pass
+        fn_kv = self.fn(self.kv_gm, inputs=inputs)
         fn = self.fn(inputs=inputs, prefix=[(K, self.kv_dims[0]), (V, self.kv_dims[1])])
         dK = torch.zeros_like(K, dtype=torch.float32)
         dV = torch.zeros_like(V, dtype=torch.float32)
