@@ -128,6 +128,8 @@ RANDOM_OPS = {aten.native_dropout.default, aten.bernoulli.default, aten.bernoull
 class LayerPlan(RegionPlan):
     site: object = None
     kv_nodes: list = dataclasses.field(default_factory=list)
+    kv_outputs: tuple = ()       # the keys and values the K/V graph produces (see kv_boundary)
+    key_side: frozenset = frozenset()  # nodes between those and the attention's keys/values
     unpulled: "LayerPlan | None" = None   # the same plan with its masks as token-by-token inputs
 
 
@@ -186,7 +188,8 @@ def _layer_plan(region, sd, config, site, nodes, inputs, pulled) -> LayerPlan:
             in_specs.append(("whole", None))
     if any(not isinstance(t, int) for t in lengths) or len(set(lengths)) != 1:
         raise CannotStream(f"layer inputs disagree on a static sequence length ({lengths})")
-    kv = _ancestors_within({site.key, site.value}, inside)
+    kv_out = tuple(kv_boundary(x, inside, sd) for x in (site.key, site.value))
+    kv = _ancestors_within({b for b, _ in kv_out}, inside)
     T = lengths[0]
     # mask inputs (token-by-token, or the per-token values a mask is built from) get no gradient
     grad_inputs = [i for i, x in enumerate(inputs) if in_specs[i][0] in ("chunk", "whole")
@@ -194,7 +197,33 @@ def _layer_plan(region, sd, config, site, nodes, inputs, pulled) -> LayerPlan:
     chunk = config.chunk_size or auto_chunk(T)
     return LayerPlan(region.name, "layer", nodes, inputs, outputs, [], in_specs, out_specs,
                      chunk, T, grad_inputs, sd, frozenset(pulled.nodes), site=site,
-                     kv_nodes=[n for n in nodes if n in kv])
+                     kv_nodes=[n for n in nodes if n in kv], kv_outputs=tuple(b for b, _ in kv_out),
+                     key_side=frozenset().union(*(chain for _, chain in kv_out)))
+
+
+# ---- keys and values ---------------------------------------------------------------------------
+KV_VIEW_OPS = {aten.unsqueeze.default, aten.expand.default, aten.clone.default, aten.view.default,
+               aten._unsafe_view.default, aten.reshape.default, aten.permute.default,
+               aten.transpose.int, aten.alias.default}
+
+
+def kv_boundary(node, inside: set, sd):
+    """Where the K/V graph stops for the attention's keys (or values) ``node``: walking back
+    through views and copies (GQA's repeat_kv is unsqueeze, expand, clone, view), the narrowest
+    tensor of the walk. The full-length K/V buffers, their fp32 gradients and each chunk's prefix
+    then hold only the distinct key/value heads; the query graph repeats them per chunk.
+    Returns (boundary, nodes after it up to ``node``: the key side of the query graph)."""
+    walk, cur = [node], node
+    while cur.op == "call_function" and cur.target in KV_VIEW_OPS:
+        x = cur.args[0]
+        if not isinstance(x, torch.fx.Node) or x not in inside or sd.seq_dim(x) is None or not sd.seq_is_atomic(x):
+            break
+        if [u for u in x.users if u in inside] != [cur]:
+            break
+        walk.append(x)
+        cur = x
+    best = min(range(len(walk)), key=lambda i: (walk[i].meta["val"].numel(), i))
+    return walk[best], frozenset(walk[:best])
 
 
 # ---- masks built per chunk --------------------------------------------------------------------

@@ -37,12 +37,13 @@ def region_graphs(plan, sd, chunk_len: int):
     return full, chunk
 
 
-def build_graph(inputs, nodes, outputs, sd, plan, extra=()):
+def build_graph(inputs, nodes, outputs, sd, plan, extra=(), key_side=frozenset()):
     """Copy ``nodes`` into a new GraphModule with ``inputs`` (then ``extra`` nodes) as placeholders.
 
     With a ``plan``, sizes that scale with the sequence are rewritten: a query-sequence dim gets
     the chunk length (read from the first chunked input), a key-sequence dim the prefix length
     (read from the first ``extra`` placeholder, the keys), so one graph serves every chunk.
+    Nodes in ``key_side`` compute from the keys/values alone: their sequence dim is the prefix.
     """
     g, env = fx.Graph(), {}
     for i, x in enumerate(list(inputs) + list(extra)):
@@ -63,7 +64,7 @@ def build_graph(inputs, nodes, outputs, sd, plan, extra=()):
             # the aten form has an autograd formula; chunk graphs are differentiated at run time
             new.target, new.args, new.kwargs = aten._to_copy.default, (new.args[0],), {"dtype": new.args[1]}
         if plan is not None:
-            _patch_sizes(new, n, sd, plan.length, lengths)
+            _patch_sizes(new, n, sd, plan.length, lengths, n in key_side)
             new.meta["streamfx_pass"] = PASS
         env[n] = new
     g.output(tuple(env[o] for o in outputs))
@@ -85,12 +86,14 @@ def _canonical_names(g: fx.Graph) -> None:
             n.target = n.name
 
 
-def _patch_sizes(new: fx.Node, old: fx.Node, sd, T: int, lengths: dict) -> None:
+def _patch_sizes(new: fx.Node, old: fx.Node, sd, T: int, lengths: dict, key_side: bool = False) -> None:
     """Replace sequence-sized entries of a size argument by the chunk (or prefix) length."""
     pos = SIZE_ARG_OPS.get(old.target)
     if pos is None or not isinstance(old.meta.get("val"), torch.Tensor):
         return
     roles = sd.roles(old)
+    if key_side:
+        roles = tuple("k" if r else None for r in roles)
     sizes = list(new.args[pos])
     changed = False
     for k, role in enumerate(roles):
@@ -113,16 +116,17 @@ def layer_program(plan, codegen: str) -> LayerProgram:
     and the key/value prefix), with causal attention aligned to the bottom right of the prefix."""
     sd, site = plan.sd, plan.site
     full = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, None)
-    kv = build_graph(plan.inputs, plan.kv_nodes, [site.key, site.value], sd, plan)
-    q = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, plan, extra=(site.key, site.value))
+    kv_out = plan.kv_outputs
+    kv = build_graph(plan.inputs, plan.kv_nodes, list(kv_out), sd, plan)
+    q = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, plan, extra=kv_out, key_side=plan.key_side)
     if site.kind.startswith("sdpa"):
         _lower_right_causal(q, site)
     c = min(plan.chunk_size, plan.length)
     _check_chunk_graph(plan, kv, c)
-    _check_chunk_graph(plan, q, c, prefix=(site.key, site.value))
+    _check_chunk_graph(plan, q, c, prefix=kv_out)
     return LayerProgram(plan.name, q, full, plan.in_specs, plan.out_specs, plan.chunk_size,
                         plan.grad_inputs, codegen, kv_gm=kv,
-                        kv_dims=(sd.seq_dim(site.key), sd.seq_dim(site.value)))
+                        kv_dims=(sd.seq_dim(kv_out[0]), sd.seq_dim(kv_out[1])))
 
 
 def _lower_right_causal(gm: fx.GraphModule, site) -> None:

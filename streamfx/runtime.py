@@ -181,10 +181,10 @@ def compile_chunk_graph(gm: fx.GraphModule, prog: "RegionProgram", inputs, prefi
         sample = (torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) if kind == "whole"
                   else torch.empty(shape, dtype=x.dtype, device=x.device))  # chunks are made dense
         samples.append((sample, dyn, train and i in prog.grad_inputs))
-    for t, d in prefix:  # keys and values: the prefix [0, e)
-        shape = list(t.shape)
-        shape[d] = e
-        samples.append((torch.empty(shape, dtype=t.dtype, device=t.device), {d}, train))
+    for t, d in prefix:  # keys and values: the prefix [0, e) of a sequence-major buffer
+        layout = seq_major_empty(t, d, e)
+        samples.append((torch.empty_strided(layout.shape, layout.stride(), dtype=t.dtype, device=t.device),
+                        {d}, train))
     fakes = []
     for t, dyn, grad in samples:
         ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if k in dyn else DimDynamic.STATIC
@@ -234,14 +234,14 @@ class LayerProgram(RegionProgram):
         for s, e in self.bounds(inputs):
             k, v = fn_kv(*self.chunk_inputs(inputs, s, e))
             if bufs is None:
-                bufs = [_full_like_along(t, d, self.length(inputs)) for t, d in zip((k, v), self.kv_dims)]
+                bufs = [seq_major_empty(t, d, self.length(inputs)) for t, d in zip((k, v), self.kv_dims)]
             for buf, t, d in zip(bufs, (k, v), self.kv_dims):
                 buf.narrow(d, s, e - s).copy_(t)
             yield s, e, bufs
 
     def prefix(self, K, V, e):
-        """Keys and values [0, e), contiguous (compiled chunk graphs assume dense inputs)."""
-        return K.narrow(self.kv_dims[0], 0, e).contiguous(), V.narrow(self.kv_dims[1], 0, e).contiguous()
+        """Keys and values [0, e): views of the sequence-major buffers, no copy."""
+        return K.narrow(self.kv_dims[0], 0, e), V.narrow(self.kv_dims[1], 0, e)
 
     def forward(self, inputs):
         COUNTERS["region_forward"] += 1
@@ -271,7 +271,7 @@ class LayerProgram(RegionProgram):
             COUNTERS["chunks_backward"] += 1
             with autograd_inside_op(), torch.enable_grad():
                 xs = self._leaves(self.chunk_inputs(inputs, s, e))
-                Kp, Vp = (t.requires_grad_(True) for t in self.prefix(K, V, e))
+                Kp, Vp = (t.detach().requires_grad_(True) for t in self.prefix(K, V, e))
                 outs = fn(*xs, Kp, Vp)
                 pairs = [(o, g.narrow(d, s, e - s)) for o, g, (_, d) in zip(outs, grads, self.out_specs)
                          if g is not None and o.requires_grad]
@@ -295,6 +295,17 @@ def _full_like_along(t: torch.Tensor, d: int, length: int) -> torch.Tensor:
     shape = list(t.shape)
     shape[d] = length
     return t.new_empty(shape)
+
+
+def seq_major_empty(t: torch.Tensor, d: int, length: int) -> torch.Tensor:
+    """An empty tensor like ``t`` with ``length`` along dim ``d``, laid out with ``d`` outermost:
+    its prefixes [0, e) along ``d`` are dense views whose strides do not depend on e, so one
+    compiled chunk graph reads every prefix in place."""
+    shape = list(t.shape)
+    shape[d] = length
+    order = [d] + [k for k in range(t.dim()) if k != d]
+    buf = t.new_empty([shape[k] for k in order])
+    return buf.permute([order.index(k) for k in range(t.dim())])
 
 
 def autograd_inside_op():
