@@ -196,25 +196,33 @@ def classify_mask(site: AttentionSite, graph_inputs: dict) -> None:
 
 def _classify_mask(site: AttentionSite, graph_inputs: dict) -> None:
     """Recognise the mask as a function of (query position, key position) by evaluating its
-    subgraph on concrete values: padding if it reads a per-token user input, else the pattern."""
+    subgraph on concrete values, twice: with per-token integer inputs (attention masks, position
+    ids) at neutral values (all tokens present, positions 0..T-1), which gives its pattern
+    (causal, sliding window), and with the real inputs, which may only remove keys from that
+    pattern (padding, documents packed into one row). Buffers (a registered tril) keep their
+    real values in both."""
     if site.mask is None:
         site.mask_kind = "causal" if site.is_causal else "none"
         return
     nodes = _ancestors(site.mask)
     user_inputs = [n for n in nodes if n.op == "placeholder" and n not in graph_inputs]
+    token_inputs = [n for n in nodes if n in graph_inputs and _is_token_data(graph_inputs[n])]
+    structural = {n: (_neutral_like(v) if n in token_inputs else v) for n, v in graph_inputs.items()}
     if site.mask_user is not None:
         # apply the mask to zero scores: the result is additive whatever the mask's convention
         preset = {x: torch.zeros(tuple(int(d) for d in x.meta["val"].shape), dtype=x.meta["val"].dtype)
                   for x in site.mask_user.all_input_nodes if x in site.nodes}
         others = [x for x in site.mask_user.all_input_nodes if x not in site.nodes]
         nodes = [n for n in site.mask.graph.nodes if any(n in _ancestors(x) for x in others)]
-        value = _evaluate(site.mask_user, nodes + [site.mask_user], graph_inputs, preset)
+        value = _evaluate(site.mask_user, nodes + [site.mask_user], structural, preset)
+        real = _evaluate(site.mask_user, nodes + [site.mask_user], graph_inputs, preset)
     else:
-        value = _evaluate(site.mask, nodes, graph_inputs)
-    if value is None:
+        value = _evaluate(site.mask, nodes, structural)
+        real = _evaluate(site.mask, nodes, graph_inputs)
+    if value is None or real is None:
         site.mask_kind = "unknown"
         return
-    allowed = _allowed(value)
+    allowed, allowed_real = _allowed(value), _allowed(real, per_row=True)
     T = allowed.shape[-1]
     q = torch.arange(T).unsqueeze(1)
     k = torch.arange(T).unsqueeze(0)
@@ -229,12 +237,34 @@ def _classify_mask(site: AttentionSite, graph_inputs: dict) -> None:
             widths = (diff * allowed).max().item() + 1
             if torch.equal(allowed, causal & (diff < widths)):
                 kind, site.window = "sliding-window", int(widths)
+    if kind is not None and (allowed_real & ~allowed).any():
+        kind = None  # the real inputs let a query see keys outside the pattern
     site.is_causal = kind is not None or site.is_causal
     if kind is None:
         kind = "unknown"
-    if user_inputs and kind != "unknown":
+    elif not torch.equal(allowed_real, allowed.expand_as(allowed_real)):
+        packed = any(_is_positions(graph_inputs[n]) for n in token_inputs)
+        kind = ("packed-document+" if packed else "padding+") + kind
+    elif user_inputs:
         kind = "padding+" + kind
     site.mask_kind = kind
+
+
+def _is_token_data(v) -> bool:
+    """A per-token integer or boolean input (attention mask, position ids): data, not structure."""
+    return isinstance(v, torch.Tensor) and v.dim() <= 2 and (v.dtype == torch.bool or not v.is_floating_point())
+
+
+def _neutral_like(v: torch.Tensor) -> torch.Tensor:
+    """Every token present (flags all 1) or one document (positions 0..T-1 in every row)."""
+    if _is_positions(v):
+        return torch.arange(v.shape[-1], dtype=v.dtype).expand(v.shape).contiguous()
+    return torch.ones_like(v)
+
+
+def _is_positions(v) -> bool:
+    """Position ids: integers that are not all 0/1 flags."""
+    return v.dtype != torch.bool and v.numel() > 0 and bool(((v != 0) & (v != 1)).any())
 
 
 def _ancestors(node: fx.Node) -> list[fx.Node]:
@@ -282,10 +312,13 @@ def _neutral(val):
     return torch.ones(shp, dtype=val.dtype)
 
 
-def _allowed(value: torch.Tensor) -> torch.Tensor:
-    """Positions a query may attend to, from a boolean or additive mask, batch/heads collapsed."""
+def _allowed(value: torch.Tensor, per_row: bool = False) -> torch.Tensor:
+    """Positions a query may attend to, from a boolean or additive mask: [T, T] from the first
+    batch row and head, or [B*H, T, T] for every row and head with ``per_row``."""
     v = value
-    while v.dim() > 2:
+    if per_row:
+        v = v.reshape(-1, *v.shape[-2:])
+    while v.dim() > (3 if per_row else 2):
         v = v[0]
     if v.dtype == torch.bool:
         return v
