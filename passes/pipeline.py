@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
 import torch.fx as fx
 
 from streamfx.errors import CannotStream
@@ -31,6 +32,7 @@ class Analysis:
     plans: list = dataclasses.field(default_factory=list)
     refusals: list = dataclasses.field(default_factory=list)   # (region name, CannotStream)
     programs: list = dataclasses.field(default_factory=list)   # (plan, runtime program) after the rewrite
+    requires_grad: frozenset = frozenset()                      # forward nodes that get a gradient
 
     @property
     def seq_len(self):
@@ -63,6 +65,22 @@ def split_joint(graph: fx.Graph, num_fwd_outputs: int):
     return fwd, bwd, fwd_outs
 
 
+def differentiable(graph: fx.Graph, num_fwd_outputs: int, fwd: list) -> frozenset:
+    """Forward nodes whose gradient the joint computes: primals with a gradient output (not a
+    frozen weight, not an integer input) and floating-point values computed from them."""
+    primals = [n for n in graph.find_nodes(op="placeholder") if n.name.startswith("primals")]
+    grads = list(graph.find_nodes(op="output")[0].args[0])[num_fwd_outputs:]
+    if len(grads) != len(primals):
+        return frozenset(fwd)
+    out = {p for p, g in zip(primals, grads) if g is not None}
+    for n in fwd:
+        v = n.meta.get("val")
+        if n.op == "call_function" and isinstance(v, torch.Tensor) and v.is_floating_point() \
+                and any(x in out for x in n.all_input_nodes):
+            out.add(n)
+    return frozenset(out)
+
+
 def analyze(graph: fx.Graph, num_fwd_outputs: int, real_inputs: dict | None = None) -> Analysis:
     fwd, bwd, fwd_outs = split_joint(graph, num_fwd_outputs)
     sd = infer_axes(graph)
@@ -76,7 +94,8 @@ def analyze(graph: fx.Graph, num_fwd_outputs: int, real_inputs: dict | None = No
     site_nodes = frozenset().union(*(s.nodes for s in sites)) if sites else frozenset()
     classes = {n: sd.classify(n, site_nodes) for n in graph.nodes if n.op in ("call_function", "placeholder", "get_attr")}
     regions = find_regions(fwd, sd, sites, fwd_outs, classes)
-    analysis = Analysis(graph, num_fwd_outputs, fwd, bwd, sd, sites, classes, regions)
+    analysis = Analysis(graph, num_fwd_outputs, fwd, bwd, sd, sites, classes, regions,
+                        requires_grad=differentiable(graph, num_fwd_outputs, fwd))
     _record(analysis, site_nodes)
     return analysis
 
@@ -97,9 +116,9 @@ def decide(a: Analysis, config) -> list:
     for r in a.regions:
         try:
             if r.kind == "head":
-                plans.append(plan_head(r, a.sd, a.classes, config, fwd))
+                plans.append(plan_head(r, a.sd, a.classes, config, fwd, a.requires_grad))
             else:
-                plans.append(plan_layer(r, a.sd, a.classes, config, fwd))
+                plans.append(plan_layer(r, a.sd, a.classes, config, fwd, a.requires_grad))
         except CannotStream as e:
             a.refusals.append((r.name, e))
     a.plans = plans

@@ -44,7 +44,7 @@ class RegionPlan:
                 + (f"; drops {[d.name for d in self.dropped]}" if self.dropped else ""))
 
 
-def plan_head(region, sd, classes, config, fwd: set) -> RegionPlan:
+def plan_head(region, sd, classes, config, fwd: set, requires_grad=None) -> RegionPlan:
     inside = set(region.nodes)
     for n in region.nodes:
         cls = classes[n]
@@ -90,8 +90,8 @@ def plan_head(region, sd, classes, config, fwd: set) -> RegionPlan:
     if len(set(lengths)) != 1:
         raise CannotStream(f"head inputs disagree on the sequence length ({sorted(set(lengths))})")
     T = lengths[0]
-    grad_inputs = [i for i, x in enumerate(region.inputs)
-                   if x.meta["val"].is_floating_point() and x.meta["val"].numel() > 0]
+    grad_inputs = [i for i, x in enumerate(region.inputs) if x.meta["val"].is_floating_point()
+                   and x.meta["val"].numel() > 0 and (requires_grad is None or x in requires_grad)]
     chunk = config.head_chunk_size or _auto_head_chunk(region, sd, T)
     return RegionPlan("head", "head", region.nodes, region.inputs, outputs, dropped, in_specs,
                       out_specs, chunk, T, grad_inputs, sd, region.shared)
@@ -133,7 +133,7 @@ class LayerPlan(RegionPlan):
     unpulled: "LayerPlan | None" = None   # the same plan with its masks as token-by-token inputs
 
 
-def plan_layer(region, sd, classes, config, fwd: set) -> LayerPlan:
+def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> LayerPlan:
     """A layer region streams when all its ops are token-local except one causal attention site."""
     if len(region.attention) != 1:
         raise CannotStream(f"a layer region with {len(region.attention)} attention sites")
@@ -149,13 +149,14 @@ def plan_layer(region, sd, classes, config, fwd: set) -> LayerPlan:
         if cls not in (TOKEN_LOCAL, SEQ_FREE, "causal-mixing"):
             raise CannotStream(f"{cls} op inside a layer", n)
     nodes, inputs, pulled = pull_masks(region, sd)
-    plan = _layer_plan(region, sd, config, site, nodes, inputs, pulled)
+    plan = _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad)
     if pulled.nodes:  # the rewrite uses this one if the masks do not rebuild per chunk
-        plan.unpulled = _layer_plan(region, sd, config, site, region.nodes, region.inputs, PulledMasks())
+        plan.unpulled = _layer_plan(region, sd, config, site, region.nodes, region.inputs, PulledMasks(),
+                                    requires_grad)
     return plan
 
 
-def _layer_plan(region, sd, config, site, nodes, inputs, pulled) -> LayerPlan:
+def _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad=None) -> LayerPlan:
     inside = set(nodes)
     outputs, out_specs = [], []
     for o in region.outputs:
@@ -193,7 +194,8 @@ def _layer_plan(region, sd, config, site, nodes, inputs, pulled) -> LayerPlan:
     T = lengths[0]
     # mask inputs (token-by-token, or the per-token values a mask is built from) get no gradient
     grad_inputs = [i for i, x in enumerate(inputs) if in_specs[i][0] in ("chunk", "whole")
-                   and x not in pulled.frontier and x.meta["val"].is_floating_point() and x.meta["val"].numel() > 0]
+                   and x not in pulled.frontier and x.meta["val"].is_floating_point() and x.meta["val"].numel() > 0
+                   and (requires_grad is None or x in requires_grad)]
     chunk = config.chunk_size or auto_chunk(T)
     return LayerPlan(region.name, "layer", nodes, inputs, outputs, [], in_specs, out_specs,
                      chunk, T, grad_inputs, sd, frozenset(pulled.nodes), site=site,

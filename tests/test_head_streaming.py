@@ -122,6 +122,22 @@ def test_tied_embedding_grads_add_up():
     assert relative_error(run.grads[tied], head_part) > 1e-3  # really the sum, not one part
 
 
+@pytest.mark.parametrize("name", ["qwen3_sdpa", "tiny_llama"])
+def test_frozen_lm_head_gets_no_gradient_buffer(name):
+    """A frozen LM head (requires_grad=False): the head region computes no gradient for its
+    weight, so no fp32 accumulation buffer of V x hidden exists; every other gradient is exact."""
+    model, make_inputs = zoo.ZOO[name]()
+    model.lm_head.weight.requires_grad_(False)
+    inputs = make_inputs("prompt")
+    run = parity(model, inputs, 4)
+    assert run.model.lm_head.weight.grad is None and run.ref_model.lm_head.weight.grad is None
+    weight = model.lm_head.weight.numel()
+    for prog in run.programs_named("head"):
+        sizes = [prog.full_gm.graph.find_nodes(op="placeholder")[i].meta["val"].numel() for i in prog.grad_inputs]
+        assert weight not in sizes, f"the frozen weight gets a gradient buffer: {sizes}"
+        assert prog.grad_inputs, "the hidden states still need their gradient"
+
+
 # ---- what a chunk holds ---------------------------------------------------------------------------
 def test_chunk_graph_holds_at_most_chunk_logits():
     """Walk explain()'s head plan and the chunk graph it registered: no value of the chunk graph
