@@ -310,10 +310,18 @@ def _frontier_role(x, user, sd):
     return out_roles[j], seq[0]
 
 
+AUTO_CHUNK_MIN, AUTO_CHUNK_MAX = 64, 512
+
+
 def auto_chunk(T: int) -> int:
-    """Automatic layer chunk: a quarter of the sequence, at least 64 tokens. Fewer, larger chunks
-    run faster (the paper uses T/3); smaller chunks lower the per-chunk working set."""
-    return min(T, max(64, -(-T // 4)))
+    """Automatic layer chunk: a quarter of the sequence, clamped to [64, 512] tokens.
+
+    Larger chunks run faster (fewer, larger matmuls; less per-chunk work that scales with the
+    key prefix: building the chunk's mask, repeating grouped K/V heads, zeroing dK/dV), which is
+    why the paper uses T/3. Smaller chunks use less memory, and a chunk's working set grows
+    with chunk x prefix (its mask, its attention gradients), so past 4 x 512 tokens the chunk
+    stays at 512: memory per token stays flat as T grows."""
+    return min(T, max(AUTO_CHUNK_MIN, min(AUTO_CHUNK_MAX, -(-T // 4))))
 
 
 def _ancestors_within(targets, inside: set) -> set:
