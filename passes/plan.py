@@ -212,7 +212,7 @@ KV_VIEW_OPS = {aten.unsqueeze.default, aten.expand.default, aten.clone.default, 
 def kv_boundary(node, inside: set, sd):
     """Where the K/V graph stops for the attention's keys (or values) ``node``: walking back
     through views and copies (GQA's repeat_kv is unsqueeze, expand, clone, view), the narrowest
-    tensor of the walk. The full-length K/V buffers, their fp32 gradients and each chunk's prefix
+    tensor of the walk (the earliest of equal ones). The full-length K/V buffers, their fp32 gradients and each chunk's prefix
     then hold only the distinct key/value heads; the query graph repeats them per chunk.
     Returns (boundary, nodes after it up to ``node``: the key side of the query graph)."""
     walk, cur = [node], node
@@ -224,7 +224,7 @@ def kv_boundary(node, inside: set, sd):
             break
         walk.append(x)
         cur = x
-    best = min(range(len(walk)), key=lambda i: (walk[i].meta["val"].numel(), i))
+    best = min(range(len(walk)), key=lambda i: (walk[i].meta["val"].numel(), -i))  # ties: the earliest
     return walk[best], frozenset(walk[:best])
 
 

@@ -121,6 +121,7 @@ def layer_program(plan, codegen: str) -> LayerProgram:
     q = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, plan, extra=kv_out, key_side=plan.key_side)
     if site.kind.startswith("sdpa"):
         _lower_right_causal(q, site)
+        _grouped_kv_in_place(q)
     c = min(plan.chunk_size, plan.length)
     _check_chunk_graph(plan, kv, c)
     _check_chunk_graph(plan, q, c, prefix=kv_out)
@@ -166,6 +167,51 @@ def _lower_right_causal(gm: fx.GraphModule, site) -> None:
     kwargs[mask_key] = mask
     node.args, node.kwargs = tuple(args), kwargs
     gm.recompile()
+
+
+GQA_SDPA = {aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+
+def _grouped_kv_in_place(gm: fx.GraphModule) -> None:
+    """Fused CPU attention takes grouped K/V heads as they are (query head h reads K/V head
+    h // n_rep): drop the repeat (unsqueeze, expand, clone, view) in front of the attention, so
+    no chunk copies the K/V prefix n_rep times or sums its gradient back."""
+    node = next((n for n in gm.graph.nodes if n.op == "call_function" and n.target in GQA_SDPA), None)
+    if node is None:
+        return
+    args = list(node.args)
+    for pos in (1, 2):
+        base = _head_repeat_base(args[pos])
+        if base is not None:
+            args[pos] = base
+    if args != list(node.args):
+        node.args = tuple(args)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+
+
+def _head_repeat_base(x):
+    """The [B, KV, L, D] tensor ``x`` repeats the way HF's repeat_kv does it (unsqueeze(2),
+    expand over the new dim, optional clone, view/reshape merging dims 1 and 2), or None."""
+    def skip(n):
+        while isinstance(n, fx.Node) and n.op == "call_function" and n.target in (aten.clone.default, aten.alias.default):
+            n = n.args[0]
+        return n
+
+    x = skip(x)
+    if not (isinstance(x, fx.Node) and x.target in (aten.view.default, aten._unsafe_view.default, aten.reshape.default)):
+        return None
+    e = skip(x.args[0])
+    if not (isinstance(e, fx.Node) and e.target is aten.expand.default):
+        return None
+    u = e.args[0]
+    if not (isinstance(u, fx.Node) and u.target is aten.unsqueeze.default and u.args[1] == 2):
+        return None
+    base = u.args[0]
+    v, out = base.meta.get("val"), x.meta.get("val")
+    if not (isinstance(v, torch.Tensor) and isinstance(out, torch.Tensor) and v.dim() == 4 and out.dim() == 4):
+        return None
+    return base
 
 
 def _check_chunk_graph(plan, chunk_gm, chunk_len, prefix=()) -> None:

@@ -95,6 +95,25 @@ def test_hf_masks_are_built_per_chunk(name, pad):
                     assert tuple(v.shape).count(T) <= 1, f"{n.format_node()} holds {tuple(v.shape)}"
 
 
+def test_grouped_kv_heads_are_not_repeated_per_chunk():
+    """GQA (4 query heads, 2 K/V heads): the K/V buffers hold 2 heads and the chunk's fused CPU
+    attention reads them as they are, with no repeated [B, 4, e, D] copy of the prefix."""
+    T = 24
+    model, make_inputs = zoo.qwen3_sdpa()
+    inputs = make_inputs(zoo.Case("t", 2, T, pad="left"))
+    report = streamfx.explain(model, *inputs.args, options={"chunk_size": 5}, **inputs.kwargs)
+    layers = [prog for a in report.analyses for p, prog in a.programs if p.kind == "layer"]
+    assert len(layers) == zoo.LAYERS
+    for prog in layers:
+        kv = [n.meta["val"] for n in prog.kv_gm.graph.find_nodes(op="output")[0].args[0]]
+        # per token of a chunk of 5: B=2 rows of KV_HEADS x HEAD_DIM values each, for K and for V
+        assert [v.numel() // 5 for v in kv] == [2 * zoo.KV_HEADS * zoo.HEAD_DIM] * 2, kv
+        sdpa = [n for n in prog.chunk_gm.graph.nodes if n.op == "call_function" and "attention" in str(n.target)]
+        assert len(sdpa) == 1
+        for x in sdpa[0].args[1:3]:
+            assert x.meta["val"].shape[1] == zoo.KV_HEADS, x.format_node()
+
+
 @pytest.mark.parametrize("name", ["qwen3_sdpa", "llama_tied", "mistral_sliding"])
 def test_packed_documents_stream_exactly(name):
     """Documents packed into one row (position_ids restart at 0, no attention mask): Hugging Face
