@@ -212,8 +212,9 @@ KV_VIEW_OPS = {aten.unsqueeze.default, aten.expand.default, aten.clone.default, 
 def kv_boundary(node, inside: set, sd):
     """Where the K/V graph stops for the attention's keys (or values) ``node``: walking back
     through views and copies (GQA's repeat_kv is unsqueeze, expand, clone, view), the narrowest
-    tensor of the walk (the earliest of equal ones). The full-length K/V buffers, their fp32 gradients and each chunk's prefix
-    then hold only the distinct key/value heads; the query graph repeats them per chunk.
+    tensor of the walk, the earliest of equal ones. The full-length K/V buffers, their fp32
+    gradients and each chunk's prefix then hold only the distinct key/value heads; the query
+    graph applies the rest of the walk per chunk (fused CPU attention skips the repeat).
     Returns (boundary, nodes after it up to ``node``: the key side of the query graph)."""
     walk, cur = [node], node
     while cur.op == "call_function" and cur.target in KV_VIEW_OPS:
@@ -224,7 +225,7 @@ def kv_boundary(node, inside: set, sd):
             break
         walk.append(x)
         cur = x
-    best = min(range(len(walk)), key=lambda i: (walk[i].meta["val"].numel(), -i))  # ties: the earliest
+    best = min(range(len(walk)), key=lambda i: (walk[i].meta["val"].numel(), -i))
     return walk[best], frozenset(walk[:best])
 
 
