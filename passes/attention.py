@@ -207,7 +207,7 @@ def _classify_mask(site: AttentionSite, graph_inputs: dict) -> None:
     nodes = _ancestors(site.mask)
     user_inputs = [n for n in nodes if n.op == "placeholder" and n not in graph_inputs]
     token_inputs = [n for n in nodes if n in graph_inputs and _is_token_data(graph_inputs[n])]
-    structural = {n: (_neutral_like(v) if n in token_inputs else v) for n, v in graph_inputs.items()}
+    structural = {n: (_neutral(v, v) if n in token_inputs else v) for n, v in graph_inputs.items()}
     if site.mask_user is not None:
         # apply the mask to zero scores: the result is additive whatever the mask's convention
         preset = {x: torch.zeros(tuple(int(d) for d in x.meta["val"].shape), dtype=x.meta["val"].dtype)
@@ -255,13 +255,6 @@ def _is_token_data(v) -> bool:
     return isinstance(v, torch.Tensor) and v.dim() <= 2 and (v.dtype == torch.bool or not v.is_floating_point())
 
 
-def _neutral_like(v: torch.Tensor) -> torch.Tensor:
-    """Every token present (flags all 1) or one document (positions 0..T-1 in every row)."""
-    if _is_positions(v):
-        return torch.arange(v.shape[-1], dtype=v.dtype).expand(v.shape).contiguous()
-    return torch.ones_like(v)
-
-
 def _is_positions(v) -> bool:
     """Position ids: integers that are not all 0/1 flags."""
     return v.dtype != torch.bool and v.numel() > 0 and bool(((v != 0) & (v != 1)).any())
@@ -304,10 +297,13 @@ def _run(target, nodes, graph_inputs, env):
         return value if type(value) is torch.Tensor else None
 
 
-def _neutral(val):
-    """A neutral concrete value for a user input: ones (attention mask), arange (positions)."""
+def _neutral(val, real: torch.Tensor | None = None):
+    """A neutral concrete value for a per-token input: every token present (flags all 1) or one
+    document (positions 0..T-1 in every row). With its ``real`` value the kind is read from the
+    values; without, an integer input is taken for positions."""
     shp = [int(s) for s in val.shape]
-    if val.dtype in (torch.int64, torch.int32) and shp:
+    positions = _is_positions(real) if real is not None else val.dtype in (torch.int64, torch.int32)
+    if positions and shp:
         return torch.arange(shp[-1], dtype=val.dtype).expand(shp).contiguous()
     return torch.ones(shp, dtype=val.dtype)
 

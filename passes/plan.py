@@ -36,11 +36,15 @@ class RegionPlan:
     sd: object
     shared: frozenset = frozenset()   # nodes computed inside the region and also outside it
 
+    @property
+    def saved(self) -> list:
+        """Per-token inputs the region keeps for its backward (those it slices per chunk)."""
+        return [x for x, (k, _) in zip(self.inputs, self.in_specs) if k != "whole"]
+
     def describe(self) -> str:
         n_chunks = -(-self.length // self.chunk_size)
-        saved = [x.name for x, (k, _) in zip(self.inputs, self.in_specs) if k != "whole"]
         return (f"{self.name}: {n_chunks} chunk(s) of {self.chunk_size} tokens (T={self.length}); "
-                f"saves {saved}; outputs {[f'{o.name}:{k}' for o, (k, _) in zip(self.outputs, self.out_specs)]}"
+                f"saves {[x.name for x in self.saved]}; outputs {[f'{o.name}:{k}' for o, (k, _) in zip(self.outputs, self.out_specs)]}"
                 + (f"; drops {[d.name for d in self.dropped]}" if self.dropped else ""))
 
 

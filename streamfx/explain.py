@@ -80,9 +80,7 @@ def build_report(analyses) -> Report:
             if any(n in r.nodes for r in a.regions):
                 refusals.append((op_name(n), f"mixes tokens other than causal attention{source_line(n)}"))
         for p in a.plans:
-            for x, (k, _) in zip(p.inputs, p.in_specs):
-                if k != "whole":
-                    saved.append(x.name)
+            saved += [x.name for x in p.saved]
             peak += _chunk_peak(p)
     return Report([a.seq_len for a in analyses], sites, regions, plans, refusals, classes, saved, peak, analyses)
 

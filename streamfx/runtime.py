@@ -230,14 +230,17 @@ class LayerProgram(RegionProgram):
     kv_dims: tuple = (None, None)
 
     def keys_values(self, inputs, fn_kv):
+        """Run the K/V graph chunk by chunk into full-length buffers; yields (s, e, the chunk's
+        inputs, (K, V)) after each chunk's rows are written."""
         bufs = None
         for s, e in self.bounds(inputs):
-            k, v = fn_kv(*self.chunk_inputs(inputs, s, e))
+            xs = self.chunk_inputs(inputs, s, e)
+            k, v = fn_kv(*xs)
             if bufs is None:
                 bufs = [seq_major_empty(t, d, self.length(inputs)) for t, d in zip((k, v), self.kv_dims)]
             for buf, t, d in zip(bufs, (k, v), self.kv_dims):
                 buf.narrow(d, s, e - s).copy_(t)
-            yield s, e, bufs
+            yield s, e, xs, bufs
 
     def prefix(self, K, V, e):
         """Keys and values [0, e): views of the sequence-major buffers, no copy."""
@@ -248,10 +251,10 @@ class LayerProgram(RegionProgram):
         fn, fn_kv, T = None, self.fn(self.kv_gm, inputs=inputs, train=False), self.length(inputs)
         result = [None] * len(self.out_specs)
         with torch.no_grad():
-            for s, e, (K, V) in self.keys_values(inputs, fn_kv):
+            for s, e, xs, (K, V) in self.keys_values(inputs, fn_kv):
                 COUNTERS["chunks_forward"] += 1
                 fn = fn or self.fn(inputs=inputs, prefix=[(K, self.kv_dims[0]), (V, self.kv_dims[1])], train=False)
-                outs = fn(*self.chunk_inputs(inputs, s, e), *self.prefix(K, V, e))
+                outs = fn(*xs, *self.prefix(K, V, e))
                 for j, (o, (_, d)) in enumerate(zip(outs, self.out_specs)):
                     _put_rows(result, j, o, d, s, e, T)
         return result
@@ -259,7 +262,7 @@ class LayerProgram(RegionProgram):
     def backward(self, inputs, grads):
         COUNTERS["region_backward"] += 1
         with torch.no_grad():
-            for _, _, (K, V) in self.keys_values(inputs, self.fn(self.kv_gm, inputs=inputs, train=False)):
+            for _, _, _, (K, V) in self.keys_values(inputs, self.fn(self.kv_gm, inputs=inputs, train=False)):
                 pass
         fn_kv = self.fn(self.kv_gm, inputs=inputs)
         fn = self.fn(inputs=inputs, prefix=[(K, self.kv_dims[0]), (V, self.kv_dims[1])])
@@ -270,7 +273,8 @@ class LayerProgram(RegionProgram):
         for s, e in reversed(self.bounds(inputs)):
             COUNTERS["chunks_backward"] += 1
             with autograd_inside_op(), torch.enable_grad():
-                xs = self._leaves(self.chunk_inputs(inputs, s, e))
+                sliced = self.chunk_inputs(inputs, s, e)
+                xs = self._leaves(sliced)
                 Kp, Vp = (t.detach().requires_grad_(True) for t in self.prefix(K, V, e))
                 outs = fn(*xs, Kp, Vp)
                 pairs = [(o, g.narrow(d, s, e - s)) for o, g, (_, d) in zip(outs, grads, self.out_specs)
@@ -282,7 +286,7 @@ class LayerProgram(RegionProgram):
                     if g is not None:
                         buf.narrow(d, 0, e).add_(g)
                 # rows [s, e) of dK/dV are final: push them through the K/V producers now
-                xs = self._leaves(self.chunk_inputs(inputs, s, e))
+                xs = self._leaves(sliced)
                 k, v = fn_kv(*xs)
                 got = torch.autograd.grad([k, v], [xs[i] for i in self.grad_inputs],
                                           [dK.narrow(dk, s, e - s).to(k.dtype), dV.narrow(dv, s, e - s).to(v.dtype)],
