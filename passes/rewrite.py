@@ -37,13 +37,14 @@ def region_graphs(plan, sd, chunk_len: int):
     return full, chunk
 
 
-def build_graph(inputs, nodes, outputs, sd, plan, extra=(), key_side=frozenset()):
+def build_graph(inputs, nodes, outputs, sd, plan, extra=(), key_side=frozenset(), mark=None):
     """Copy ``nodes`` into a new GraphModule with ``inputs`` (then ``extra`` nodes) as placeholders.
 
     With a ``plan``, sizes that scale with the sequence are rewritten: a query-sequence dim gets
     the chunk length (read from the first chunked input), a key-sequence dim the prefix length
     (read from the first ``extra`` placeholder, the keys), so one graph serves every chunk.
     Nodes in ``key_side`` compute from the keys/values alone: their sequence dim is the prefix.
+    The copy of node ``mark`` gets ``meta["streamfx_mask"]``.
     """
     g, env = fx.Graph(), {}
     for i, x in enumerate(list(inputs) + list(extra)):
@@ -67,6 +68,8 @@ def build_graph(inputs, nodes, outputs, sd, plan, extra=(), key_side=frozenset()
             _patch_sizes(new, n, sd, plan.length, lengths, n in key_side)
             new.meta["streamfx_pass"] = PASS
         env[n] = new
+    if mark is not None and mark in env:
+        env[mark].meta["streamfx_mask"] = True
     g.output(tuple(env[o] for o in outputs))
     g.eliminate_dead_code()
     _canonical_names(g)
@@ -118,15 +121,20 @@ def layer_program(plan, codegen: str) -> LayerProgram:
     full = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, None)
     kv_out = plan.kv_outputs
     kv = build_graph(plan.inputs, plan.kv_nodes, list(kv_out), sd, plan)
-    q = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, plan, extra=kv_out, key_side=plan.key_side)
+    masked = site.mask_user if site.mask_user is not None else site.mask
+    q = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, plan, extra=kv_out, key_side=plan.key_side,
+                    mark=masked)
     if site.kind.startswith("sdpa"):
         _lower_right_causal(q, site)
         _grouped_kv_in_place(q)
+    row_check = _check_rows_see_a_key(q, fused=site.kind.startswith("sdpa"))
     c = min(plan.chunk_size, plan.length)
     _check_chunk_graph(plan, kv, c)
     _check_chunk_graph(plan, q, c, prefix=kv_out)
+    # a sliding window of W keys: a chunk [s, e) reads keys from max(0, s - W + 1) on
+    window = site.window if "sliding-window" in site.mask_kind else None
     return LayerProgram(plan.name, q, full, plan.in_specs, plan.out_specs, plan.chunk_size,
-                        plan.grad_inputs, codegen, kv_gm=kv,
+                        plan.grad_inputs, codegen, window=window, row_check=row_check, kv_gm=kv,
                         kv_dims=(sd.seq_dim(kv_out[0]), sd.seq_dim(kv_out[1])))
 
 
@@ -167,6 +175,38 @@ def _lower_right_causal(gm: fx.GraphModule, site) -> None:
     kwargs[mask_key] = mask
     node.args, node.kwargs = tuple(args), kwargs
     gm.recompile()
+
+
+def _check_rows_see_a_key(gm: fx.GraphModule, fused: bool) -> bool:
+    """Make the query graph also return whether every query row of the chunk sees a key.
+
+    A row whose keys are all masked with a finite value (HF's eager attention adds finfo.min; a
+    left-padded row's own query) gets softmax weights 1/L over all L keys the full attention
+    has, including keys after it: its output needs every key of the sequence, not just the
+    chunk's prefix. The runtime runs such a chunk against all keys (see ``LayerProgram``).
+    Fused attention with a boolean mask gives such rows zeros whatever the keys: no check.
+    ``node`` is the mask (fused attention) or the scores with the mask applied (unfused).
+    Returns False when the graph needs no check."""
+    node = next((n for n in gm.graph.nodes if n.meta.get("streamfx_mask")), None)
+    v = node.meta.get("val") if node is not None else None
+    if not isinstance(v, torch.Tensor):
+        return False
+    if v.dtype == torch.bool and fused:
+        return False
+    g = gm.graph
+    out = g.find_nodes(op="output")[0]
+    with g.inserting_before(out):
+        if v.dtype == torch.bool:
+            seen = g.call_function(aten.any.dim, (node, -1))
+        else:  # a row that sees no key and is masked with -inf gives zeros (fused) or NaN anyway
+            allowed = g.call_function(aten.gt.Scalar, (node, torch.finfo(v.dtype).min / 2))
+            seen = g.call_function(aten.logical_or.default, (
+                g.call_function(aten.any.dim, (allowed, -1)),
+                g.call_function(aten.all.dim, (g.call_function(aten.eq.Scalar, (node, float("-inf"))), -1))))
+        every = g.call_function(aten.all.default, (seen,))
+    out.args = (tuple(out.args[0]) + (every,),)
+    gm.recompile()
+    return True
 
 
 GQA_SDPA = {aten._scaled_dot_product_flash_attention_for_cpu.default}

@@ -3,7 +3,8 @@
 A ``RegionProgram`` holds one region's chunk graph (the region instantiated for a chunk of
 tokens) and how its inputs are sliced and its outputs put together:
   input  spec ("chunk", d): sliced along dim d;   ("whole", None): passed as is (parameters...)
-               ("prefix", d): the key prefix [0, e) along d;  ("qk", (dq, dk)): both
+               ("prefix", d): the keys [lo, e) along d;  ("qk", (dq, dk)): both
+  (lo is 0, or for a sliding window of W keys max(0, s - W + 1): the first key a query sees)
   output spec ("cat", d):   chunks concatenated;  ("sum", None): chunk results summed (fp32)
 Forward runs the chunks in order without grad; backward runs them in reverse, recomputing each
 chunk with grad and calling autograd on it, so only one chunk's activations exist at a time.
@@ -41,6 +42,7 @@ class RegionProgram:
     grad_inputs: list                 # indices of inputs that get a gradient
     codegen: str = "eager"
     key: int = -1
+    window: int | None = None         # sliding window: a query at t sees keys (t - window, t]
 
     def register(self) -> int:
         self.key = next(_ids)
@@ -58,8 +60,13 @@ class RegionProgram:
         T, c = self.length(inputs), self.chunk_size
         return [(s, min(s + c, T)) for s in range(0, T, c)]
 
+    def key_start(self, s: int) -> int:
+        """First key any query of a chunk starting at ``s`` can see."""
+        return max(0, s - self.window + 1) if self.window else 0
+
     def chunk_inputs(self, inputs, s, e):
-        return [slice_input(x, spec, s, e) for x, spec in zip(inputs, self.in_specs)]
+        lo = self.key_start(s)
+        return [slice_input(x, spec, s, e, lo) for x, spec in zip(inputs, self.in_specs)]
 
     def fn(self, gm: fx.GraphModule | None = None, inputs=None, prefix=(), train: bool = True) -> Callable:
         """The chunk graph (or ``gm``) as run: itself, or compiled by Inductor once per distinct
@@ -133,7 +140,9 @@ class RegionProgram:
             xs[i].requires_grad_(True)
         return xs
 
-    def _accumulate(self, acc, got, s, e):
+    def _accumulate(self, acc, got, s, e, lo=None, ke=None):
+        lo = self.key_start(s) if lo is None else lo
+        ke = e if ke is None else ke
         for i, g in zip(self.grad_inputs, got):
             if g is None:
                 continue
@@ -142,7 +151,7 @@ class RegionProgram:
                 acc[i].narrow(d, s, e - s).add_(g)
             elif kind == "qk":
                 dq, dk = d
-                acc[i].narrow(dq, s, e - s).narrow(dk, 0, e).add_(g)
+                acc[i].narrow(dq, s, e - s).narrow(dk, lo, ke - lo).add_(g)
             else:
                 acc[i].add_(g)
 
@@ -156,10 +165,12 @@ def _put_rows(result: list, j: int, o: torch.Tensor, d: int, s: int, e: int, T: 
 def compile_chunk_graph(gm: fx.GraphModule, prog: "RegionProgram", inputs, prefix, train: bool = True) -> Callable:
     """Inductor-compile a chunk graph for every chunk length c and prefix length e at once.
 
-    Sample inputs take c and e (> c) as sizes, in a fresh ShapeEnv without duck sizing, and only
-    the sequence dims are dynamic, so the compiled code assumes nothing about c, e but their
-    role. With ``train``, inputs that get gradients require grad, so AOTAutograd also compiles
-    the backward; without, the graph is compiled for inference.
+    Sample inputs take c and e = 2c + 1 as sizes and only the sequence dims are dynamic, so the
+    compiled code assumes nothing about c, e but their role. Duck sizing gives every chunk dim
+    one symbol and every prefix dim another: the backward then reads the chunk length from any
+    saved tensor (with one symbol per input, a flattened [B * c] label chunk would carry a
+    size whose symbol no input provides). With ``train``, inputs that get gradients require
+    grad, so AOTAutograd also compiles the backward; without, the graph is compiled for inference.
     """
     from torch._inductor.compile_fx import compile_fx
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -167,8 +178,8 @@ def compile_chunk_graph(gm: fx.GraphModule, prog: "RegionProgram", inputs, prefi
 
     T = prog.length(inputs)
     c = max(2, min(prog.chunk_size, T))
-    e = min(T, 2 * c + 1) if prefix else c
-    mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=False))
+    e = 2 * c + 1
+    mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=True))
     samples, dynamic = [], []
     for i, (x, (kind, d)) in enumerate(zip(inputs, prog.in_specs)):
         shape, dyn = list(x.shape), set()
@@ -187,7 +198,7 @@ def compile_chunk_graph(gm: fx.GraphModule, prog: "RegionProgram", inputs, prefi
                         {d}, train))
     fakes = []
     for t, dyn, grad in samples:
-        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if k in dyn else DimDynamic.STATIC
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DUCK if k in dyn else DimDynamic.STATIC
                                                       for k in range(t.dim())])
         f = mode.from_tensor(t.requires_grad_(grad and t.is_floating_point()), symbolic_context=ctx)
         fakes.append(f)
@@ -199,35 +210,49 @@ def compile_chunk_graph(gm: fx.GraphModule, prog: "RegionProgram", inputs, prefi
         return compile_fx(gm, fakes)
 
 
-def slice_input(x: torch.Tensor, spec, s: int, e: int) -> torch.Tensor:
-    """The part of a region input a chunk [s, e) reads: its rows ("chunk"), the key prefix [0, e)
-    of a per-key input ("prefix": key positions, padding flags), or for a token-by-token input
-    (a mask) its rows [s, e) against the key prefix [0, e) ("qk")."""
+def slice_input(x: torch.Tensor, spec, s: int, e: int, lo: int = 0, ke: int | None = None) -> torch.Tensor:
+    """The part of a region input a chunk [s, e) reads: its rows ("chunk"), the keys [lo, ke) of
+    a per-key input ("prefix": key positions, padding flags), or for a token-by-token input (a
+    mask) its rows [s, e) against the keys [lo, ke) ("qk"). ``ke`` defaults to e."""
     kind, d = spec
+    ke = e if ke is None else ke
     if kind == "chunk":
         return x.narrow(d, s, e - s).contiguous()
     if kind == "prefix":
-        return x.narrow(d, 0, e).contiguous()
+        return x.narrow(d, lo, ke - lo).contiguous()
     if kind == "qk":
         dq, dk = d
-        return x.narrow(dq, s, e - s).narrow(dk, 0, e).contiguous()
+        return x.narrow(dq, s, e - s).narrow(dk, lo, ke - lo).contiguous()
     return x
 
 
 @dataclasses.dataclass
 class LayerProgram(RegionProgram):
     """A transformer layer: ``kv_gm`` gives a chunk's keys and values, ``chunk_gm`` a chunk's
-    output from its queries and the key/value prefix [0, e).
+    output from its queries and the keys/values [lo, e) (lo = 0 unless a sliding window hides
+    the keys before it).
 
     Forward: chunks in order; keys/values are written into full-length buffers as they come.
     Backward: keys/values for the whole sequence once; chunks in reverse: recompute the chunk,
-    backward it, accumulate dK/dV over the prefix in fp32 and the parameter gradients; rows
+    backward it, accumulate dK/dV over its keys in fp32 and the parameter gradients; rows
     [s, e) of dK/dV are then final, so they go back through the K/V producers at once and the
     chunk's input gradient is complete.
+
+    With ``row_check`` the query graph also returns whether every query row saw a key. A chunk
+    with a row that saw none (all its keys masked with a finite value: the full attention
+    averages such a row over every key of the sequence) is "wide": it runs against all T keys.
+    The forward returns which chunks were wide; the backward runs those first, so every chunk
+    that reaches dK/dV rows [s, e) has run before those rows are pushed through the K/V
+    producers.
     """
 
     kv_gm: fx.GraphModule | None = None
     kv_dims: tuple = (None, None)
+    row_check: bool = False
+
+    def keys(self, s: int, e: int, T: int, wide: bool = False) -> tuple[int, int]:
+        """Key range [lo, ke) of chunk [s, e): all T keys for a wide chunk."""
+        return (0, T) if wide else (self.key_start(s), e)
 
     def keys_values(self, inputs, fn_kv):
         """Run the K/V graph chunk by chunk into full-length buffers; yields (s, e, the chunk's
@@ -242,24 +267,45 @@ class LayerProgram(RegionProgram):
                 buf.narrow(d, s, e - s).copy_(t)
             yield s, e, xs, bufs
 
-    def prefix(self, K, V, e):
-        """Keys and values [0, e): views of the sequence-major buffers, no copy."""
-        return K.narrow(self.kv_dims[0], 0, e), V.narrow(self.kv_dims[1], 0, e)
+    def slices(self, inputs, s, e, lo, ke):
+        """The chunk's inputs with the keys [lo, ke)."""
+        return [slice_input(x, spec, s, e, lo, ke) for x, spec in zip(inputs, self.in_specs)]
+
+    def prefix(self, K, V, lo, ke):
+        """Keys and values [lo, ke): views of the sequence-major buffers, no copy."""
+        return K.narrow(self.kv_dims[0], lo, ke - lo), V.narrow(self.kv_dims[1], lo, ke - lo)
 
     def forward(self, inputs):
         COUNTERS["region_forward"] += 1
         fn, fn_kv, T = None, self.fn(self.kv_gm, inputs=inputs, train=False), self.length(inputs)
+        bounds = self.bounds(inputs)
         result = [None] * len(self.out_specs)
+        wide = torch.zeros(len(bounds), dtype=torch.bool)
+        kv, done, K, V, xs = self.keys_values(inputs, fn_kv), 0, None, None, None
+
+        def written_up_to(end):
+            nonlocal done, K, V, xs
+            while done < end:
+                _, done, xs, (K, V) = next(kv)
+
         with torch.no_grad():
-            for s, e, xs, (K, V) in self.keys_values(inputs, fn_kv):
+            for i, (s, e) in enumerate(bounds):
                 COUNTERS["chunks_forward"] += 1
+                written_up_to(e)
                 fn = fn or self.fn(inputs=inputs, prefix=[(K, self.kv_dims[0]), (V, self.kv_dims[1])], train=False)
-                outs = fn(*xs, *self.prefix(K, V, e))
+                lo, ke = self.keys(s, e, T)
+                chunk = xs if done == e else self.slices(inputs, s, e, lo, ke)
+                outs = fn(*chunk, *self.prefix(K, V, lo, ke))
+                if self.row_check and not bool(outs[-1]):
+                    written_up_to(T)
+                    wide[i] = True
+                    outs = fn(*self.slices(inputs, s, e, 0, T), *self.prefix(K, V, 0, T))
                 for j, (o, (_, d)) in enumerate(zip(outs, self.out_specs)):
                     _put_rows(result, j, o, d, s, e, T)
-        return result
+            written_up_to(T)  # (a generator left unfinished would hold its buffers)
+        return result + ([wide] if self.row_check else [])
 
-    def backward(self, inputs, grads):
+    def backward(self, inputs, grads, wide=None):
         COUNTERS["region_backward"] += 1
         with torch.no_grad():
             for _, _, _, (K, V) in self.keys_values(inputs, self.fn(self.kv_gm, inputs=inputs, train=False)):
@@ -269,30 +315,47 @@ class LayerProgram(RegionProgram):
         dK = torch.zeros_like(K, dtype=torch.float32)
         dV = torch.zeros_like(V, dtype=torch.float32)
         acc = self._grad_buffers(inputs)
+        bounds, T = self.bounds(inputs), self.length(inputs)
+        wide = [bool(w) for w in wide.tolist()] if wide is not None else [False] * len(bounds)
+        # wide chunks first: their dK/dV reach rows after them
+        for (s, e), w in zip(bounds, wide):
+            if w:
+                self._query_backward(fn, inputs, grads, K, V, dK, dV, acc, s, e, 0, T)
         dk, dv = self.kv_dims
-        for s, e in reversed(self.bounds(inputs)):
+        for (s, e), w in reversed(list(zip(bounds, wide))):
             COUNTERS["chunks_backward"] += 1
+            sliced = None
+            if not w:
+                sliced = self._query_backward(fn, inputs, grads, K, V, dK, dV, acc, s, e, *self.keys(s, e, T))
+            # rows [s, e) of dK/dV are final: push them through the K/V producers now
             with autograd_inside_op(), torch.enable_grad():
-                sliced = self.chunk_inputs(inputs, s, e)
-                xs = self._leaves(sliced)
-                Kp, Vp = (t.detach().requires_grad_(True) for t in self.prefix(K, V, e))
-                outs = fn(*xs, Kp, Vp)
-                pairs = [(o, g.narrow(d, s, e - s)) for o, g, (_, d) in zip(outs, grads, self.out_specs)
-                         if g is not None and o.requires_grad]
-                wrt = [xs[i] for i in self.grad_inputs] + [Kp, Vp]
-                got = torch.autograd.grad([p[0] for p in pairs], wrt, [p[1] for p in pairs], allow_unused=True)
-                self._accumulate(acc, got[:-2], s, e)
-                for buf, g, d in ((dK, got[-2], dk), (dV, got[-1], dv)):
-                    if g is not None:
-                        buf.narrow(d, 0, e).add_(g)
-                # rows [s, e) of dK/dV are final: push them through the K/V producers now
-                xs = self._leaves(sliced)
+                xs = self._leaves(sliced if sliced is not None else self.chunk_inputs(inputs, s, e))
                 k, v = fn_kv(*xs)
                 got = torch.autograd.grad([k, v], [xs[i] for i in self.grad_inputs],
                                           [dK.narrow(dk, s, e - s).to(k.dtype), dV.narrow(dv, s, e - s).to(v.dtype)],
                                           allow_unused=True)
-                self._accumulate(acc, got, s, e)
+            self._accumulate(acc, got, s, e)
         return [acc[i].to(inputs[i].dtype) for i in self.grad_inputs]
+
+    def _query_backward(self, fn, inputs, grads, K, V, dK, dV, acc, s, e, lo, ke):
+        """Recompute chunk [s, e) against keys [lo, ke), backward it; accumulate the parameter
+        and chunk input gradients and dK/dV over [lo, ke). Returns the chunk's sliced inputs."""
+        with autograd_inside_op(), torch.enable_grad():
+            sliced = self.slices(inputs, s, e, lo, ke)
+            xs = self._leaves(sliced)
+            Kp, Vp = (t.detach().requires_grad_(True) for t in self.prefix(K, V, lo, ke))
+            outs = fn(*xs, Kp, Vp)
+            pairs = [(o, g.narrow(d, s, e - s)) for o, g, (_, d) in zip(outs, grads, self.out_specs)
+                     if g is not None and o.requires_grad]
+            if not pairs:
+                return sliced
+            wrt = [xs[i] for i in self.grad_inputs] + [Kp, Vp]
+            got = torch.autograd.grad([p[0] for p in pairs], wrt, [p[1] for p in pairs], allow_unused=True)
+        self._accumulate(acc, got[:-2], s, e, lo, ke)
+        for buf, g, d in ((dK, got[-2], self.kv_dims[0]), (dV, got[-1], self.kv_dims[1])):
+            if g is not None:
+                buf.narrow(d, lo, ke - lo).add_(g)
+        return sliced
 
 
 def _full_like_along(t: torch.Tensor, d: int, length: int) -> torch.Tensor:
@@ -336,35 +399,45 @@ def region(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 @region.register_fake
 def _region_fake(key, inputs):
     prog = _PROGRAMS[key]
-    outs = prog.full_gm(*inputs)
-    return [o.clone() if o is not None else o for o in outs]
+    outs = [o.clone() if o is not None else o for o in prog.full_gm(*inputs)]
+    if getattr(prog, "row_check", False):  # which chunks ran against every key
+        outs.append(inputs[0].new_empty(len(prog.bounds(inputs)), dtype=torch.bool))
+    return outs
 
 
 @torch.library.custom_op("streamfx::region_backward", mutates_args=())
 def region_backward(key: int, inputs: list[torch.Tensor], grads: list[torch.Tensor],
-                    present: list[bool]) -> list[torch.Tensor]:
+                    present: list[bool], wide: torch.Tensor | None = None) -> list[torch.Tensor]:
     """Gradients of a streamed region's inputs (those in ``grad_inputs``), chunk by chunk in reverse.
-    ``present[j]`` is False where output j got no gradient (its entry in ``grads`` is a placeholder)."""
-    return _PROGRAMS[key].backward(list(inputs), [g if p else None for g, p in zip(grads, present)])
+    ``present[j]`` is False where output j got no gradient (its entry in ``grads`` is a placeholder);
+    ``wide``: a layer's chunks that ran against every key in the forward."""
+    prog = _PROGRAMS[key]
+    grads = [g if p else None for g, p in zip(grads, present)]
+    if wide is not None:
+        return prog.backward(list(inputs), grads, wide)
+    return prog.backward(list(inputs), grads)
 
 
 @region_backward.register_fake
-def _region_backward_fake(key, inputs, grads, present):
+def _region_backward_fake(key, inputs, grads, present, wide=None):
     return [torch.empty_like(inputs[i]) for i in _PROGRAMS[key].grad_inputs]
 
 
 def _setup(ctx, inputs, output):
     key, xs = inputs
     ctx.key = key
-    ctx.save_for_backward(*xs)
+    ctx.row_check = getattr(_PROGRAMS[key], "row_check", False)
+    ctx.save_for_backward(*xs, *([output[-1]] if ctx.row_check else []))
 
 
 def _backward(ctx, grads):
     prog = _PROGRAMS[ctx.key]
     xs = list(ctx.saved_tensors)
+    wide = xs.pop() if ctx.row_check else None
+    grads = list(grads)[:len(prog.out_specs)]
     present = [g is not None for g in grads]
     gs = [g if g is not None else xs[0].new_empty(0) for g in grads]
-    got = region_backward(ctx.key, xs, gs, present)
+    got = region_backward(ctx.key, xs, gs, present, wide)
     result = [None] * len(xs)
     for i, g in zip(prog.grad_inputs, got):
         result[i] = g
