@@ -136,6 +136,12 @@ class LayerPlan(RegionPlan):
     key_side: frozenset = frozenset()  # nodes between those and the attention's keys/values
     unpulled: "LayerPlan | None" = None   # the same plan with its masks as token-by-token inputs
 
+    def describe(self) -> str:
+        text = super().describe()
+        if self.site is not None and "sliding-window" in self.site.mask_kind:
+            text += f"; sliding window {self.site.window}: a chunk [s, e) reads keys [max(0, s-{self.site.window - 1}), e)"
+        return text
+
 
 def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> LayerPlan:
     """A layer region streams when all its ops are token-local except one causal attention site."""
@@ -153,6 +159,7 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
         if cls not in (TOKEN_LOCAL, SEQ_FREE, "causal-mixing"):
             raise CannotStream(f"{cls} op inside a layer", n)
     nodes, inputs, pulled = pull_masks(region, sd)
+    nodes, inputs = pull_producers(nodes, inputs, pulled, sd, classes, requires_grad)
     plan = _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad)
     if pulled.nodes:  # the rewrite uses this one if the masks do not rebuild per chunk
         plan.unpulled = _layer_plan(region, sd, config, site, region.nodes, region.inputs, PulledMasks(),
@@ -313,6 +320,87 @@ def _frontier_role(x, user, sd):
     if j < 0 or out_roles[j] not in ("q", "k"):
         return False
     return out_roles[j], seq[0]
+
+
+# ---- cheap per-token inputs recomputed per chunk -----------------------------------------------
+PULL_LIMIT = 48  # most nodes recomputed for one input
+
+
+def pull_producers(nodes, inputs, pulled: PulledMasks, sd, classes, requires_grad):
+    """Recompute per chunk a per-token input that is cheap to compute from fewer bytes per token:
+    rotary cos/sin ([T, head_dim] each, shared by every layer) come from the position ids (one
+    integer per token), so the layer reads and saves the position ids and each chunk computes
+    its own rows. An input is pulled when it is computed by token-local ops (at most PULL_LIMIT)
+    from inputs that get no gradient, and those inputs hold fewer bytes per token than it.
+
+    Updates ``pulled`` (the nodes join the shared nodes, their inputs the frontier); returns
+    (nodes, inputs) like ``pull_masks``."""
+    if requires_grad is None:
+        return nodes, inputs
+    chosen_all, new_frontier = set(), {}
+    for x in inputs:
+        v = x.meta.get("val")
+        if (x in pulled.frontier or x.op != "call_function" or not isinstance(v, torch.Tensor)
+                or x in requires_grad or "k" in sd.roles(x) or sd.seq_dim(x) is None):
+            continue
+        chosen, frontier, stack = set(), {}, [x]
+        while stack and len(chosen) <= PULL_LIMIT:
+            n = stack.pop()
+            if n in chosen or n in frontier:
+                continue
+            val = n.meta.get("val")
+            # a node whose sequence dim comes from none of its inputs (arange, a slice of a
+            # buffer) is read per chunk, not recomputed
+            inner = (n.op == "call_function" and classes.get(n) in (TOKEN_LOCAL, SEQ_FREE)
+                     and n.target not in RANDOM_OPS and isinstance(val, torch.Tensor)
+                     and any(sd.seq_dim(a) is not None for a in n.all_input_nodes
+                             if isinstance(a.meta.get("val"), torch.Tensor)))
+            if not inner:
+                frontier[n] = None
+                continue
+            chosen.add(n)
+            stack.extend(n.all_input_nodes)
+        if stack or not chosen:
+            continue
+        roles = {f: _per_token_role(f, sd) for f in frontier}
+        if any(r is False for r in roles.values()) or any(f in requires_grad for f in list(frontier) + list(chosen)):
+            continue
+        cost = sum(_bytes_per_token(f, sd) for f, r in roles.items() if r is not None)
+        if cost >= _bytes_per_token(x, sd):
+            continue
+        chosen_all |= chosen
+        new_frontier.update(roles)
+    if not chosen_all:
+        return nodes, inputs
+    order = {n: i for i, n in enumerate(next(iter(chosen_all)).graph.nodes)}
+    pulled.nodes = sorted(set(pulled.nodes) | chosen_all, key=order.__getitem__)
+    for f, role in new_frontier.items():
+        pulled.frontier.setdefault(f, role if role is not None else (None, None))
+    nodes = sorted(set(nodes) | chosen_all, key=order.__getitem__)
+    inputs = [x for x in inputs if x not in chosen_all]
+    inputs += [f for f in new_frontier if f not in inputs]
+    return nodes, inputs
+
+
+def _per_token_role(f, sd):
+    """("q", d) for a frontier node sliced per chunk along its sequence dim d, None for one read
+    whole (no sequence dim), False when it cannot be sliced per chunk."""
+    v = f.meta.get("val")
+    if not isinstance(v, torch.Tensor):
+        return None
+    roles = sd.roles(f)
+    if "k" in roles:
+        return False
+    d = sd.seq_dim(f)
+    if d is None:
+        return None
+    return ("q", d) if sd.seq_is_atomic(f) else False
+
+
+def _bytes_per_token(n, sd) -> float:
+    v = n.meta["val"]
+    d = sd.seq_dim(n)
+    return v.numel() * v.element_size() / max(1, v.shape[d])
 
 
 AUTO_CHUNK_MIN, AUTO_CHUNK_MAX = 64, 512

@@ -3,6 +3,7 @@ import copy
 import warnings
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 import torch
 import torch.nn.functional as F
 
@@ -95,6 +96,29 @@ def test_hf_masks_are_built_per_chunk(name, pad):
                     assert tuple(v.shape).count(T) <= 1, f"{n.format_node()} holds {tuple(v.shape)}"
 
 
+@pytest.mark.parametrize("name", ["qwen3_sdpa", "gemma3"])
+def test_rotary_tables_are_recomputed_per_chunk(name):
+    """Rotary cos/sin ([T, head_dim] each, read by every layer) are computed from the position
+    ids inside each layer, per chunk: the only floating-point per-token value a layer keeps is
+    its input (the residual stream); the rest are integer positions and padding flags."""
+    from conftest import assert_grads_match, run_eager_and_compiled
+
+    T = 24
+    model, make_inputs = zoo.ZOO[name]()
+    inputs = make_inputs(zoo.Case("t", 2, T, pad="left"))
+    report = streamfx.explain(model, *inputs.args, options={"chunk_size": 5}, **inputs.kwargs)
+    layers = [p for p in report.plan if p.kind == "layer"]
+    assert len(layers) == zoo.LAYERS
+    for plan in layers:
+        floating = [x for x in plan.saved if x.meta["val"].is_floating_point()]
+        assert len(floating) == 1 and floating[0].meta["val"].shape[-1] == zoo.HIDDEN, (
+            plan.name, [(x.name, tuple(x.meta["val"].shape)) for x in floating])
+        assert any("cos" in str(n.target) for n in plan.shared), plan.name
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+
+
 def test_grouped_kv_heads_are_not_repeated_per_chunk():
     """GQA (4 query heads, 2 K/V heads): the K/V buffers hold 2 heads and the chunk's fused CPU
     attention reads them as they are, with no repeated [B, 4, e, D] copy of the prefix."""
@@ -134,6 +158,48 @@ def test_packed_documents_stream_exactly(name):
     # the documents are really separate: the loss differs from the same tokens as one document
     ref_one = model(**{k: v for k, v in inputs.kwargs.items() if k != "position_ids"}).loss
     assert (ref_one - run.ref_loss).abs() > 1e-4
+
+
+@pytest.mark.parametrize("name,attn,pad,codegen", [("mistral_sliding", "sdpa", "left", "eager"),
+                                                   ("mistral_sliding", "eager", "right", "eager"),
+                                                   ("mistral_sliding", "sdpa", None, "inductor"),
+                                                   ("gemma3", "eager", "left", "eager")])
+def test_sliding_window_reads_only_the_window(name, attn, pad, codegen, monkeypatch):
+    """A sliding window of W keys: a chunk [s, e) reads keys [max(0, s - W + 1), e), never the
+    whole prefix, in the forward and the backward; gradients stay exact. Gemma3 alternates a
+    sliding layer (W=4) with a global one, which reads every key up to e."""
+    from conftest import assert_grads_match, run_eager_and_compiled
+    from streamfx.runtime import LayerProgram
+
+    reads = []
+    prefix = LayerProgram.prefix
+
+    def recording(self, K, V, lo, ke):
+        reads.append((self.name, lo, ke, self.window))
+        return prefix(self, K, V, lo, ke)
+
+    monkeypatch.setattr(LayerProgram, "prefix", recording)
+    T, c = 16, 3
+    model, make_inputs = zoo.ZOO[name](attn=attn)
+    W = model.config.sliding_window
+    run = run_eager_and_compiled(model, make_inputs(zoo.Case("t", 2, T, pad=pad)), {"chunk_size": c, "codegen": codegen})
+    assert not run.warnings, run.warnings
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    sliding = {"mistral_sliding": {"layer.0", "layer.1"}, "gemma3": {"layer.0"}}[name]
+    assert {r[0] for r in reads} == {"layer.0", "layer.1"}
+    start_of = {min(s + c, T): s for s in range(0, T, c)}  # chunk end -> chunk start
+    wide = [r for r in reads if r[1:3] == (0, T)]
+    # a padding row can see no key (left padding; right padding past the window): HF's eager
+    # attention then averages it over every key, so its chunk reads all of them ("wide")
+    assert bool(wide) == (pad is not None and attn == "eager"), wide
+    for layer, lo, ke, window in reads:
+        if (lo, ke) == (0, T):
+            continue
+        expected = max(0, start_of[ke] - W + 1) if layer in sliding else 0
+        assert (lo, window) == (expected, W if layer in sliding else None), (layer, lo, ke, window)
+    widths = [ke - lo for layer, lo, ke, _ in reads if layer in sliding and (lo, ke) != (0, T)]
+    assert max(widths) == c + W - 1 < T
 
 
 class ConvLM(torch.nn.Module):
@@ -211,3 +277,42 @@ def test_dropout_randomness_is_drawn_once_and_replayed_per_chunk():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     report = streamfx.explain(copy.deepcopy(model), idx, idx, options={"chunk_size": 4})
     assert "layer.0" in [p.name for p in report.plan]
+
+
+@settings(max_examples=14, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_layer_streaming_property(data):
+    """Random (T, chunk size, batch, padding side and length, prompt span, GQA ratio, sliding
+    window, attention implementation) on a Mistral-style model: loss and every gradient match
+    eager autograd, and the layers really stream in ceil(T / chunk) chunks."""
+    from conftest import assert_grads_match, run_eager_and_compiled
+    from transformers import MistralConfig, MistralForCausalLM
+
+    T = data.draw(st.integers(2, 20), "T")
+    chunk = data.draw(st.integers(1, T + 3), "chunk")
+    B = data.draw(st.integers(1, 3), "B")
+    pad = data.draw(st.sampled_from([None, "left", "right"]), "pad")
+    n_pad = data.draw(st.integers(1, T - 1), "n_pad") if pad and T > 2 else 0
+    ignore = data.draw(st.one_of(st.none(), st.tuples(st.integers(0, T - 1), st.integers(1, T)).filter(
+        lambda r: r[0] < r[1])), "prompt")
+    kv_heads = data.draw(st.sampled_from([1, 2, 4]), "kv_heads")
+    window = data.draw(st.one_of(st.none(), st.integers(1, T + 2)), "window")
+    attn = data.draw(st.sampled_from(["sdpa", "eager"]), "attn")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=zoo.VOCAB, hidden_size=zoo.HIDDEN, intermediate_size=48, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=zoo.HEAD_DIM,
+                        max_position_embeddings=zoo.MAX_POS, sliding_window=window, pad_token_id=zoo.PAD_ID,
+                        tie_word_embeddings=False)
+    model = zoo._hf(MistralForCausalLM, cfg, attn)
+    case = zoo.Case("h", B, T, pad=pad if n_pad else None, n_pad=n_pad, ignore=ignore)
+    inputs = zoo._hf_inputs(zoo.VOCAB)(case)
+    if (inputs.kwargs["labels"][:, 1:] == -100).all():
+        return  # no token is scored: the loss is NaN in eager too
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": chunk, "head_chunk_size": max(1, chunk - 1)})
+    assert not run.warnings, run.warnings
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    for name in ("layer.0", "layer.1"):
+        assert run.schedules.get(name) and set(run.schedules[name]) == {-(-T // chunk)}, run.schedules
