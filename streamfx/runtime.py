@@ -64,9 +64,10 @@ class RegionProgram:
         """First key any query of a chunk starting at ``s`` can see."""
         return max(0, s - self.window + 1) if self.window else 0
 
-    def chunk_inputs(self, inputs, s, e):
-        lo = self.key_start(s)
-        return [slice_input(x, spec, s, e, lo) for x, spec in zip(inputs, self.in_specs)]
+    def chunk_inputs(self, inputs, s, e, lo=None, ke=None):
+        """The chunk's inputs, with the keys [lo, ke) (default: [key_start(s), e))."""
+        lo = self.key_start(s) if lo is None else lo
+        return [slice_input(x, spec, s, e, lo, ke) for x, spec in zip(inputs, self.in_specs)]
 
     def fn(self, gm: fx.GraphModule | None = None, inputs=None, prefix=(), train: bool = True) -> Callable:
         """The chunk graph (or ``gm``) as run: itself, or compiled by Inductor once per distinct
@@ -250,10 +251,6 @@ class LayerProgram(RegionProgram):
     kv_dims: tuple = (None, None)
     row_check: bool = False
 
-    def keys(self, s: int, e: int, T: int, wide: bool = False) -> tuple[int, int]:
-        """Key range [lo, ke) of chunk [s, e): all T keys for a wide chunk."""
-        return (0, T) if wide else (self.key_start(s), e)
-
     def keys_values(self, inputs, fn_kv):
         """Run the K/V graph chunk by chunk into full-length buffers; yields (s, e, the chunk's
         inputs, (K, V)) after each chunk's rows are written."""
@@ -266,10 +263,6 @@ class LayerProgram(RegionProgram):
             for buf, t, d in zip(bufs, (k, v), self.kv_dims):
                 buf.narrow(d, s, e - s).copy_(t)
             yield s, e, xs, bufs
-
-    def slices(self, inputs, s, e, lo, ke):
-        """The chunk's inputs with the keys [lo, ke)."""
-        return [slice_input(x, spec, s, e, lo, ke) for x, spec in zip(inputs, self.in_specs)]
 
     def prefix(self, K, V, lo, ke):
         """Keys and values [lo, ke): views of the sequence-major buffers, no copy."""
@@ -293,13 +286,12 @@ class LayerProgram(RegionProgram):
                 COUNTERS["chunks_forward"] += 1
                 written_up_to(e)
                 fn = fn or self.fn(inputs=inputs, prefix=[(K, self.kv_dims[0]), (V, self.kv_dims[1])], train=False)
-                lo, ke = self.keys(s, e, T)
-                chunk = xs if done == e else self.slices(inputs, s, e, lo, ke)
-                outs = fn(*chunk, *self.prefix(K, V, lo, ke))
+                chunk = xs if done == e else self.chunk_inputs(inputs, s, e)
+                outs = fn(*chunk, *self.prefix(K, V, self.key_start(s), e))
                 if self.row_check and not bool(outs[-1]):
                     written_up_to(T)
                     wide[i] = True
-                    outs = fn(*self.slices(inputs, s, e, 0, T), *self.prefix(K, V, 0, T))
+                    outs = fn(*self.chunk_inputs(inputs, s, e, 0, T), *self.prefix(K, V, 0, T))
                 for j, (o, (_, d)) in enumerate(zip(outs, self.out_specs)):
                     _put_rows(result, j, o, d, s, e, T)
             written_up_to(T)  # (a generator left unfinished would hold its buffers)
@@ -326,7 +318,7 @@ class LayerProgram(RegionProgram):
             COUNTERS["chunks_backward"] += 1
             sliced = None
             if not w:
-                sliced = self._query_backward(fn, inputs, grads, K, V, dK, dV, acc, s, e, *self.keys(s, e, T))
+                sliced = self._query_backward(fn, inputs, grads, K, V, dK, dV, acc, s, e, self.key_start(s), e)
             # rows [s, e) of dK/dV are final: push them through the K/V producers now
             with autograd_inside_op(), torch.enable_grad():
                 xs = self._leaves(sliced if sliced is not None else self.chunk_inputs(inputs, s, e))
@@ -341,7 +333,7 @@ class LayerProgram(RegionProgram):
         """Recompute chunk [s, e) against keys [lo, ke), backward it; accumulate the parameter
         and chunk input gradients and dK/dV over [lo, ke). Returns the chunk's sliced inputs."""
         with autograd_inside_op(), torch.enable_grad():
-            sliced = self.slices(inputs, s, e, lo, ke)
+            sliced = self.chunk_inputs(inputs, s, e, lo, ke)
             xs = self._leaves(sliced)
             Kp, Vp = (t.detach().requires_grad_(True) for t in self.prefix(K, V, lo, ke))
             outs = fn(*xs, Kp, Vp)
