@@ -136,10 +136,17 @@ class LayerPlan(RegionPlan):
     key_side: frozenset = frozenset()  # nodes between those and the attention's keys/values
     unpulled: "LayerPlan | None" = None   # the same plan with its masks as token-by-token inputs
 
+    @property
+    def window(self) -> int | None:
+        """W of a sliding-window mask (a query at t sees keys (t - W, t]), else None."""
+        if self.site is not None and "sliding-window" in self.site.mask_kind:
+            return self.site.window
+        return None
+
     def describe(self) -> str:
         text = super().describe()
-        if self.site is not None and "sliding-window" in self.site.mask_kind:
-            text += f"; sliding window {self.site.window}: a chunk [s, e) reads keys [max(0, s-{self.site.window - 1}), e)"
+        if self.window:
+            text += f"; sliding window {self.window}: a chunk [s, e) reads keys [max(0, s-{self.window - 1}), e)"
         return text
 
 

@@ -131,10 +131,8 @@ def layer_program(plan, codegen: str) -> LayerProgram:
     c = min(plan.chunk_size, plan.length)
     _check_chunk_graph(plan, kv, c)
     _check_chunk_graph(plan, q, c, prefix=kv_out)
-    # a sliding window of W keys: a chunk [s, e) reads keys from max(0, s - W + 1) on
-    window = site.window if "sliding-window" in site.mask_kind else None
     return LayerProgram(plan.name, q, full, plan.in_specs, plan.out_specs, plan.chunk_size,
-                        plan.grad_inputs, codegen, window=window, row_check=row_check, kv_gm=kv,
+                        plan.grad_inputs, codegen, window=plan.window, row_check=row_check, kv_gm=kv,
                         kv_dims=(sd.seq_dim(kv_out[0]), sd.seq_dim(kv_out[1])))
 
 

@@ -43,6 +43,7 @@ class RegionProgram:
     codegen: str = "eager"
     key: int = -1
     window: int | None = None         # sliding window: a query at t sees keys (t - window, t]
+    row_check: bool = False           # the region also returns which chunks ran against every key
 
     def register(self) -> int:
         self.key = next(_ids)
@@ -249,7 +250,6 @@ class LayerProgram(RegionProgram):
 
     kv_gm: fx.GraphModule | None = None
     kv_dims: tuple = (None, None)
-    row_check: bool = False
 
     def keys_values(self, inputs, fn_kv):
         """Run the K/V graph chunk by chunk into full-length buffers; yields (s, e, the chunk's
@@ -392,7 +392,7 @@ def region(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 def _region_fake(key, inputs):
     prog = _PROGRAMS[key]
     outs = [o.clone() if o is not None else o for o in prog.full_gm(*inputs)]
-    if getattr(prog, "row_check", False):  # which chunks ran against every key
+    if prog.row_check:  # which chunks ran against every key
         outs.append(inputs[0].new_empty(len(prog.bounds(inputs)), dtype=torch.bool))
     return outs
 
@@ -418,7 +418,7 @@ def _region_backward_fake(key, inputs, grads, present, wide=None):
 def _setup(ctx, inputs, output):
     key, xs = inputs
     ctx.key = key
-    ctx.row_check = getattr(_PROGRAMS[key], "row_check", False)
+    ctx.row_check = _PROGRAMS[key].row_check
     ctx.save_for_backward(*xs, *([output[-1]] if ctx.row_check else []))
 
 
