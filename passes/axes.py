@@ -41,6 +41,7 @@ class AxisTable:
     def __init__(self) -> None:
         self.parent: dict[int, int] = {}
         self.size: dict[int, Any] = {}
+        self.slices: list[tuple[int, int]] = []  # (atom of a slice's dim, atom of the dim it slices)
         self._ids = itertools.count()
 
     def fresh(self, size) -> tuple:

@@ -2,6 +2,7 @@
 
     analysis = analyze(joint, num_fwd_outputs)       # pure: seq dims, attention, regions, classes
     plans    = decide(analysis, config)              # pure: which regions stream, chunk sizes
+    joint, analysis = move_slices(joint, ...)        # on a copy: a shifted loss's slice moved to the head entry
     joint    = stream_joint(joint, ..., plans)       # the only step that builds a new graph
 """
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Analysis:
     refusals: list = dataclasses.field(default_factory=list)   # (region name, CannotStream)
     programs: list = dataclasses.field(default_factory=list)   # (plan, runtime program) after the rewrite
     requires_grad: frozenset = frozenset()                      # forward nodes that get a gradient
+    moved: list = dataclasses.field(default_factory=list)      # hoist.MovedSlice: slices moved before the head
 
     @property
     def seq_len(self):
@@ -86,9 +88,9 @@ def analyze(graph: fx.Graph, num_fwd_outputs: int, real_inputs: dict | None = No
     sd = infer_axes(graph)
     sites = attn.find_sites(graph, sd, set(fwd))
     if sites:
-        sd.seq_atom = sd.table.find(sd.axes[sites[0].query][0][-2][-1])
+        sd.set_seq(sd.axes[sites[0].query][0][-2][-1])
     else:
-        sd.seq_atom = seed_from_embedding(graph, sd)
+        sd.set_seq(seed_from_embedding(graph, sd))
     for s in sites:
         attn.classify_mask(s, real_inputs or {})
     site_nodes = frozenset().union(*(s.nodes for s in sites)) if sites else frozenset()

@@ -12,6 +12,7 @@ import dataclasses
 import torch
 
 from streamfx.errors import CannotStream
+from .hoist import UNSLICED
 from .rules import is_pointwise
 from .seq_dims import SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
 
@@ -77,6 +78,11 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None) -> Regi
             continue
         outputs.append(o)
         out_specs.append(("cat", d))
+    if not config.return_logits:
+        # the whole-sequence logits of a shifted loss (the head computes their slice itself)
+        # follow the same convention: returned as None
+        dropped += [n for n in region.nodes[0].graph.nodes if n.meta.get(UNSLICED) and n in fwd
+                    and n not in inside and _reaches_only_outputs(n, fwd, inside)]
     in_specs, lengths = [], []
     for x in region.inputs:
         if not isinstance(x.meta.get("val"), torch.Tensor):

@@ -16,9 +16,10 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, SEQ_FREE
+from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, SEQ_FREE, seq_slice
 
 aten = torch.ops.aten
+COPIES = (aten.clone.default, aten.alias.default)
 
 
 @dataclasses.dataclass
@@ -97,8 +98,12 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes) -> list[Region]:
     regions: list[Region] = []
     last_attn = max((order[s.output] for s in sites if s.output in order), default=-1)
     tail = [c for c in chain if order[c] > last_attn]
-    head_entry = _head_entry(tail, sd) if tail else None
-    bounds = [s for s, _ in starts] + ([head_entry] if head_entry is not None else [])
+    floor = _width(starts[-1][0] if starts else chain[0], sd)
+    head_entry = _head_entry(tail, sd, floor) if tail else None
+    layer_end = None
+    if head_entry is not None:
+        layer_end, head_entry = _through_slice(head_entry, g, sd, classes)
+    bounds = [s for s, _ in starts] + ([layer_end] if layer_end is not None else [])
     for i, (start, site) in enumerate(starts):
         end = bounds[i + 1] if i + 1 < len(bounds) else None
         nodes = _between(fwd_nodes, g, start, end, order)
@@ -135,17 +140,47 @@ def _pull_merged_inputs(nodes: set, sd, classes) -> set:
     return nodes
 
 
-def _head_entry(tail, sd):
-    """The narrowest per-token chain node after the last attention site (the latest of equals)."""
-    def width(n):
-        v = n.meta["val"]
-        d = sd.seq_dim(n)
-        return v.numel() // max(int(v.shape[d]), 1) if d is not None else float("inf")
+def _width(n, sd):
+    """Values per token of ``n`` (all of it if it has no sequence dim)."""
+    v = n.meta["val"]
+    d = sd.seq_dim(n)
+    return v.numel() // max(int(v.shape[d]), 1) if d is not None else float("inf")
+
+
+def _head_entry(tail, sd, floor):
+    """The narrowest per-token chain node after the last attention site (the latest of equals)
+    that is at least as wide as the residual stream (``floor``): the final hidden state, not a
+    per-token loss computed from the logits."""
     tail = [n for n in tail if sd.seq_is_atomic(n)]  # a (B*T) merged dim is not sliced per token
+    tail = [n for n in tail if _width(n, sd) >= floor] or tail
     if not tail:
         return None
-    best = min(width(n) for n in tail)
-    return [n for n in tail if width(n) == best][-1]
+    best = min(_width(n, sd) for n in tail)
+    return [n for n in tail if _width(n, sd) == best][-1]
+
+
+def _through_slice(entry, g, sd, classes):
+    """(end of the last layer, entry of the head). When the head computes on a static slice of
+    the sequence (``hidden[:, :-1]``: a shifted loss, HF's ``logits_to_keep``), the last layer
+    ends at the hidden state and the head starts at the slice, so each streams along its own
+    sequence axis. The slice must be the head's only way to its sequence reductions."""
+    base, sliced = entry, False
+    while base.op == "call_function" and (seq_slice(base, sd) is not None or base.target in COPIES):
+        sliced = sliced or seq_slice(base, sd) is not None
+        base = base.args[0]
+    if sliced:  # the slices and copies between the two are computed outside both regions
+        return base, entry
+    slices = [u for u in entry.users if u in g and seq_slice(u, sd) is not None]
+    if len(slices) != 1:
+        return entry, entry
+    reductions = [n for n in nx.descendants(g, entry) if classes.get(n) == SEQ_REDUCTION]
+    if not reductions:
+        return entry, entry
+    rest = g.copy()
+    rest.remove_node(slices[0])
+    if any(r in nx.descendants(rest, entry) for r in reductions):
+        return entry, entry
+    return entry, slices[0]
 
 
 def _between(fwd_nodes, g, start, end, order) -> list:

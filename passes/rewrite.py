@@ -376,6 +376,10 @@ def _forward_with_regions(fwd_nodes, primals, fwd_outs, programs) -> fx.GraphMod
     for p in primals:
         env[p] = g.placeholder(p.name)
         env[p].meta = dict(p.meta)
+    for plan, _ in programs:  # dropped outputs computed outside the region (unsliced logits)
+        for d in plan.dropped:
+            if d not in owner:
+                env[d] = _empty_like(g, d)
     for u in nx.lexicographical_topological_sort(dag, key=lambda u: first[u]):
         if isinstance(u, str):
             plan, prog = next(pp for pp in programs if pp[0].name == u)
@@ -384,9 +388,8 @@ def _forward_with_regions(fwd_nodes, primals, fwd_outs, programs) -> fx.GraphMod
             for j, o in enumerate(plan.outputs):
                 env[o] = g.call_function(operator.getitem, (call, j))
             for d in plan.dropped:
-                v = d.meta["val"]
-                env[d] = g.call_function(aten.empty.memory_format, ([0],),
-                                         {"dtype": v.dtype, "device": v.device})
+                if d not in env:
+                    env[d] = _empty_like(g, d)
         elif u.op != "placeholder" and u not in env:
             env[u] = g.node_copy(u, lambda x: env[x])
     g.output([env[o] if o is not None else None for o in fwd_outs])
@@ -394,3 +397,10 @@ def _forward_with_regions(fwd_nodes, primals, fwd_outs, programs) -> fx.GraphMod
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
+
+
+def _empty_like(g: fx.Graph, node: fx.Node) -> fx.Node:
+    """The placeholder value of a dropped output: an empty tensor of its dtype and device."""
+    v = node.meta["val"]
+    return g.call_function(aten.empty.memory_format, ([0],), {"dtype": v.dtype, "device": v.device})
+

@@ -194,13 +194,17 @@ def squeeze_or_select(node, T, ax):
 
 @register(aten.slice.Tensor, aten.narrow.default)
 def slice_(node, T, ax):
-    """A slice keeps its dim's axis only if it is the whole dim; a part of a dim is a shift."""
+    """A slice keeps its dim's axis only if it is the whole dim; a part of a dim is a shift: a new
+    axis, recorded as a slice of the old one (a part of the sequence is a sequence too)."""
     x = node.args[0]
     a, n = list(ax(x)), len(shape(x))
     d = normalize_dim(node.args[1] if len(node.args) > 1 else 0, n)
     if shape(x)[d] == out_shape(node)[d]:
         return RuleOut([tuple(a)])
+    sliced = a[d]
     a[d] = T.fresh(out_shape(node)[d])
+    if len(sliced) == 1 and len(a[d]) == 1:
+        T.slices.append((a[d][0], sliced[0]))
     return RuleOut([tuple(a)], mixed=((x, d),))
 
 
@@ -228,6 +232,12 @@ def cat(node, T, ax):
     n = len(out_shape(node))
     d = normalize_dim(node.args[1] if len(node.args) > 1 else 0, n)
     a = list(broadcast_except(node, T, ax, xs, d))
+    same = {T.canon(ax(x)[d]) for x in xs}
+    if len(xs) > 1 and len(same) == 1 and len(next(iter(same))) == 1:
+        # pieces that share one axis along d are stacked: element (i, t) is piece i's row t
+        # (torch.stack of per-row results decomposes to this cat and a view)
+        a[d] = T.fresh(len(xs)) + next(iter(same))
+        return RuleOut([tuple(a)])
     a[d] = T.fresh(out_shape(node)[d]) if len(xs) > 1 else ax(xs[0])[d]
     return RuleOut([tuple(a)], mixed=tuple((x, d) for x in xs) if len(xs) > 1 else ())
 

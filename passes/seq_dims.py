@@ -40,9 +40,34 @@ class SeqDims:
     mixed: dict           # node -> tuple of (input node, dim)
     unknown: set          # nodes without a rule that touch tensors
     seq_atom: int | None = None
+    seq_atoms: frozenset = frozenset()
+
+    def set_seq(self, atom: int | None) -> None:
+        """Make ``atom`` the sequence axis. Static slices of it (``logits[:, :-1]``, a suffix
+        ``hidden[:, -k:]``), and slices of those, are sequence axes too: their rows are tokens.
+        The slice itself combines positions [a, b) of one axis into another (unknown-mixing),
+        so only a region whose every per-token tensor is on one axis streams along it."""
+        self.seq_atom = None if atom is None else self.table.find(atom)
+        atoms = set() if atom is None else {self.seq_atom}
+        grown = True
+        while grown:
+            grown = False
+            for out, src in self.table.slices:
+                if self.table.find(src) in atoms and self.table.find(out) not in atoms:
+                    atoms.add(self.table.find(out))
+                    grown = True
+        self.seq_atoms = frozenset(atoms)
 
     def has_seq(self, dim_axes) -> bool:
-        return self.seq_atom is not None and any(self.table.find(a) == self.seq_atom for a in dim_axes)
+        return any(self.table.find(a) in self.seq_atoms for a in dim_axes)
+
+    def seq_axis(self, node: fx.Node, out: int = 0) -> int | None:
+        """The atom of the query-sequence dim of one output of ``node`` (None if it has none)."""
+        d = self.seq_dim(node, out)
+        if d is None:
+            return None
+        atoms = [self.table.find(a) for a in self.axes[node][out][d] if self.table.find(a) in self.seq_atoms]
+        return atoms[0] if atoms else None
 
     def roles(self, node: fx.Node, out: int = 0) -> tuple:
         """Role of each dim of one output of ``node``: "q", "k" or None."""
@@ -139,3 +164,30 @@ def seed_from_embedding(graph: fx.Graph, sd: SeqDims) -> int | None:
             if idx_axes and idx_axes[-1]:
                 return sd.table.find(idx_axes[-1][-1])
     return None
+
+
+def seq_slice(node: fx.Node, sd: SeqDims):
+    """(dim, start, stop) of a static, step-1 slice that takes part of the sequence dim of its
+    input (``logits[:, :-1]``, ``hidden[:, -k:]``); None for anything else."""
+    if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor:
+        return None
+    x = node.args[0]
+    v = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if not isinstance(v, torch.Tensor):
+        return None
+    args = list(node.args) + [None] * (5 - len(node.args))
+    d = args[1] if args[1] is not None else node.kwargs.get("dim", 0)
+    start = args[2] if args[2] is not None else node.kwargs.get("start")
+    end = args[3] if args[3] is not None else node.kwargs.get("end")
+    step = args[4] if args[4] is not None else node.kwargs.get("step", 1)
+    d = d + v.dim() if d < 0 else d
+    n = v.shape[d]
+    if step != 1 or sd.seq_dim(x) != d or not sd.seq_is_atomic(x) or not isinstance(n, int) \
+            or not all(isinstance(b, int) or b is None for b in (start, end)):
+        return None
+    start = 0 if start is None else (max(start + n, 0) if start < 0 else min(start, n))
+    end = n if end is None else (max(end + n, 0) if end < 0 else min(end, n))
+    if start >= end or (start, end) == (0, n):
+        return None
+    return d, start, end
+

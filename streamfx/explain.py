@@ -21,6 +21,7 @@ class Report:
     saved: list              # names of the tensors the streamed regions save
     estimated_peak_bytes: int
     analyses: list
+    moved: list = dataclasses.field(default_factory=list)  # sequence slices moved in front of the head
 
     def __str__(self) -> str:
         lines = ["streamfx report"]
@@ -29,6 +30,8 @@ class Report:
         lines.append(f"  attention sites: {len(self.attention_sites)}")
         for s in self.attention_sites:
             lines.append(f"    {s.describe()}")
+        for m in self.moved:
+            lines.append(f"  moved: {m.describe()}")
         lines.append(f"  regions: {len(self.regions)}")
         for r in self.regions:
             lines.append(f"    {r.describe()}")
@@ -64,13 +67,14 @@ def explain(model, *args, options=None, **kwargs) -> Report:
 
 
 def build_report(analyses) -> Report:
-    sites, regions, plans, refusals, saved = [], [], [], [], []
+    sites, regions, plans, refusals, saved, moved = [], [], [], [], [], []
     classes: Counter = Counter()
     peak = 0
     for a in analyses:
         sites += a.sites
         regions += a.regions
         plans += a.plans
+        moved += a.moved
         for n in a.fwd_nodes:
             if n.op == "call_function":
                 classes[a.classes.get(n)] += 1
@@ -82,7 +86,8 @@ def build_report(analyses) -> Report:
         for p in a.plans:
             saved += [x.name for x in p.saved]
             peak += _chunk_peak(p)
-    return Report([a.seq_len for a in analyses], sites, regions, plans, refusals, classes, saved, peak, analyses)
+    return Report([a.seq_len for a in analyses], sites, regions, plans, refusals, classes, saved, peak, analyses,
+                  moved)
 
 
 def _chunk_peak(p) -> int:

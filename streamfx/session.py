@@ -6,7 +6,7 @@ import warnings
 
 import torch
 
-from streamfx.passes import analyze, decide
+from streamfx.passes import analyze, decide, move_slices
 from streamfx.passes.rewrite import stream_joint
 
 from .config import StreamConfig
@@ -51,6 +51,7 @@ class Session:
         real = self._real_primals(joint)
         analysis = analyze(joint.graph, nfwd, real)
         decide(analysis, self.config)
+        joint, analysis = move_slices(joint, nfwd, real, analysis, self.config)
         dump_dir = self.config.effective_dump_dir
         name = f"graph{self.graph_id}"
         if dump_dir:

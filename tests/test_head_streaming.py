@@ -20,11 +20,12 @@ from conftest import (assert_grads_match, assert_head_not_streamed, assert_strea
 EAGER = {"codegen": "eager"}
 
 
-def parity(model, inputs, head_chunk_size, rtol=1e-4, exact_schedule=True, **options):
+def parity(model, inputs, head_chunk_size, rtol=1e-4, exact_schedule=True, T=None, **options):
+    """``T``: the length the head streams over (default the input length)."""
     run = run_eager_and_compiled(model, inputs, {**EAGER, "head_chunk_size": head_chunk_size, **options})
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads, rtol=rtol)
-    assert_streamed(run, T=inputs.T, head_chunk_size=head_chunk_size, exact_schedule=exact_schedule)
+    assert_streamed(run, T=T or inputs.T, head_chunk_size=head_chunk_size, exact_schedule=exact_schedule)
     return run
 
 
@@ -361,42 +362,163 @@ def test_rl_losses_head_planned_by_explain(case):
     assert "head" in str(report)
 
 
-@pytest.mark.filterwarnings("ignore:streamfx")
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "the TRL-style logits[:, :-1] shift is not streamed: the slice is classified unknown-mixing, "
-    "the head region comes out empty and the warning reads \"streamfx: region 'head' is not "
-    "streamed: the head computes no reduction over the sequence (no loss in the graph); it runs "
-    "without streaming\""))
 def test_grpo_logit_shift_streams():
+    """The TRL-style shift (logits[:, :-1] against labels[:, 1:]): explain() plans the head on the
+    sliced axis (T - 1 tokens) and says the slice was moved in front of it; no refusal."""
     model, inputs = grpo_case("logits")
     report, messages, crash = explain_with_warnings(model, inputs)
-    assert not [m for m in messages if HEAD_REFUSAL in m], messages
     assert crash is None, crash
-    assert head_plans(report)
+    assert not [m for m in messages if HEAD_REFUSAL in m], messages
+    (plan,) = head_plans(report)
+    assert (plan.chunk_size, plan.length) == (4, 15)
+    assert plan.nodes[0].op == "call_function" and len(report.moved) == 1
+    assert "moved in front of the head" in str(report)
 
 
-def test_grpo_logit_shift_parity_without_streaming():
-    """Current behaviour of the TRL-style shift: head not streamed (layers still stream), exact
-    gradients; torch.min of the clipped objective is then outside every streamed region."""
+@pytest.mark.parametrize("chunk", [1, 7, 14, 15, 40], ids=["c1", "c7", "cT'-1", "cT'", "c>T'"])
+def test_grpo_logit_shift_parity(chunk):
+    """GRPO's clipped objective on logits[:, :-1]: the head streams over T' = 15 tokens in
+    ceil(15 / chunk) chunks, forward once and backward once, with exact gradients."""
     model, inputs = grpo_case("logits")
+    run = run_eager_and_compiled(model, inputs, {**EAGER, "head_chunk_size": chunk})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    n = -(-15 // chunk)
+    assert_streamed(run, T=15, head_chunk_size=chunk)
+    assert run.schedules["head"] == [n, n], run.schedules
+
+
+class NeighbourLoss(nn.Module):
+    """A loss on the difference of neighbouring tokens' logits: token t's term reads token t+1."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids):
+        _, logits = self.lm(ids)
+        return (logits[:, 1:] - logits[:, :-1]).pow(2).mean()
+
+
+@pytest.mark.filterwarnings("ignore:streamfx")
+def test_neighbour_logits_refusal_names_the_slice():
+    """Two slices of the logits on different rows mix tokens: the head does not stream, the
+    refusal names the slice and its source line, and the gradients stay exact."""
+    lm, make_inputs = zoo.tiny_llama()
+    inputs = PlainInputs((make_inputs("prompt").args[0],), 2, 16)
+    model = NeighbourLoss(lm)
+    report = streamfx.explain(model, *inputs.args, options={"head_chunk_size": 4})
+    assert head_plans(report) == [] and report.moved == []
+    reasons = " ".join(why for _, why in report.not_streamed)
+    assert "unknown-mixing op in the head region: aten.slice" in reasons
+    assert "logits[:, 1:] - logits[:, :-1]" in reasons
     run = run_eager_and_compiled(model, inputs, {**EAGER, "head_chunk_size": 4})
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
     assert_head_not_streamed(run)
 
 
-@pytest.mark.filterwarnings("ignore:streamfx")
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "misleading refusal: for a loss on logits[:, :-1] the report says 'the head computes no "
-    "reduction over the sequence (no loss in the graph)' and never names the slice that stops "
-    "streaming (the head region is empty, so the unknown-mixing slice is in no region)"))
-def test_logit_shift_refusal_names_the_slice():
+class TRLGRPOLoss(nn.Module):
+    """GRPO as TRL's trainer computes it, in plain PyTorch: the model returns logits for the last
+    K + 1 positions only (HF's ``logits_to_keep``: a slice of the hidden states), the logits are
+    shifted (``[:, :-1]``) and divided by the temperature, ``selective_log_softmax`` takes one
+    logsumexp per row, and each sequence's clipped objective is averaged over its completion."""
+
+    def __init__(self, model, temperature=0.7, eps=0.2):
+        super().__init__()
+        self.model, self.temperature, self.eps = model, temperature, eps
+
+    def per_token_logps(self, input_ids, attention_mask, K):
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=K + 1).logits
+        logits = logits[:, :-1, :] / self.temperature
+        index = input_ids[:, -K:]
+        selected = torch.gather(logits, -1, index.unsqueeze(-1)).squeeze(-1)
+        return selected - torch.stack([torch.logsumexp(row, dim=-1) for row in logits])
+
+    def forward(self, input_ids, attention_mask, completion_mask, old_logp, advantages):
+        logp = self.per_token_logps(input_ids, attention_mask, completion_mask.shape[1])
+        ratio = torch.exp(logp - old_logp)
+        adv = advantages.unsqueeze(1)
+        obj = torch.min(ratio * adv, torch.clamp(ratio, 1 - self.eps, 1 + self.eps) * adv)
+        return -((obj * completion_mask).sum(-1) / completion_mask.sum(-1).clamp(min=1)).mean()
+
+
+def test_trl_grpo_logits_to_keep_streams():
+    """Qwen3 (HF) under TRL's GRPO loss: a left-padded prompt of 6 tokens, K = 10 completion
+    tokens (row 0 ends 3 tokens early). HF slices the hidden states to the last K + 1 positions
+    (the last layer ends before that slice), the loss slices the logits to the first K of them:
+    that slice is moved onto HF's sliced hidden states, and the head streams over the K tokens
+    with exact gradients (the per-row logsumexp stack included)."""
+    model, _ = zoo.qwen3_sdpa()
+    B, T, K = 2, 16, 10
+    g = torch.Generator().manual_seed(31)
+    ids = torch.randint(1, zoo.VOCAB, (B, T), generator=g)
+    attention_mask = torch.ones(B, T, dtype=torch.long)
+    attention_mask[1, :2] = 0
+    ids = ids.masked_fill(attention_mask == 0, zoo.PAD_ID)
+    completion_mask = torch.ones(B, K)
+    completion_mask[0, -3:] = 0
+    loss = TRLGRPOLoss(model)
+    with torch.no_grad():
+        logp = loss.per_token_logps(ids, attention_mask, K)
+    old = logp + 0.3 * torch.randn(logp.shape, generator=g)
+    inputs = PlainInputs((ids, attention_mask, completion_mask, old, torch.tensor([0.8, -1.1])), B, T)
+    report = streamfx.explain(loss, *inputs.args, options={"head_chunk_size": 4})
+    (plan,) = head_plans(report)
+    assert plan.length == K and [(m.start, m.stop, m.length) for m in report.moved] == [(0, K, K + 1)]
+    run = parity(loss, inputs, 4, exact_schedule=True, T=K)
+    assert run.schedules["head"] == [3, 3]
+
+
+def test_logit_shift_graphs_hold_no_whole_sequence_logits(monkeypatch):
+    """Walk every graph the rewrite made for the logits[:, :-1] model: the re-derived joint
+    (forward and backward) that runs and the head's chunk graphs. Apart from parameter-shaped values (the
+    LM head and embedding weights and their gradients), no vocabulary-wide value holds more
+    than B x c x V elements: the whole-sequence logits are gone, the moved slice included."""
+    import streamfx.session as session
+
+    joints = []
+    stream_joint = session.stream_joint
+
+    def capture(*args, **kwargs):
+        out = stream_joint(*args, **kwargs)
+        joints.append(out[0])
+        return out
+
+    monkeypatch.setattr(session, "stream_joint", capture)
     model, make_inputs = zoo.tiny_llama_logit_shift()
-    inputs = make_inputs("b1")
-    report = streamfx.explain(model, *inputs.args, options={"head_chunk_size": 4})
-    reasons = " ".join(why for _, why in report.not_streamed)
-    assert "no loss in the graph" not in reasons
-    assert "slice" in reasons
+    inputs = make_inputs("odd13")
+    B, T, V, c = inputs.B, inputs.T, inputs.vocab, 4
+    run = run_eager_and_compiled(model, inputs, {**EAGER, "head_chunk_size": c})
+    assert_streamed(run, T=T - 1, head_chunk_size=c)
+    assert joints
+    params = {tuple(p.shape) for p in model.parameters()} | {tuple(p.shape)[::-1] for p in model.parameters()}
+    # the last joint is the one that runs (the first attempt still had the logits' tangent and
+    # was dropped when the backend detached the logits output)
+    graphs = [joints[-1].graph] + [p.chunk_gm.graph for p in run.programs_named("head")]
+    checked = 0
+    for graph in graphs:
+        for n in graph.nodes:
+            vals = n.meta.get("val")
+            for v in (vals if isinstance(vals, (tuple, list)) else [vals]):
+                if isinstance(v, torch.Tensor) and V in v.shape and tuple(v.shape) not in params:
+                    assert v.numel() <= B * c * V, (n.name, n.target, tuple(v.shape))
+                    checked += 1
+    assert checked
+
+
+def test_logit_shift_return_logits_true():
+    """return_logits=True with a shifted loss: the whole-sequence logits come back equal to
+    eager's (computed outside the head), the loss still streams over T - 1 tokens."""
+    model, make_inputs = zoo.tiny_llama_logit_shift()
+    inputs = make_inputs("left_pad")
+    run = run_eager_and_compiled(model, inputs, {**EAGER, "head_chunk_size": 4, "return_logits": True})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert_streamed(run, T=inputs.T - 1, head_chunk_size=4)
+    logits = inputs.logits_of(run.out)
+    assert logits is not None and logits.shape == (inputs.B, inputs.T, inputs.vocab)
+    torch.testing.assert_close(logits, inputs.logits_of(run.ref_out).detach(), rtol=1e-5, atol=1e-5)
 
 
 # ---- bf16 -------------------------------------------------------------------------------------------------

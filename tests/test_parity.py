@@ -100,19 +100,17 @@ def assert_exact_and_head_not_streamed(model, inputs):
     assert inputs.logits_of(run.out) is not None
 
 
-def test_logit_shift_head_not_streamed():
-    """Current behaviour, recorded on purpose: the classic hand-written shift
-    ``F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1))`` does NOT stream.
-
-    ``logits[:, :-1]`` slices part of the sequence dim; the axis analysis treats that as a token
-    shift (unknown-mixing) and gives the sliced dim a fresh axis, so the loss's sum is no longer a
-    reduction over *the* sequence: the head region comes out empty and streamfx refuses with "the
-    head computes no reduction over the sequence (no loss in the graph)". Gradients stay exact.
-    Shifting the labels instead (HF style, ``TinyLlama(shift="labels")``) streams. The misleading
-    reason is covered by an xfail in test_head_streaming.py."""
+def test_logit_shift_streams():
+    """The classic hand-written shift ``F.cross_entropy(logits[:, :-1].reshape(-1, V),
+    labels[:, 1:].reshape(-1))`` streams: the slice is moved in front of the LM head, the head
+    runs over T - 1 tokens, and the whole-sequence logits output is None (return_logits=False)."""
     model, make_inputs = zoo.tiny_llama_logit_shift()
     inputs = make_inputs("prompt")
-    assert_exact_and_head_not_streamed(model, inputs)
+    run = run_eager_and_compiled(model, inputs, {"codegen": "eager", "head_chunk_size": HEAD_CHUNK})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert_streamed(run, T=inputs.T - 1, head_chunk_size=HEAD_CHUNK)
+    assert inputs.logits_of(run.out) is None
 
 
 # ---- inductor codegen: a smaller set (each compile is ~15-50 s on two cores) --------------------

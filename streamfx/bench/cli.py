@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and the batch")
     p.add_argument("--grad-sample", type=int, default=1 << 18,
                    help="gradient elements per parameter compared with eager (strided sample above this)")
+    p.add_argument("--loss", choices=list(methods_mod.LOSSES), default="model",
+                   help="model: the model's own loss from labels (default); shifted: "
+                        "cross_entropy(logits[:, :-1], labels[:, 1:]) computed on the returned logits")
     p.add_argument("--streambp-options", type=_json_obj, default={},
                    help='JSON options for the streambp rows, e.g. \'{"chunk_size": 256}\'')
     p.add_argument("--reference-venv", nargs="?", const="", default=None, metavar="DIR",
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         seqs=ns.seq or (QUICK_SEQS if ns.quick else None),
         repeats=ns.repeats if ns.repeats is not None else (QUICK_REPEATS if ns.quick else 3),
         timeout=ns.timeout if ns.timeout is not None else (600.0 if ns.quick else 1800.0),
-        seed=ns.seed, grad_sample=ns.grad_sample, streambp_options=ns.streambp_options,
+        seed=ns.seed, grad_sample=ns.grad_sample, streambp_options=ns.streambp_options, loss=ns.loss,
         reference_options=ns.reference_options, max_len=ns.max_len, mem_cap_gb=ns.mem_cap_gb,
         max_len_start=ns.max_len_start, max_len_step=ns.max_len_step)
     if "reference" in methods and ns.reference_venv is not None:
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
               "timeout": cfg.timeout, "seed": cfg.seed, "seqs": {p: cfg.seqs_of(p) for p in models},
               "dtypes": {p: cfg.dtype_of(p) for p in models}, "streambp_options": cfg.streambp_options,
               "reference_options": cfg.reference_options, "max_len": ns.max_len, "mem_cap_gb": ns.mem_cap_gb,
-              "grad_sample": cfg.grad_sample}
+              "grad_sample": cfg.grad_sample, "loss": cfg.loss}
     paths = report.write_all(out_dir, meta, config, summaries, runs, max_len)
     print()
     print(paths["results.md"].read_text())

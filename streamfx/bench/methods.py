@@ -8,6 +8,9 @@ Contract:
     ``step(input_ids, labels) -> loss``: one full BP step (forward with labels, HF causal-LM loss,
     ``loss.backward()``) that leaves the gradients in ``model``'s parameters and returns the loss
     as a detached scalar tensor.  Compilation happens lazily, in the first call.
+    With ``loss="shifted"`` the step computes the same loss outside the model, the way TRL-style
+    code does: ``cross_entropy(logits[:, :-1], labels[:, 1:])`` on the logits the model returns
+    (compiled together with the model by the compiling methods).
   * :func:`worker_env` lists the environment variables a method's worker process needs.
 """
 from __future__ import annotations
@@ -71,6 +74,27 @@ def worker_env(name: str) -> dict[str, str]:
     return {}
 
 
+LOSSES = ("model", "shifted")
+
+
+def shifted_loss(model):
+    """A module computing the causal-LM loss from the model's logits with the logits shifted."""
+    import torch
+    import torch.nn.functional as F
+
+    class ShiftedLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, labels):
+            logits = self.model(input_ids=input_ids, use_cache=False).logits
+            return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+                                   ignore_index=-100)
+
+    return ShiftedLoss()
+
+
 def _hf_step(model, extra=None):
     extra = dict(extra or {})
 
@@ -78,6 +102,15 @@ def _hf_step(model, extra=None):
         out = model(input_ids=input_ids, labels=labels, use_cache=False, **extra)
         out.loss.backward()
         return out.loss.detach()
+
+    return step
+
+
+def _loss_step(module):
+    def step(input_ids, labels):
+        loss = module(input_ids, labels)
+        loss.backward()
+        return loss.detach()
 
     return step
 
@@ -95,36 +128,42 @@ def _streambp_backend():
 
 
 def prepare(name: str, model, device: str, streambp_options: dict | None = None,
-            reference_options: dict | None = None, seq: int = 0):
+            reference_options: dict | None = None, seq: int = 0, loss: str = "model"):
     """Set ``model`` up for method ``name`` and return its BP step (see the module docstring)."""
     import torch
 
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; known: {list(LOSSES)}")
+    if loss == "shifted" and name in ("reference", "liger"):
+        raise RuntimeError(f"method {name!r} computes the model's own loss only")
+    target = model if loss == "model" else shifted_loss(model)
+    step_of = _hf_step if loss == "model" else _loss_step
     if name == "eager":
-        return _hf_step(model)
+        return step_of(target)
     if name == "ckpt":
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             model.gradient_checkpointing_enable()
-        return _hf_step(model)
+        return step_of(target)
     if name == "inductor":
-        return _hf_step(torch.compile(model))
+        return step_of(torch.compile(target))
     if name == "auto_chunker":
         import torch._inductor.config as inductor_config
 
         if not hasattr(inductor_config, "auto_chunker"):
             raise RuntimeError(f"torch {torch.__version__} has no torch._inductor.config.auto_chunker")
         inductor_config.auto_chunker.enable = True
-        return _hf_step(torch.compile(model))
+        return step_of(torch.compile(target))
     if name == "membudget0":
         import torch._functorch.config as functorch_config
 
         functorch_config.activation_memory_budget = 0.0
-        return _hf_step(torch.compile(model))
+        return step_of(torch.compile(target))
     if name in ("streambp", "streambp-eager"):
         options = dict(streambp_options or {})
         if name == "streambp-eager":
             options["codegen"] = "eager"
-        return _hf_step(torch.compile(model, backend=_streambp_backend(), options=options))
+        return step_of(torch.compile(target, backend=_streambp_backend(), options=options))
     if name == "reference":
         return _reference_step(model, seq, reference_options or {})
     if name == "liger":

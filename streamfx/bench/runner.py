@@ -47,6 +47,7 @@ class BenchConfig:
     seed: int = 0
     grad_sample: int = 1 << 18
     streambp_options: dict = dataclasses.field(default_factory=dict)
+    loss: str = "model"                 # methods_mod.LOSSES
     reference_options: dict = dataclasses.field(default_factory=dict)
     reference_python: str | None = None
     reference_error: str | None = None
@@ -168,7 +169,7 @@ def run_measurements(cfg: BenchConfig) -> list[dict]:
             _log(f"{head} running ...")
             if method == "eager" and ref_path.exists():
                 ref_path.unlink()
-            args = dict(base, seed=cfg.seed, repeats=cfg.repeats, grad_sample=cfg.grad_sample,
+            args = dict(base, seed=cfg.seed, repeats=cfg.repeats, grad_sample=cfg.grad_sample, loss=cfg.loss,
                         ref_path=str(ref_path) if "eager" in cfg.methods else None,
                         streambp_options=cfg.streambp_options, reference_options=cfg.reference_options)
             run = run_worker(cfg, args, f"{preset}-{method}-T{seq}")
@@ -211,7 +212,7 @@ def _bisect(cfg: BenchConfig, preset: str, method: str) -> dict:
         nonlocal last_reason
         args = {"mode": "probe", "preset": preset, "method": method, "seq": seq,
                 "dtype": cfg.dtype_of(preset), "device": cfg.device, "seed": cfg.seed,
-                "mem_cap_bytes": cap, "streambp_options": cfg.streambp_options,
+                "mem_cap_bytes": cap, "streambp_options": cfg.streambp_options, "loss": cfg.loss,
                 "reference_options": cfg.reference_options}
         run = run_worker(cfg, args, f"maxlen-{preset}-{method}-T{seq}")
         ok = run.get("status") == "ok"

@@ -9,6 +9,7 @@ number starts from a clean process.  Arguments (a JSON object):
   ref_path       eager gradient file: the eager worker writes it, the others compare against it
   grad_sample    gradient elements kept per parameter for the comparison (strided sample)
   streambp_options, reference_options   options passed to those methods
+  loss           "model" (the model's own loss) or "shifted" (see methods.prepare)
   mem_cap_bytes  probe mode: cap on CUDA memory (torch.cuda.set_per_process_memory_fraction)
 
 Measurement protocol (mode "measure"; on CPU the whole process runs with fixed glibc malloc
@@ -246,7 +247,8 @@ def run(args: dict) -> dict:
         warnings.simplefilter("always")
         step = methods_mod.prepare(args["method"], model, device,
                                    streambp_options=args.get("streambp_options"),
-                                   reference_options=args.get("reference_options"), seq=seq)
+                                   reference_options=args.get("reference_options"), seq=seq,
+                                   loss=args.get("loss", "model"))
         _sync(device)
         t0 = time.perf_counter()
         step(input_ids, labels)

@@ -1,0 +1,212 @@
+"""Sequence slices moved in front of the head: ``lm_head(h)[:, :-1]`` becomes ``lm_head(h[:, :-1])``.
+
+A shifted loss (TRL's ``logits[:, :-1]`` against ``labels[:, 1:]``) slices the logits along the
+sequence. A slice maps rows [a, b) of one sequence axis onto another, so a head that contains
+it cannot stream: the logits would exist for the whole sequence first. Every op between the
+head's entry (the final hidden state) and such a slice is token-local, so the slice commutes
+with them. This pass rebuilds that path on ``h[:, a:b]`` (sizes along the sequence scaled from
+T to b - a; a slice of a slice becomes one slice) and routes the slice's users to it. The head
+then starts at the sliced hidden state and streams along the sliced axis.
+
+The pass works on a copy of the joint graph and keeps it only if the head then streams; the
+copy's backward half still differentiates the old path, which the rewrite never reads (it
+re-derives the backward from the forward).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+
+from streamfx.errors import CannotStream
+from .axes import is_tensor
+from .seq_dims import SEQ_FREE, TOKEN_LOCAL, UNKNOWN_MIXING, seq_slice
+
+aten = torch.ops.aten
+PASS = "move_slices"
+UNSLICED = "streamfx_unsliced"   # meta flag of a tensor whose slice the head now computes itself
+SIZE_ARG_OPS = {aten.view.default: 1, aten._unsafe_view.default: 1, aten.reshape.default: 1,
+                aten.expand.default: 1, aten.full.default: 0, aten.zeros.default: 0,
+                aten.ones.default: 0, aten.empty.memory_format: 0}
+
+
+@dataclasses.dataclass(frozen=True)
+class MovedSlice:
+    slice: str        # the slice node that was replaced
+    source: str       # the tensor it sliced (the logits)
+    entry: str        # the tensor the new slice takes (the head's entry)
+    start: int
+    stop: int
+    length: int       # length of the sequence axis that was sliced
+
+    def describe(self) -> str:
+        return (f"{self.slice} ({self.source}[{self.start}:{self.stop}] of {self.length} tokens) "
+                f"moved in front of the head: the head computes on {self.entry}[{self.start}:{self.stop}]")
+
+
+def head_slices(analysis) -> list:
+    """Sequence slices inside a head region that did not stream."""
+    if any(p.kind == "head" for p in analysis.plans):
+        return []
+    heads = [r for r in analysis.regions if r.kind == "head"]
+    if not heads:
+        return []
+    inside = set(heads[0].nodes)
+    return [n for n in heads[0].nodes if analysis.classes.get(n) == UNKNOWN_MIXING
+            and seq_slice(n, analysis.sd) is not None and n.args[0] in inside]
+
+
+def move_slices(joint: fx.GraphModule, num_fwd_outputs: int, real_inputs: dict, analysis, config,
+                rounds: int = 4):
+    """(joint, analysis) with the head's sequence slices moved to its entry when the head then
+    streams (and every region that streamed before still does); else the given pair."""
+    from .pipeline import analyze, decide
+
+    if not head_slices(analysis):
+        return joint, analysis
+    graph, val_map = _copy(joint.graph)
+    real = {val_map[p]: x for p, x in (real_inputs or {}).items() if p in val_map}
+    a = analyze(graph, num_fwd_outputs, real)
+    decide(a, config)
+    moved = []
+    for _ in range(rounds):
+        head = next((r for r in a.regions if r.kind == "head"), None)
+        done = None
+        for s in head_slices(a):
+            try:
+                done = move_slice(graph, s, head, a.sd, a.classes)
+                break
+            except CannotStream:
+                continue
+        if done is None:
+            break
+        moved.append(done)
+        a = analyze(graph, num_fwd_outputs, real)
+        decide(a, config)
+    before = {p.name for p in analysis.plans}
+    if not moved or not any(p.kind == "head" for p in a.plans) or not before <= {p.name for p in a.plans}:
+        return joint, analysis
+    a.moved = moved
+    gm = fx.GraphModule(joint, graph)
+    return gm, a
+
+
+def _copy(graph: fx.Graph):
+    new, val_map = fx.Graph(), {}
+    out = new.graph_copy(graph, val_map, return_output_node=True)
+    value, old_out = out
+    node = new.output(value)
+    node.meta = dict(old_out.meta)
+    return new, val_map
+
+
+def move_slice(graph: fx.Graph, s: fx.Node, head, sd, classes) -> MovedSlice:
+    """Rebuild the token-local path from outside the head to slice ``s`` on sliced inputs."""
+    d, a, b = seq_slice(s, sd)
+    src = s.args[0]
+    atom = sd.seq_axis(src)
+    n = src.meta["val"].shape[d]
+    inside = set(head.nodes)
+    mode = detect_fake_mode([x.meta.get("val") for x in graph.nodes if x.op == "placeholder"])
+    memo: dict = {}
+    entries = []
+
+    def carries(y) -> bool:
+        """Whether input ``y`` has the sliced sequence axis (then it is sliced too)."""
+        if not isinstance(y, fx.Node):
+            return False
+        v = y.meta.get("val")
+        if isinstance(v, (torch.SymInt, torch.SymFloat, int, float)):
+            raise CannotStream("a symbolic size on the path to the slice", y)
+        outs = range(len(v)) if isinstance(v, (tuple, list)) else [0] if is_tensor(v) else []
+        axes = {sd.seq_axis(y, i) for i in outs if is_tensor(v[i] if isinstance(v, (tuple, list)) else v)} - {None}
+        if not axes:
+            return False
+        if axes != {atom}:
+            raise CannotStream("the path to the slice mixes two sequence axes", y)
+        return True
+
+    def lift(x: fx.Node) -> fx.Node:
+        if x in memo:
+            return memo[x]
+        if x in inside and x.op == "call_function" and classes.get(x) in (TOKEN_LOCAL, SEQ_FREE):
+            new = graph.node_copy(x, lambda y: lift(y) if carries(y) else y)
+            if new.target in (aten.view.default, aten._unsafe_view.default):
+                new.target = aten.reshape.default  # the sliced rows are not contiguous
+            _scale_sizes(new, x, sd, atom, n, b - a)
+        elif x in inside:
+            raise CannotStream("an op on the path to the slice that is not token-local", x)
+        else:
+            dx = sd.seq_dim(x)
+            if not sd.seq_is_atomic(x):
+                raise CannotStream("the slice would cut a dim that merges the sequence with another", x)
+            inner = seq_slice(x, sd)
+            if inner is not None and inner[0] == dx:  # a slice of a slice is one slice
+                _, a0, _ = inner
+                new = graph.call_function(aten.slice.Tensor, (x.args[0], dx, a0 + a, a0 + b))
+            else:
+                new = graph.call_function(aten.slice.Tensor, (x, dx, a, b))
+            new.meta = {k: v for k, v in x.meta.items() if k in ("stack_trace", "nn_module_stack")}
+            entries.append(x)
+        new.meta.pop("streamfx", None)
+        new.meta["streamfx_pass"] = PASS
+        new.meta["val"] = _fake_value(new, mode)
+        _check_shape(new, x, sd, atom, n, b - a)
+        memo[x] = new
+        return new
+
+    with graph.inserting_before(s):
+        out = lift(src)
+    if tuple(out.meta["val"].shape) != tuple(s.meta["val"].shape):
+        raise CannotStream("the moved slice does not give the slice's shape", s)
+    s.replace_all_uses_with(out)
+    graph.erase_node(s)
+    src.meta[UNSLICED] = True
+    entry = entries[0].name if len(entries) == 1 else ", ".join(e.name for e in entries)
+    return MovedSlice(s.name, src.name, entry, a, b, n)
+
+
+def _scale_sizes(new: fx.Node, old: fx.Node, sd, atom, n: int, length: int) -> None:
+    pos = SIZE_ARG_OPS.get(old.target)
+    if pos is None or not is_tensor(old.meta.get("val")):
+        return
+    axes = sd.axes[old][0]
+    sizes = list(new.args[pos])
+    for k, dim in enumerate(axes):
+        if k < len(sizes) and any(sd.table.find(x) == atom for x in dim) and sizes[k] != -1:
+            if not isinstance(sizes[k], int) or sizes[k] % n:
+                raise CannotStream(f"size {sizes[k]} does not scale with the sequence length {n}", old)
+            sizes[k] = sizes[k] // n * length
+    args = list(new.args)
+    args[pos] = sizes
+    new.args = tuple(args)
+
+
+def _fake_value(node: fx.Node, mode):
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda y: y.meta["val"])
+    try:
+        if mode is None:
+            return node.target(*args, **kwargs)
+        with mode:
+            return node.target(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - an op that does not run on the sliced shapes
+        raise CannotStream(f"the op does not run on the sliced sequence ({type(e).__name__}: {e})", node) from None
+
+
+def _check_shape(new: fx.Node, old: fx.Node, sd, atom, n: int, length: int) -> None:
+    """Each output of the copy has the original's shape with the sequence dims scaled."""
+    olds, news = old.meta.get("val"), new.meta.get("val")
+    olds = list(olds) if isinstance(olds, (tuple, list)) else [olds]
+    news = list(news) if isinstance(news, (tuple, list)) else [news]
+    for i, (o, m) in enumerate(zip(olds, news)):
+        if not is_tensor(o):
+            continue
+        axes = (sd.axes.get(old) or [None] * (i + 1))[i]
+        want = [s // n * length if axes and any(sd.table.find(x) == atom for x in axes[k]) else s
+                for k, s in enumerate(o.shape)] if old.op == "call_function" else None
+        if want is None:
+            continue
+        if not is_tensor(m) or list(m.shape) != want:
+            raise CannotStream("the op does not keep its rows on the sliced sequence", old)
