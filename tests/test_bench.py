@@ -111,3 +111,25 @@ def test_max_len_bisection(tmp_path, monkeypatch):
     assert len(seen) <= cfg.max_len_probes
     cpu = runner.run_max_len(runner.BenchConfig(presets=["tiny"], methods=[], out_dir=tmp_path, device="cpu"))
     assert {r["reason"] for r in cpu} == {"needs CUDA"}
+
+
+def test_shifted_loss_equals_the_model_loss():
+    """--loss shifted computes cross_entropy(logits[:, :-1], labels[:, 1:]) outside the model:
+    the same value and gradients as the model's own (label-shifting) loss; unknown losses raise."""
+    import torch
+
+    from streamfx.bench import methods, presets
+
+    preset = PRESETS["tiny"]
+    ids, labels = presets.make_batch(preset, 32, "cpu", seed=0)
+    results = []
+    for loss in methods.LOSSES:
+        model = presets.build_model(preset, "float32", "cpu", seed=0, max_seq=32)
+        step = methods.prepare("eager", model, "cpu", loss=loss)
+        results.append((step(ids, labels), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss_model, g_model), (loss_shift, g_shift) = results
+    torch.testing.assert_close(loss_shift, loss_model, rtol=1e-6, atol=1e-6)
+    for name, g in g_model.items():
+        torch.testing.assert_close(g_shift[name], g, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="known"):
+        methods.prepare("eager", model, "cpu", loss="mean")

@@ -70,7 +70,10 @@ def render_markdown(meta: dict, config: dict, summaries: dict, runs: list[dict],
     memory_kind = ("peak RSS (VmHWM after clear_refs) minus the RSS before the step; glibc's mmap "
                    "threshold is fixed at 128 KiB so that freed blocks leave the RSS" if config["device"] == "cpu"
                    else "torch.cuda.max_memory_allocated minus memory_allocated before the step")
-    lines.append("One BP step = forward with labels (first quarter of the labels is -100) + loss.backward(), "
+    loss_kind = ("the loss computed outside the model on the returned logits, "
+                 "cross_entropy(logits[:, :-1], labels[:, 1:]), " if config.get("loss") == "shifted" else "")
+    lines.append(f"One BP step = forward with labels (first quarter of the labels is -100), {loss_kind}"
+                 "+ loss.backward(), "
                  "batch 1, train mode, use_cache=False, each measurement in a fresh process after one "
                  f"warm-up step. **peak** (MiB) = {memory_kind}. **B/token** = least-squares slope of peak "
                  "over the lengths; the floor is (layers+1)·d·dtype_bytes. **time** = median step time, s. "
