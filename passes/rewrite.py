@@ -403,4 +403,3 @@ def _empty_like(g: fx.Graph, node: fx.Node) -> fx.Node:
     """The placeholder value of a dropped output: an empty tensor of its dtype and device."""
     v = node.meta["val"]
     return g.call_function(aten.empty.memory_format, ([0],), {"dtype": v.dtype, "device": v.device})
-

@@ -190,4 +190,3 @@ def seq_slice(node: fx.Node, sd: SeqDims):
     if start >= end or (start, end) == (0, n):
         return None
     return d, start, end
-
