@@ -22,14 +22,12 @@ from torch._guards import detect_fake_mode
 
 from streamfx.errors import CannotStream
 from .axes import is_tensor
+from .rewrite import SIZE_ARG_OPS
 from .seq_dims import SEQ_FREE, TOKEN_LOCAL, UNKNOWN_MIXING, seq_slice
 
 aten = torch.ops.aten
 PASS = "move_slices"
 UNSLICED = "streamfx_unsliced"   # meta flag of a tensor whose slice the head now computes itself
-SIZE_ARG_OPS = {aten.view.default: 1, aten._unsafe_view.default: 1, aten.reshape.default: 1,
-                aten.expand.default: 1, aten.full.default: 0, aten.zeros.default: 0,
-                aten.ones.default: 0, aten.empty.memory_format: 0}
 
 
 @dataclasses.dataclass(frozen=True)
