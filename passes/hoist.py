@@ -118,8 +118,8 @@ def move_slice(graph: fx.Graph, s: fx.Node, head, sd, classes) -> MovedSlice:
         v = y.meta.get("val")
         if isinstance(v, (torch.SymInt, torch.SymFloat, int, float)):
             raise CannotStream("a symbolic size on the path to the slice", y)
-        outs = range(len(v)) if isinstance(v, (tuple, list)) else [0] if is_tensor(v) else []
-        axes = {sd.seq_axis(y, i) for i in outs if is_tensor(v[i] if isinstance(v, (tuple, list)) else v)} - {None}
+        vals = v if isinstance(v, (tuple, list)) else [v]
+        axes = {sd.seq_axis(y, i) for i, t in enumerate(vals) if is_tensor(t)} - {None}
         if not axes:
             return False
         if axes != {atom}:
@@ -194,17 +194,17 @@ def _fake_value(node: fx.Node, mode):
 
 
 def _check_shape(new: fx.Node, old: fx.Node, sd, atom, n: int, length: int) -> None:
-    """Each output of the copy has the original's shape with the sequence dims scaled."""
+    """Each output of the copy of op ``old`` has ``old``'s shape with the sequence dims scaled."""
+    if old.op != "call_function":
+        return
     olds, news = old.meta.get("val"), new.meta.get("val")
     olds = list(olds) if isinstance(olds, (tuple, list)) else [olds]
     news = list(news) if isinstance(news, (tuple, list)) else [news]
     for i, (o, m) in enumerate(zip(olds, news)):
         if not is_tensor(o):
             continue
-        axes = (sd.axes.get(old) or [None] * (i + 1))[i]
-        want = [s // n * length if axes and any(sd.table.find(x) == atom for x in axes[k]) else s
-                for k, s in enumerate(o.shape)] if old.op == "call_function" else None
-        if want is None:
-            continue
+        axes = sd.axes[old][i]
+        want = [s // n * length if any(sd.table.find(x) == atom for x in axes[k]) else s
+                for k, s in enumerate(o.shape)]
         if not is_tensor(m) or list(m.shape) != want:
             raise CannotStream("the op does not keep its rows on the sliced sequence", old)
