@@ -1,6 +1,7 @@
-"""Graph passes of streamfx: analyses (seq_dims, attention, regions), the plan and the rewrite."""
-from . import attention, rules  # noqa: F401  (registers the rule families)
-from .hoist import move_slices
-from .pipeline import Analysis, analyze, decide
+"""Graph passes of streamfx: analyses (seq_dims, attention, regions), the plan and the rewrite.
 
-__all__ = ["Analysis", "analyze", "decide", "move_slices"]
+``pipeline.run`` is the whole pass order; see its module docstring."""
+from . import attention, rules  # noqa: F401  (registers the rule families)
+from .pipeline import Analysis, analyze, decide, run
+
+__all__ = ["Analysis", "analyze", "decide", "run"]

@@ -13,7 +13,9 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from .axes import RuleOut, normalize_dim
+from . import verify
+from .axes import RuleOut
+from .graphs import ancestors, bind, in_order, same
 from .rules import register, shape
 
 aten = torch.ops.aten
@@ -41,34 +43,20 @@ SDPA_BACKWARD = tuple(
 )
 
 
-def bind(node: fx.Node) -> dict:
-    """Arguments of an OpOverload call by schema name."""
-    schema = node.target._schema
-    out = {}
-    for i, a in enumerate(schema.arguments):
-        if i < len(node.args):
-            out[a.name] = node.args[i]
-        elif a.name in node.kwargs:
-            out[a.name] = node.kwargs[a.name]
-        elif a.has_default_value():
-            out[a.name] = a.default_value
-    return out
-
-
 @register(*SDPA_OVERLOADS)
-def sdpa(node, T, ax):
+def sdpa(node, table, ax):
     q, k, v = node.args[:3]
     qa, ka, va = ax(q), ax(k), ax(v)
-    T.unify(ka[-2], va[-2])
+    table.unify(ka[-2], va[-2])
     for i in range(len(qa) - 2):
-        if shape(q)[i] == shape(k)[i]:
-            T.unify(qa[i], ka[i])
+        if same(shape(q)[i], shape(k)[i]):
+            table.unify(qa[i], ka[i])
     b = bind(node)
     mask = b.get("attn_mask", b.get("attn_bias"))
     if isinstance(mask, fx.Node):  # the mask is (..., queries, keys)
         ma = ax(mask)
-        T.unify(ma[-2], qa[-2]) if ma[-2] else None
-        T.unify(ma[-1], ka[-2]) if ma[-1] else None
+        table.unify(ma[-2], qa[-2]) if ma[-2] else None
+        table.unify(ma[-1], ka[-2]) if ma[-1] else None
     out = tuple(qa[:-1]) + (va[-1],)
     vals = node.meta["val"]
     n_out = len(vals) if isinstance(vals, (tuple, list)) else 1
@@ -78,7 +66,7 @@ def sdpa(node, T, ax):
 
 
 @register(*SDPA_BACKWARD)
-def sdpa_backward(node, T, ax):
+def sdpa_backward(node, table, ax):
     q, k, v = node.args[1:4]
     return RuleOut([ax(q), ax(k), ax(v)] + [None] * (len(node.meta["val"]) - 3),
                    reduced=((node.args[0], len(ax(q)) - 2),))
@@ -261,13 +249,7 @@ def _is_positions(v) -> bool:
 
 
 def _ancestors(node: fx.Node) -> list[fx.Node]:
-    seen, stack = {node}, [node]
-    while stack:
-        for x in stack.pop().all_input_nodes:
-            if x not in seen:
-                seen.add(x)
-                stack.append(x)
-    return [n for n in node.graph.nodes if n in seen]
+    return in_order(ancestors([node]), node.graph)
 
 
 def _evaluate(target: fx.Node, nodes: list, graph_inputs: dict, preset=None):
@@ -275,26 +257,24 @@ def _evaluate(target: fx.Node, nodes: list, graph_inputs: dict, preset=None):
     try:
         return _run(target, nodes, graph_inputs, dict(preset or {}))
     except Exception:
+        if verify.enabled():
+            raise
         return None
 
 
 def _run(target, nodes, graph_inputs, env):
-    if True:
-        for n in nodes:
-            if n in env:
-                continue
-            if n.op == "placeholder":
-                if n in graph_inputs:
-                    env[n] = graph_inputs[n]
-                else:
-                    env[n] = _neutral(n.meta["val"])
-            elif n.op == "call_function":
-                args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda x: env[x])
-                env[n] = n.target(*args, **kwargs)
-            else:
-                return None
-        value = env[target]
-        return value if type(value) is torch.Tensor else None
+    for n in nodes:
+        if n in env:
+            continue
+        if n.op == "placeholder":
+            env[n] = graph_inputs[n] if n in graph_inputs else _neutral(n.meta["val"])
+        elif n.op == "call_function":
+            args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda x: env[x])
+            env[n] = n.target(*args, **kwargs)
+        else:
+            return None
+    value = env[target]
+    return value if type(value) is torch.Tensor else None
 
 
 def _neutral(val, real: torch.Tensor | None = None):

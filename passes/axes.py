@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import operator
-from typing import Any, Callable, Sequence
+from typing import Any
 
-import torch
-import torch.fx as fx
+from .graphs import is_one, less, same
 
 Axes = tuple  # tuple[tuple[int, ...], ...]: per dim, a product of atomic axis ids
 
@@ -25,8 +23,8 @@ class RuleOut:
     """What a rule says about one node.
 
     out:     axes of each output (a list with one entry per tensor output; None for non-tensors).
-    reduced: (input index, dim) pairs the op sums or contracts over.
-    mixed:   (input index, dim) pairs along which values of different positions are combined
+    reduced: (input node, dim) pairs the op sums or contracts over.
+    mixed:   (input node, dim) pairs along which values of different positions are combined
              in a way that is not a reduction (cumsum, conv, shift, sort, softmax, ...).
     """
 
@@ -45,7 +43,7 @@ class AxisTable:
         self._ids = itertools.count()
 
     def fresh(self, size) -> tuple:
-        if _is_one(size):
+        if is_one(size):
             return ()
         a = next(self._ids)
         self.parent[a] = a
@@ -80,20 +78,20 @@ class AxisTable:
         i = j = 0
         n_in, n_out = len(in_shape), len(out_shape)
         while j < n_out:
-            if i < n_in and _is_one(in_shape[i]) and not _is_one(out_shape[j]):
+            if i < n_in and is_one(in_shape[i]) and not is_one(out_shape[j]):
                 i += 1
                 continue
-            if _is_one(out_shape[j]):
+            if is_one(out_shape[j]):
                 out.append(())
                 j += 1
-                if i < n_in and _is_one(in_shape[i]):
+                if i < n_in and is_one(in_shape[i]):
                     i += 1
                 continue
             # grow input group and output group until their products agree
             gi, go = [i], [j]
             pi, po = in_shape[i] if i < n_in else 1, out_shape[j]
-            while not _eq(pi, po):
-                if _lt(pi, po) and gi[-1] + 1 < n_in:
+            while not same(pi, po):
+                if less(pi, po) and gi[-1] + 1 < n_in:
                     gi.append(gi[-1] + 1)
                     pi = pi * in_shape[gi[-1]]
                 elif go[-1] + 1 < n_out:
@@ -112,70 +110,13 @@ class AxisTable:
     def _split(self, atoms: list, sizes: list) -> list:
         result, k = [], 0
         for s in sizes:
-            if _is_one(s):
+            if is_one(s):
                 result.append(())
                 continue
             group, prod = [], 1
-            while k < len(atoms) and not _eq(prod, s):
+            while k < len(atoms) and not same(prod, s):
                 group.append(atoms[k])
                 prod = prod * self.size[self.find(atoms[k])]
                 k += 1
-            result.append(tuple(group) if _eq(prod, s) else self.fresh(s))
+            result.append(tuple(group) if same(prod, s) else self.fresh(s))
         return result
-
-
-def _is_one(s) -> bool:
-    return _eq(s, 1)
-
-
-def _eq(a, b) -> bool:
-    try:
-        return bool(a == b)
-    except Exception:  # unbacked or undecidable symbolic sizes
-        return False
-
-
-def _lt(a, b) -> bool:
-    try:
-        return bool(a < b)
-    except Exception:
-        return False
-
-
-def tensor_meta(x):
-    """The fake tensor (or tuple of them) recorded on a node, or None."""
-    if isinstance(x, fx.Node):
-        return x.meta.get("val")
-    return None
-
-
-def is_tensor(v) -> bool:
-    return isinstance(v, torch.Tensor)
-
-
-def node_inputs(node: fx.Node) -> list[fx.Node]:
-    """Tensor-valued input nodes, flattened from args and kwargs, in order."""
-    flat = fx.node.map_arg((node.args, node.kwargs), lambda n: n)
-    out: list[fx.Node] = []
-
-    def walk(x):
-        if isinstance(x, fx.Node):
-            if is_tensor(x.meta.get("val")):
-                out.append(x)
-        elif isinstance(x, (list, tuple)):
-            for y in x:
-                walk(y)
-        elif isinstance(x, dict):
-            for y in x.values():
-                walk(y)
-
-    walk(flat)
-    return out
-
-
-def normalize_dim(d: int, ndim: int) -> int:
-    return d + ndim if d < 0 else d
-
-
-getitem = operator.getitem
-Rule = Callable[[fx.Node, Sequence[Axes], AxisTable], RuleOut]

@@ -8,9 +8,9 @@ with them. This pass rebuilds that path on ``h[:, a:b]`` (sizes along the sequen
 T to b - a; a slice of a slice becomes one slice) and routes the slice's users to it. The head
 then starts at the sliced hidden state and streams along the sliced axis.
 
-The pass works on a copy of the joint graph and keeps it only if the head then streams; the
-copy's backward half still differentiates the old path, which the rewrite never reads (it
-re-derives the backward from the forward).
+The pipeline applies it to a copy of the joint graph and keeps the copy only if the head then
+streams; the copy's backward half still differentiates the old path, which the rewrite never
+reads (it re-derives the backward from the forward).
 """
 from __future__ import annotations
 
@@ -21,13 +21,12 @@ import torch.fx as fx
 from torch._guards import detect_fake_mode
 
 from streamfx.errors import CannotStream
-from .axes import is_tensor
-from .rewrite import SIZE_ARG_OPS
+from .graphs import SIZE_ARG_OPS, is_tensor
+from .record import made_by
 from .seq_dims import SEQ_FREE, TOKEN_LOCAL, UNKNOWN_MIXING, seq_slice
 
 aten = torch.ops.aten
-PASS = "move_slices"
-UNSLICED = "streamfx_unsliced"   # meta flag of a tensor whose slice the head now computes itself
+STEP = "move_slices"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +37,7 @@ class MovedSlice:
     start: int
     stop: int
     length: int       # length of the sequence axis that was sliced
+    unsliced: fx.Node = None  # the whole-sequence tensor whose slice the head now computes itself
 
     def describe(self) -> str:
         return (f"{self.slice} ({self.source}[{self.start}:{self.stop}] of {self.length} tokens) "
@@ -56,48 +56,24 @@ def head_slices(analysis) -> list:
             and seq_slice(n, analysis.sd) is not None and n.args[0] in inside]
 
 
-def move_slices(joint: fx.GraphModule, num_fwd_outputs: int, real_inputs: dict, analysis, config,
-                rounds: int = 4):
-    """(joint, analysis) with the head's sequence slices moved to its entry when the head then
-    streams (and every region that streamed before still does); else the given pair."""
-    from .pipeline import analyze, decide
-
-    if not head_slices(analysis):
-        return joint, analysis
-    graph, val_map = _copy(joint.graph)
-    real = {val_map[p]: x for p, x in (real_inputs or {}).items() if p in val_map}
-    a = analyze(graph, num_fwd_outputs, real)
-    decide(a, config)
-    moved = []
-    for _ in range(rounds):
-        head = next((r for r in a.regions if r.kind == "head"), None)
-        done = None
-        for s in head_slices(a):
-            try:
-                done = move_slice(graph, s, head, a.sd, a.classes)
-                break
-            except CannotStream:
-                continue
-        if done is None:
-            break
-        moved.append(done)
-        a = analyze(graph, num_fwd_outputs, real)
-        decide(a, config)
-    before = {p.name for p in analysis.plans}
-    if not moved or not any(p.kind == "head" for p in a.plans) or not before <= {p.name for p in a.plans}:
-        return joint, analysis
-    a.moved = moved
-    gm = fx.GraphModule(joint, graph)
-    return gm, a
-
-
-def _copy(graph: fx.Graph):
+def copy_graph(graph: fx.Graph):
+    """A copy of ``graph`` (output metadata included) and the old -> new node map."""
     new, val_map = fx.Graph(), {}
-    out = new.graph_copy(graph, val_map, return_output_node=True)
-    value, old_out = out
+    value, old_out = new.graph_copy(graph, val_map, return_output_node=True)
     node = new.output(value)
     node.meta = dict(old_out.meta)
     return new, val_map
+
+
+def move_one(graph: fx.Graph, analysis) -> MovedSlice | None:
+    """Move the first head slice that can move; None when none can."""
+    head = next((r for r in analysis.regions if r.kind == "head"), None)
+    for s in head_slices(analysis):
+        try:
+            return move_slice(graph, s, head, analysis.sd, analysis.classes)
+        except CannotStream:
+            continue
+    return None
 
 
 def move_slice(graph: fx.Graph, s: fx.Node, head, sd, classes) -> MovedSlice:
@@ -149,7 +125,7 @@ def move_slice(graph: fx.Graph, s: fx.Node, head, sd, classes) -> MovedSlice:
             new.meta = {k: v for k, v in x.meta.items() if k in ("stack_trace", "nn_module_stack")}
             entries.append(x)
         new.meta.pop("streamfx", None)
-        new.meta["streamfx_pass"] = PASS
+        made_by(new, STEP)
         new.meta["val"] = _fake_value(new, mode)
         _check_shape(new, x, sd, atom, n, b - a)
         memo[x] = new
@@ -161,9 +137,8 @@ def move_slice(graph: fx.Graph, s: fx.Node, head, sd, classes) -> MovedSlice:
         raise CannotStream("the moved slice does not give the slice's shape", s)
     s.replace_all_uses_with(out)
     graph.erase_node(s)
-    src.meta[UNSLICED] = True
     entry = entries[0].name if len(entries) == 1 else ", ".join(e.name for e in entries)
-    return MovedSlice(s.name, src.name, entry, a, b, n)
+    return MovedSlice(s.name, src.name, entry, a, b, n, unsliced=src)
 
 
 def _scale_sizes(new: fx.Node, old: fx.Node, sd, atom, n: int, length: int) -> None:

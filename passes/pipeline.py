@@ -1,9 +1,11 @@
-"""The pass pipeline over an AOTAutograd joint graph: analyse, decide, rewrite.
+"""The pass pipeline over an AOTAutograd joint graph, in one function: ``run``.
 
-    analysis = analyze(joint, num_fwd_outputs)       # pure: seq dims, attention, regions, classes
-    plans    = decide(analysis, config)              # pure: which regions stream, chunk sizes
-    joint, analysis = move_slices(joint, ...)        # on a copy: a shifted loss's slice moved to the head entry
-    joint    = stream_joint(joint, ..., plans)       # the only step that builds a new graph
+    analyse      seq dims, attention sites, regions, node classes (pure)
+    decide       a plan per region that streams, a refusal (op, source line) per one that does not (pure)
+    move slices  a shifted loss's slice of the logits moved in front of the head (on a copy)
+    stream       streamed regions become ``streamfx::region`` calls; the joint is re-derived
+
+Each step that changes a graph dumps it (``dump``) and, under ``STREAMFX_VERIFY=1``, checks it.
 """
 from __future__ import annotations
 
@@ -13,11 +15,15 @@ import torch
 import torch.fx as fx
 
 from streamfx.errors import CannotStream
-from . import attention as attn
+from . import attention as attn, hoist, verify
+from .graphs import is_tangent, outputs as graph_outputs, primals
 from .plan import plan_head, plan_layer
 from .record import NodeRecord, tag
 from .regions import find_regions
+from .rewrite import stream_joint
 from .seq_dims import UNKNOWN_MIXING, infer_axes, seed_from_embedding
+
+MAX_MOVES = 4  # sequence slices moved in front of the head, at most
 
 
 @dataclasses.dataclass
@@ -35,6 +41,12 @@ class Analysis:
     programs: list = dataclasses.field(default_factory=list)   # (plan, runtime program) after the rewrite
     requires_grad: frozenset = frozenset()                      # forward nodes that get a gradient
     moved: list = dataclasses.field(default_factory=list)      # hoist.MovedSlice: slices moved before the head
+    dropped: set = dataclasses.field(default_factory=set)      # forward outputs returned as None
+
+    @property
+    def unsliced(self) -> frozenset:
+        """Whole-sequence tensors whose slice the head computes itself (moved slices)."""
+        return frozenset(m.unsliced for m in self.moved)
 
     @property
     def seq_len(self):
@@ -48,13 +60,40 @@ class Analysis:
         return [n for n in self.fwd_nodes if self.classes.get(n) == UNKNOWN_MIXING]
 
 
+def run(joint: fx.GraphModule, num_fwd_outputs: int, config, real_inputs: dict | None = None,
+        dump=None) -> tuple[fx.GraphModule, Analysis]:
+    """The whole pipeline. Returns the joint graph to partition (streamed, or the input one where
+    nothing streams) and the analysis of the graph the rewrite started from, with its plans,
+    refusals, programs and dropped outputs. ``dump(step, gm, analysis, programs=())`` is called
+    after each step that changed a graph."""
+    dump = dump or (lambda *args, **kwargs: None)
+    a = analyze(joint.graph, num_fwd_outputs, real_inputs)
+    decide(a, config)
+    dump("joint", joint, a)
+    # a slice of the logits blocks the head; moved in front of it on a copy, kept if the head streams
+    joint, a = move_slices(joint, a, config, real_inputs)
+    if a.moved:
+        dump("moved", joint, a)
+    if not a.plans:
+        return joint, a
+    try:
+        streamed = stream_joint(joint, num_fwd_outputs, a.fwd_nodes, a.plans, config.codegen)
+    except CannotStream as err:
+        a.refusals.append(("all", err))
+        a.plans = []
+        return joint, a
+    a.plans = [p for p, _ in streamed.programs]
+    a.programs, a.dropped = streamed.programs, streamed.dropped
+    dump("streamed", streamed.joint, None, programs=streamed.programs)
+    return streamed.joint, a
+
+
 def split_joint(graph: fx.Graph, num_fwd_outputs: int):
     """Forward nodes (needed by the forward outputs, independent of tangents) and the rest."""
-    out = graph.find_nodes(op="output")[0]
-    fwd_outs = [o for o in list(out.args[0])[:num_fwd_outputs] if isinstance(o, fx.Node)]
+    fwd_outs = [o for o in graph_outputs(graph)[:num_fwd_outputs] if isinstance(o, fx.Node)]
     tangent_dep = set()
     for n in graph.nodes:
-        if (n.op == "placeholder" and n.name.startswith("tangents")) or any(x in tangent_dep for x in n.all_input_nodes):
+        if is_tangent(n) or any(x in tangent_dep for x in n.all_input_nodes):
             tangent_dep.add(n)
     needed, stack = set(fwd_outs), list(fwd_outs)
     while stack:
@@ -70,11 +109,11 @@ def split_joint(graph: fx.Graph, num_fwd_outputs: int):
 def differentiable(graph: fx.Graph, num_fwd_outputs: int, fwd: list) -> frozenset:
     """Forward nodes whose gradient the joint computes: primals with a gradient output (not a
     frozen weight, not an integer input) and floating-point values computed from them."""
-    primals = [n for n in graph.find_nodes(op="placeholder") if n.name.startswith("primals")]
-    grads = list(graph.find_nodes(op="output")[0].args[0])[num_fwd_outputs:]
-    if len(grads) != len(primals):
+    ps = primals(graph)
+    grads = graph_outputs(graph)[num_fwd_outputs:]
+    if len(grads) != len(ps):
         return frozenset(fwd)
-    out = {p for p, g in zip(primals, grads) if g is not None}
+    out = {p for p, g in zip(ps, grads) if g is not None}
     for n in fwd:
         v = n.meta.get("val")
         if n.op == "call_function" and isinstance(v, torch.Tensor) and v.is_floating_point() \
@@ -84,6 +123,7 @@ def differentiable(graph: fx.Graph, num_fwd_outputs: int, fwd: list) -> frozense
 
 
 def analyze(graph: fx.Graph, num_fwd_outputs: int, real_inputs: dict | None = None) -> Analysis:
+    """Step 1, pure: sequence dims, attention sites and their masks, regions, node classes."""
     fwd, bwd, fwd_outs = split_joint(graph, num_fwd_outputs)
     sd = infer_axes(graph)
     sites = attn.find_sites(graph, sd, set(fwd))
@@ -99,6 +139,7 @@ def analyze(graph: fx.Graph, num_fwd_outputs: int, real_inputs: dict | None = No
     analysis = Analysis(graph, num_fwd_outputs, fwd, bwd, sd, sites, classes, regions,
                         requires_grad=differentiable(graph, num_fwd_outputs, fwd))
     _record(analysis, site_nodes)
+    verify.analysis(analysis)
     return analysis
 
 
@@ -112,16 +153,47 @@ def _record(a: Analysis, site_nodes) -> None:
 
 
 def decide(a: Analysis, config) -> list:
-    """Plans for the regions that stream; refusals recorded (with the responsible node)."""
+    """Step 2, pure: plans for the regions that stream; refusals recorded (with the responsible node)."""
     plans = []
     fwd = set(a.fwd_nodes)
     for r in a.regions:
         try:
             if r.kind == "head":
-                plans.append(plan_head(r, a.sd, a.classes, config, fwd, a.requires_grad))
+                plans.append(plan_head(r, a.sd, a.classes, config, fwd, a.requires_grad, a.unsliced))
             else:
                 plans.append(plan_layer(r, a.sd, a.classes, config, fwd, a.requires_grad))
         except CannotStream as e:
             a.refusals.append((r.name, e))
     a.plans = plans
+    verify.analysis(a)
     return plans
+
+
+def move_slices(joint: fx.GraphModule, a: Analysis, config, real_inputs: dict | None = None):
+    """Step 3: (joint, analysis) with the head's sequence slices moved to its entry, on a copy of
+    the joint, when the head then streams and every region that streamed before still does;
+    else the given pair."""
+    if not hoist.head_slices(a):
+        return joint, a
+    graph, val_map = hoist.copy_graph(joint.graph)
+    real = {val_map[p]: x for p, x in (real_inputs or {}).items() if p in val_map}
+    moved: list = []
+    b = _analyse_and_decide(graph, a.num_fwd_outputs, real, config, moved)
+    for _ in range(MAX_MOVES):
+        m = hoist.move_one(graph, b)
+        if m is None:
+            break
+        moved.append(m)
+        verify.graph(graph, hoist.STEP)
+        b = _analyse_and_decide(graph, a.num_fwd_outputs, real, config, moved)
+    before = {p.name for p in a.plans}
+    if not moved or not any(p.kind == "head" for p in b.plans) or not before <= {p.name for p in b.plans}:
+        return joint, a
+    return fx.GraphModule(joint, graph), b
+
+
+def _analyse_and_decide(graph, num_fwd_outputs, real, config, moved) -> Analysis:
+    b = analyze(graph, num_fwd_outputs, real)
+    b.moved = list(moved)
+    decide(b, config)
+    return b

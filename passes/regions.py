@@ -6,7 +6,6 @@ hidden-path output) from the embedding; each chain node is a tensor every later 
 computed from. A layer region runs from the chain node that feeds an attention site's queries
 to the next such chain node. The head region is everything from the last hidden chain node
 (the narrowest one after the last attention site) to the sequence reductions that consume it.
-``nn_module_stack`` meta is used only as a cross-check label, never to decide.
 """
 from __future__ import annotations
 
@@ -16,10 +15,10 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, SEQ_FREE, seq_slice
+from .graphs import COPIES, order, per_token
+from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, seq_slice
 
 aten = torch.ops.aten
-COPIES = (aten.clone.default, aten.alias.default)
 
 
 @dataclasses.dataclass
@@ -31,7 +30,6 @@ class Region:
     outputs: list                 # nodes used outside the region (or graph outputs)
     inputs: list                  # nodes from outside the region used inside it
     attention: list = dataclasses.field(default_factory=list)
-    module: str = ""              # nn_module_stack cross-check label
     shared: frozenset = frozenset()  # cheap token-local side nodes recomputed inside the region
 
     def describe(self) -> str:
@@ -79,26 +77,26 @@ def residual_chain(fwd_nodes, sd, sinks) -> list:
         chain.append(n)
         n = idom[n]
     chain.append(emb)
-    order = {n: i for i, n in enumerate(fwd_nodes)}
-    return sorted((c for c in chain if sd.seq_dim(c) is not None), key=order.__getitem__)
+    rank = order(fwd_nodes)
+    return sorted((c for c in chain if sd.seq_dim(c) is not None), key=rank.__getitem__)
 
 
 def find_regions(fwd_nodes, sd, sites, sinks, classes) -> list[Region]:
     chain = residual_chain(fwd_nodes, sd, sinks)
     if not chain:
         return []
-    order = {n: i for i, n in enumerate(fwd_nodes)}
+    rank = order(fwd_nodes)
     g = dataflow(fwd_nodes)
     # layer boundaries: for each attention site, the last chain node that precedes its query
     starts = []
-    for site in sorted(sites, key=lambda s: order.get(s.output, 0)):
-        before = [c for c in chain if order[c] < order.get(site.query, -1) and nx.has_path(g, c, site.query)]
+    for site in sorted(sites, key=lambda s: rank.get(s.output, 0)):
+        before = [c for c in chain if rank[c] < rank.get(site.query, -1) and nx.has_path(g, c, site.query)]
         if before:
             starts.append((before[-1], site))
     regions: list[Region] = []
-    last_attn = max((order[s.output] for s in sites if s.output in order), default=-1)
-    tail = [c for c in chain if order[c] > last_attn]
-    floor = _width(starts[-1][0] if starts else chain[0], sd)
+    last_attn = max((rank[s.output] for s in sites if s.output in rank), default=-1)
+    tail = [c for c in chain if rank[c] > last_attn]
+    floor = per_token(starts[-1][0] if starts else chain[0], sd)
     head_entry = _head_entry(tail, sd, floor) if tail else None
     layer_end = None
     if head_entry is not None:
@@ -106,8 +104,8 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes) -> list[Region]:
     bounds = [s for s, _ in starts] + ([layer_end] if layer_end is not None else [])
     for i, (start, site) in enumerate(starts):
         end = bounds[i + 1] if i + 1 < len(bounds) else None
-        nodes = _between(fwd_nodes, g, start, end, order)
-        regions.append(_make_region(f"layer.{i}", "layer", start, nodes, [site], order, fwd_nodes))
+        nodes = _between(fwd_nodes, g, start, end, rank)
+        regions.append(_make_region(f"layer.{i}", "layer", start, nodes, [site], rank, fwd_nodes))
     if head_entry is not None:
         reach = nx.descendants(g, head_entry)
         red = [n for n in fwd_nodes if classes.get(n) == SEQ_REDUCTION and n in reach]
@@ -117,7 +115,7 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes) -> list[Region]:
         core = set(n for n in fwd_nodes if n in reach and n in anc)
         pulled = _pull_merged_inputs(set(core), sd, classes) - core
         nodes = [n for n in fwd_nodes if n in core or n in pulled]
-        head = _make_region("head", "head", head_entry, nodes, [], order, fwd_nodes)
+        head = _make_region("head", "head", head_entry, nodes, [], rank, fwd_nodes)
         head.shared = frozenset(pulled)
         head.outputs = [o for o in head.outputs if o not in pulled]
         regions.append(head)
@@ -140,23 +138,16 @@ def _pull_merged_inputs(nodes: set, sd, classes) -> set:
     return nodes
 
 
-def _width(n, sd):
-    """Values per token of ``n`` (all of it if it has no sequence dim)."""
-    v = n.meta["val"]
-    d = sd.seq_dim(n)
-    return v.numel() // max(int(v.shape[d]), 1) if d is not None else float("inf")
-
-
 def _head_entry(tail, sd, floor):
     """The narrowest per-token chain node after the last attention site (the latest of equals)
     that is at least as wide as the residual stream (``floor``): the final hidden state, not a
     per-token loss computed from the logits."""
     tail = [n for n in tail if sd.seq_is_atomic(n)]  # a (B*T) merged dim is not sliced per token
-    tail = [n for n in tail if _width(n, sd) >= floor] or tail
+    tail = [n for n in tail if per_token(n, sd) >= floor] or tail
     if not tail:
         return None
-    best = min(_width(n, sd) for n in tail)
-    return [n for n in tail if _width(n, sd) == best][-1]
+    best = min(per_token(n, sd) for n in tail)
+    return [n for n in tail if per_token(n, sd) == best][-1]
 
 
 def _through_slice(entry, g, sd, classes):
@@ -183,17 +174,17 @@ def _through_slice(entry, g, sd, classes):
     return entry, slices[0]
 
 
-def _between(fwd_nodes, g, start, end, order) -> list:
+def _between(fwd_nodes, g, start, end, rank) -> list:
     reach = nx.descendants(g, start)
-    stop = order[end] if end is not None else None
-    keep = [n for n in fwd_nodes if n in reach and (stop is None or order[n] <= stop)]
+    stop = rank[end] if end is not None else None
+    keep = [n for n in fwd_nodes if n in reach and (stop is None or rank[n] <= stop)]
     if end is not None:
         anc = nx.ancestors(g, end) | {end}
         keep = [n for n in keep if n in anc]
     return keep
 
 
-def _make_region(name, kind, entry, nodes, sites, order, fwd_nodes) -> Region:
+def _make_region(name, kind, entry, nodes, sites, rank, fwd_nodes) -> Region:
     inside = set(nodes)
     inputs, seen = [], set()
     for n in nodes:
@@ -203,10 +194,4 @@ def _make_region(name, kind, entry, nodes, sites, order, fwd_nodes) -> Region:
                 inputs.append(x)
     fwd = set(fwd_nodes)
     outputs = [n for n in nodes if any(u not in inside and (u in fwd or u.op == "output") for u in n.users)]
-    module = ""
-    for n in nodes:
-        stack = n.meta.get("nn_module_stack")
-        if stack:
-            module = list(stack.values())[-1][0] if isinstance(list(stack.values())[-1], tuple) else ""
-            break
-    return Region(name, kind, entry, nodes, outputs, sorted(inputs, key=lambda x: order.get(x, -1)), sites, module)
+    return Region(name, kind, entry, nodes, outputs, sorted(inputs, key=lambda x: rank.get(x, -1)), sites)

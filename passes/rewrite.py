@@ -8,6 +8,7 @@ checked in (2) before the joint is touched; failures raise CannotStream.
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import networkx as nx
@@ -19,14 +20,14 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from streamfx.errors import CannotStream
-from streamfx.runtime import LayerProgram, RegionProgram, slice_input
+from streamfx.runtime import LayerProgram, RegionProgram
+from . import verify
+from .graphs import (ALIASES, COPIES, SIZE_ARG_OPS, bind, is_tangent, order, outputs as graph_outputs, primals,
+                     tangents)
+from .record import made_by
 
 aten = torch.ops.aten
-PASS = "stream_regions"
-SIZE_ARG_OPS = {aten.view.default: 1, aten._unsafe_view.default: 1, aten.reshape.default: 1,
-                aten.expand.default: 1, aten.full.default: 0, aten.zeros.default: 0,
-                aten.ones.default: 0, aten.empty.memory_format: 0, aten.new_zeros.default: 1,
-                aten.new_ones.default: 1, aten.new_empty.default: 1, aten.new_full.default: 1}
+STEP = "stream"
 
 
 def region_graphs(plan, sd, chunk_len: int):
@@ -37,14 +38,14 @@ def region_graphs(plan, sd, chunk_len: int):
     return full, chunk
 
 
-def build_graph(inputs, nodes, outputs, sd, plan, extra=(), key_side=frozenset(), mark=None):
+def build_graph(inputs, nodes, outputs, sd, plan, extra=(), key_side=frozenset(), copies=None):
     """Copy ``nodes`` into a new GraphModule with ``inputs`` (then ``extra`` nodes) as placeholders.
 
     With a ``plan``, sizes that scale with the sequence are rewritten: a query-sequence dim gets
     the chunk length (read from the first chunked input), a key-sequence dim the prefix length
     (read from the first ``extra`` placeholder, the keys), so one graph serves every chunk.
     Nodes in ``key_side`` compute from the keys/values alone: their sequence dim is the prefix.
-    The copy of node ``mark`` gets ``meta["streamfx_mask"]``.
+    ``copies``, when given, receives the map from each copied node to its copy.
     """
     g, env = fx.Graph(), {}
     for i, x in enumerate(list(inputs) + list(extra)):
@@ -53,8 +54,8 @@ def build_graph(inputs, nodes, outputs, sd, plan, extra=(), key_side=frozenset()
         env[x] = p
     lengths = {}
     if plan is not None:
-        i, (_, d) = next((i, s) for i, s in enumerate(plan.in_specs) if s[0] == "chunk")
-        lengths["q"] = g.call_function(aten.sym_size.int, (env[inputs[i]], d))
+        i, spec = next((i, s) for i, s in enumerate(plan.in_specs) if s.kind == "chunk")
+        lengths["q"] = g.call_function(aten.sym_size.int, (env[inputs[i]], spec.dim))
         if extra:
             lengths["k"] = g.call_function(aten.sym_size.int, (env[extra[0]], sd.seq_dim(extra[0])))
     for n in nodes:
@@ -66,10 +67,10 @@ def build_graph(inputs, nodes, outputs, sd, plan, extra=(), key_side=frozenset()
             new.target, new.args, new.kwargs = aten._to_copy.default, (new.args[0],), {"dtype": new.args[1]}
         if plan is not None:
             _patch_sizes(new, n, sd, plan.length, lengths, n in key_side)
-            new.meta["streamfx_pass"] = PASS
+            made_by(new, STEP)
         env[n] = new
-    if mark is not None and mark in env:
-        env[mark].meta["streamfx_mask"] = True
+    if copies is not None:
+        copies.update(env)
     g.output(tuple(env[o] for o in outputs))
     g.eliminate_dead_code()
     _canonical_names(g)
@@ -122,12 +123,13 @@ def layer_program(plan, codegen: str) -> LayerProgram:
     kv_out = plan.kv_outputs
     kv = build_graph(plan.inputs, plan.kv_nodes, list(kv_out), sd, plan)
     masked = site.mask_user if site.mask_user is not None else site.mask
+    copies: dict = {}
     q = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, plan, extra=kv_out, key_side=plan.key_side,
-                    mark=masked)
+                    copies=copies)
     if site.kind.startswith("sdpa"):
         _lower_right_causal(q, site)
         _grouped_kv_in_place(q)
-    row_check = _check_rows_see_a_key(q, fused=site.kind.startswith("sdpa"))
+    row_check = _check_rows_see_a_key(q, copies.get(masked), fused=site.kind.startswith("sdpa"))
     c = min(plan.chunk_size, plan.length)
     _check_chunk_graph(plan, kv, c)
     _check_chunk_graph(plan, q, c, prefix=kv_out)
@@ -139,7 +141,6 @@ def layer_program(plan, codegen: str) -> LayerProgram:
 def _lower_right_causal(gm: fx.GraphModule, site) -> None:
     """Give the chunk's fused attention an explicit mask: query i of a chunk of c queries sees
     keys 0..(e - c + i) of the e-key prefix (causal, aligned to the bottom right)."""
-    from .attention import bind
     node = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is site.output.target)
     b = bind(node)
     mask_key = "attn_mask" if "attn_mask" in b else "attn_bias"
@@ -175,7 +176,7 @@ def _lower_right_causal(gm: fx.GraphModule, site) -> None:
     gm.recompile()
 
 
-def _check_rows_see_a_key(gm: fx.GraphModule, fused: bool) -> bool:
+def _check_rows_see_a_key(gm: fx.GraphModule, node, fused: bool) -> bool:
     """Make the query graph also return whether every query row of the chunk sees a key.
 
     A row whose keys are all masked with a finite value (HF's eager attention adds finfo.min; a
@@ -185,8 +186,7 @@ def _check_rows_see_a_key(gm: fx.GraphModule, fused: bool) -> bool:
     Fused attention with a boolean mask gives such rows zeros whatever the keys: no check.
     ``node`` is the mask (fused attention) or the scores with the mask applied (unfused).
     Returns False when the graph needs no check."""
-    node = next((n for n in gm.graph.nodes if n.meta.get("streamfx_mask")), None)
-    v = node.meta.get("val") if node is not None else None
+    v = node.meta.get("val") if node is not None and node.graph is gm.graph else None
     if not isinstance(v, torch.Tensor):
         return False
     if v.dtype == torch.bool and fused:
@@ -232,7 +232,7 @@ def _head_repeat_base(x):
     """The [B, KV, L, D] tensor ``x`` repeats the way HF's repeat_kv does it (unsqueeze(2),
     expand over the new dim, optional clone, view/reshape merging dims 1 and 2), or None."""
     def skip(n):
-        while isinstance(n, fx.Node) and n.op == "call_function" and n.target in (aten.clone.default, aten.alias.default):
+        while isinstance(n, fx.Node) and n.op == "call_function" and n.target in COPIES:
             n = n.args[0]
         return n
 
@@ -258,41 +258,37 @@ def _check_chunk_graph(plan, chunk_gm, chunk_len, prefix=()) -> None:
     mode = detect_fake_mode(vals)
     try:
         with mode:
-            fake = [slice_input(v, spec, 0, chunk_len) for v, spec in zip(vals, plan.in_specs)]
+            fake = [spec.take(v, 0, chunk_len) for v, spec in zip(vals, plan.in_specs)]
             fake += [x.meta["val"].narrow(plan.sd.seq_dim(x), 0, chunk_len) for x in prefix]
         FakeTensorProp(chunk_gm, mode).propagate(*fake)
     except Exception as e:  # noqa: BLE001 - any failure to instantiate the region per chunk
         raise CannotStream(f"the region does not instantiate per chunk ({type(e).__name__}: {str(e).splitlines()[0]})")
 
 
-def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, codegen: str):
-    """Return a new joint graph in which every planned region runs as a streamed region op."""
-    outputs = list(joint.graph.find_nodes(op="output")[0].args[0])
-    fwd_outs, grad_outs = outputs[:num_fwd_outputs], outputs[num_fwd_outputs:]
-    primals = [n for n in joint.graph.find_nodes(op="placeholder") if n.name.startswith("primals")]
-    tangents = [n for n in joint.graph.find_nodes(op="placeholder") if n.name.startswith("tangents")]
-    needs_grad = [g is not None for g in grad_outs]
-    tangent_outputs = _tangent_outputs(joint, tangents, num_fwd_outputs)
+@dataclasses.dataclass
+class Streamed:
+    """The rewrite's result: the new joint graph, each streamed region's plan and runtime program
+    (a layer whose masks do not rebuild per chunk has its ``unpulled`` plan here), and the indices
+    of the forward outputs that are dropped (returned as None)."""
+    joint: fx.GraphModule
+    programs: list        # (plan, program) per streamed region
+    dropped: set
 
-    programs = []
-    for i, plan in enumerate(plans):  # everything that can fail happens here, before any new graph exists
-        if plan.kind == "layer":
-            try:
-                prog = layer_program(plan, codegen)
-            except CannotStream:
-                if plan.unpulled is None:
-                    raise
-                plan = plans[i] = plan.unpulled
-                prog = layer_program(plan, codegen)
-        else:
-            full_gm, chunk_gm = region_graphs(plan, plan.sd, min(plan.chunk_size, plan.length))
-            prog = RegionProgram(plan.name, chunk_gm, full_gm, plan.in_specs, plan.out_specs,
-                                 plan.chunk_size, plan.grad_inputs, codegen)
-        programs.append((plan, prog))
+
+def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, codegen: str) -> Streamed:
+    """A new joint graph in which every planned region runs as a streamed region op."""
+    outs = graph_outputs(joint.graph)
+    fwd_outs, grad_outs = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
+    ps, ts = primals(joint.graph), tangents(joint.graph)
+    needs_grad = [g is not None for g in grad_outs]
+    tangent_outputs = _tangent_outputs(joint, ts, num_fwd_outputs)
+
+    # everything that can fail happens here, before any new graph exists
+    programs = [_program(plan, codegen) for plan in plans]
     for _, prog in programs:
         prog.register()
 
-    fwd = _forward_with_regions(fwd_nodes, primals, fwd_outs, programs)
+    fwd = _forward_with_regions(fwd_nodes, ps, fwd_outs, programs)
     dropped = {i for i, o in enumerate(fwd_outs) if any(_alias_root(o) in p.dropped for p, _ in programs)}
 
     def joint_fn(primals, tangents):
@@ -314,14 +310,33 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
                      for g, p, ng in zip(all_grads, ps, needs_grad)]
         return outs + all_grads
 
-    vals_p = [p.meta["val"] for p in primals]
-    vals_t = [t.meta["val"] for t in tangents]
+    vals_p = [p.meta["val"] for p in ps]
+    vals_t = [t.meta["val"] for t in ts]
     mode = detect_fake_mode(vals_p + vals_t)
     with mode:
         new_joint = make_fx(joint_fn, decomposition_table=select_decomp_table(),
                             record_module_stack=True)(vals_p, vals_t)
     _tag_forward_backward(new_joint.graph)
-    return new_joint, programs, dropped
+    for n in new_joint.graph.nodes:
+        if n.op == "call_function" and getattr(n.target, "namespace", None) == "streamfx":
+            made_by(n, STEP)
+    verify.graph(new_joint, STEP)
+    return Streamed(new_joint, programs, dropped)
+
+
+def _program(plan, codegen: str):
+    """(plan, runtime program) of one region; a layer whose masks do not rebuild per chunk falls
+    back to its plan with the masks as token-by-token inputs."""
+    if plan.kind == "layer":
+        try:
+            return plan, layer_program(plan, codegen)
+        except CannotStream:
+            if plan.unpulled is None:
+                raise
+            return plan.unpulled, layer_program(plan.unpulled, codegen)
+    full_gm, chunk_gm = region_graphs(plan, plan.sd, min(plan.chunk_size, plan.length))
+    return plan, RegionProgram(plan.name, chunk_gm, full_gm, plan.in_specs, plan.out_specs,
+                               plan.chunk_size, plan.grad_inputs, codegen)
 
 
 def _tag_forward_backward(graph: fx.Graph) -> None:
@@ -331,14 +346,12 @@ def _tag_forward_backward(graph: fx.Graph) -> None:
     for n in graph.nodes:
         if n.op == "output":
             break
-        is_tangent = n.op == "placeholder" and n.name.startswith("tangents")
-        started = started or (n.op != "placeholder" and any(
-            x.op == "placeholder" and x.name.startswith("tangents") for x in n.all_input_nodes))
-        n.meta["partitioner_tag"] = "is_backward" if started or is_tangent else "is_forward"
+        started = started or (n.op != "placeholder" and any(is_tangent(x) for x in n.all_input_nodes))
+        n.meta["partitioner_tag"] = "is_backward" if started or is_tangent(n) else "is_forward"
 
 
 def _alias_root(node):
-    while isinstance(node, fx.Node) and node.target in (aten.alias.default, aten.detach.default):
+    while isinstance(node, fx.Node) and node.target in ALIASES:
         node = node.args[0]
     return node
 
@@ -360,7 +373,7 @@ def _forward_with_regions(fwd_nodes, primals, fwd_outs, programs) -> fx.GraphMod
         for n in plan.nodes:
             if n not in plan.shared:
                 owner[n] = (plan, prog)
-    order = {n: i for i, n in enumerate(fwd_nodes)}
+    rank = order(fwd_nodes)
     dag = nx.DiGraph()
     unit = lambda n: owner[n][0].name if n in owner else n  # noqa: E731
     for n in fwd_nodes:
@@ -370,7 +383,7 @@ def _forward_with_regions(fwd_nodes, primals, fwd_outs, programs) -> fx.GraphMod
                 dag.add_edge(unit(x), unit(n))
     first = {}
     for n in fwd_nodes:
-        first.setdefault(unit(n), order[n])
+        first.setdefault(unit(n), rank[n])
     g = fx.Graph()
     env = {}
     for p in primals:
@@ -384,7 +397,6 @@ def _forward_with_regions(fwd_nodes, primals, fwd_outs, programs) -> fx.GraphMod
         if isinstance(u, str):
             plan, prog = next(pp for pp in programs if pp[0].name == u)
             call = g.call_function(torch.ops.streamfx.region.default, (prog.key, [env[x] for x in plan.inputs]))
-            call.meta["streamfx_pass"] = PASS
             for j, o in enumerate(plan.outputs):
                 env[o] = g.call_function(operator.getitem, (call, j))
             for d in plan.dropped:

@@ -21,7 +21,9 @@ import operator
 import torch
 import torch.fx as fx
 
-from .axes import AxisTable, RuleOut, is_tensor, node_inputs
+from . import verify
+from .axes import AxisTable, RuleOut
+from .graphs import is_tensor, node_inputs
 from .rules import RULES, is_pointwise, pointwise
 
 TOKEN_LOCAL = "token-local"
@@ -112,30 +114,30 @@ class SeqDims:
 
 def infer_axes(graph: fx.Graph) -> SeqDims:
     """Run the rule table over every node in order, unifying axes."""
-    T = AxisTable()
-    result = SeqDims(T, {}, {}, {}, set())
+    table = AxisTable()
+    result = SeqDims(table, {}, {}, {}, set())
 
     def ax(x):
         axes = result.axes.get(x)
         if axes and axes[0] is not None:
             return axes[0]
         val = x.meta.get("val")
-        return T.fresh_like(val.shape) if is_tensor(val) else ()
+        return table.fresh_like(val.shape) if is_tensor(val) else ()
 
     for node in graph.nodes:
         val = node.meta.get("val")
         if node.op in ("placeholder", "get_attr"):
-            result.axes[node] = [T.fresh_like(val.shape)] if is_tensor(val) else [None]
+            result.axes[node] = [table.fresh_like(val.shape)] if is_tensor(val) else [None]
         elif node.op == "call_function" and node.target is operator.getitem:
             src, i = node.args
             src_axes = result.axes.get(src)
             result.axes[node] = [src_axes[i] if src_axes and i < len(src_axes) else None]
         elif node.op == "call_function":
-            result.axes[node] = _apply_rule(node, T, ax, result)
+            result.axes[node] = _apply_rule(node, table, ax, result)
     return result
 
 
-def _apply_rule(node, T, ax, result) -> list:
+def _apply_rule(node, table, ax, result) -> list:
     vals = node.meta.get("val")
     vals = list(vals) if isinstance(vals, (tuple, list)) else [vals]
     rule = RULES.get(node.target)
@@ -145,12 +147,14 @@ def _apply_rule(node, T, ax, result) -> list:
         ins = node_inputs(node)
         if ins:
             result.unknown.add(node)
-        return [T.fresh_like(v.shape) if is_tensor(v) else None for v in vals]
+        return [table.fresh_like(v.shape) if is_tensor(v) else None for v in vals]
     try:
-        out: RuleOut = rule(node, T, ax)
+        out: RuleOut = rule(node, table, ax)
     except Exception:  # a rule that cannot read this node's arguments: treat the op as unknown
+        if verify.enabled():
+            raise
         result.unknown.add(node)
-        return [T.fresh_like(v.shape) if is_tensor(v) else None for v in vals]
+        return [table.fresh_like(v.shape) if is_tensor(v) else None for v in vals]
     result.reduced[node] = tuple(out.reduced)
     result.mixed[node] = tuple(out.mixed)
     return [a if is_tensor(v) else None for a, v in zip(out.out, vals)]

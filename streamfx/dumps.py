@@ -36,7 +36,7 @@ def to_dot(gm, title: str = "") -> graphviz.Digraph:
         attrs = {"fillcolor": COLORS.get(rec.cls, "white") if rec else "white"}
         if rec and rec.attention is not None:
             attrs.update(color="#c05000", penwidth="2")
-        if n.meta.get("streamfx_pass") or n.target.__class__.__name__ == "CustomOpDef" or "streamfx" in str(n.target):
+        if (rec and rec.created_by) or "streamfx" in str(n.target):
             attrs.update(shape="box3d", fillcolor="#ffe680")
         region = rec.region if rec else None
         target = clusters.setdefault(region, graphviz.Digraph(name=f"cluster_{region}",
@@ -54,7 +54,8 @@ def to_text(gm, analysis=None, programs=()) -> str:
     lines = []
     for n in gm.graph.nodes:
         rec = get(n)
-        extra = f"  # {rec.cls} dims={rec.dims} region={rec.region} attn={rec.attention} {rec.part}" if rec else ""
+        extra = (f"  # {rec.cls} dims={rec.dims} region={rec.region} attn={rec.attention} {rec.part}"
+                 + (f" made by {rec.created_by}" if rec.created_by else "")) if rec else ""
         lines.append(f"{n.format_node()}{extra}")
     if analysis is not None:
         lines.append("")
@@ -89,6 +90,5 @@ def dump_graph(gm, analysis, directory: str, name: str, programs=()) -> list[str
         f.write(to_text(gm, analysis, programs))
     if shutil.which("dot"):
         dot.render(base, format="svg", cleanup=True)
-        os.replace(base + ".svg", base + ".svg") if os.path.exists(base + ".svg") else None
         paths.append(base + ".svg")
     return paths

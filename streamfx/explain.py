@@ -8,6 +8,7 @@ import torch
 
 from .config import StreamConfig
 from .errors import source_line, op_name
+from .passes.graphs import per_token
 
 
 @dataclasses.dataclass
@@ -92,10 +93,6 @@ def build_report(analyses) -> Report:
 
 def _chunk_peak(p) -> int:
     """Bytes of the largest per-chunk tensor of a plan, times three (value, grad, one temporary)."""
-    biggest = 0
-    for n in p.nodes:
-        v = n.meta.get("val")
-        d = p.sd.seq_dim(n) if isinstance(v, torch.Tensor) else None
-        if d is not None and v.shape[d]:
-            biggest = max(biggest, v.numel() // v.shape[d] * min(p.chunk_size, p.length) * v.element_size())
-    return 3 * biggest
+    widths = [per_token(n, p.sd, nbytes=True) for n in p.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    widest = max([w for w in widths if w != float("inf")] + [0])
+    return 3 * widest * min(p.chunk_size, p.length)

@@ -1,11 +1,8 @@
 """Runtime of streamed regions: the ``streamfx::region`` op, its backward, and the chunk loop.
 
 A ``RegionProgram`` holds one region's chunk graph (the region instantiated for a chunk of
-tokens) and how its inputs are sliced and its outputs put together:
-  input  spec ("chunk", d): sliced along dim d;   ("whole", None): passed as is (parameters...)
-               ("prefix", d): the keys [lo, e) along d;  ("qk", (dq, dk)): both
-  (lo is 0, or for a sliding window of W keys max(0, s - W + 1): the first key a query sees)
-  output spec ("cat", d):   chunks concatenated;  ("sum", None): chunk results summed (fp32)
+tokens) and how its inputs are read and its outputs put together (``streamfx.passes.specs``);
+a chunk [s, e) reads keys [lo, e), lo = 0 or, for a sliding window of W keys, max(0, s - W + 1).
 Forward runs the chunks in order without grad; backward runs them in reverse, recomputing each
 chunk with grad and calling autograd on it, so only one chunk's activations exist at a time.
 Chunk graphs are compiled once (codegen "inductor": dynamic chunk length) and shared by every
@@ -52,9 +49,9 @@ class RegionProgram:
 
     # -- chunk schedule ------------------------------------------------------------------
     def length(self, inputs) -> int:
-        for x, (kind, d) in zip(inputs, self.in_specs):
-            if kind == "chunk":
-                return x.shape[d]
+        for x, spec in zip(inputs, self.in_specs):
+            if spec.kind == "chunk":
+                return x.shape[spec.dim]
         raise AssertionError("region without a chunked input")
 
     def bounds(self, inputs):
@@ -68,7 +65,7 @@ class RegionProgram:
     def chunk_inputs(self, inputs, s, e, lo=None, ke=None):
         """The chunk's inputs, with the keys [lo, ke) (default: [key_start(s), e))."""
         lo = self.key_start(s) if lo is None else lo
-        return [slice_input(x, spec, s, e, lo, ke) for x, spec in zip(inputs, self.in_specs)]
+        return [spec.take(x, s, e, lo, ke) for x, spec in zip(inputs, self.in_specs)]
 
     def fn(self, gm: fx.GraphModule | None = None, inputs=None, prefix=(), train: bool = True) -> Callable:
         """The chunk graph (or ``gm``) as run: itself, or compiled by Inductor once per distinct
@@ -99,15 +96,15 @@ class RegionProgram:
             for s, e in self.bounds(inputs):
                 COUNTERS["chunks_forward"] += 1
                 outs = fn(*self.chunk_inputs(inputs, s, e))
-                for j, (o, (kind, d)) in enumerate(zip(outs, self.out_specs)):
-                    if kind == "cat":
-                        _put_rows(result, j, o, d, s, e, T)
+                for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
+                    if spec.kind == "cat":
+                        _put_rows(result, j, o, spec.dim, s, e, T)
                     elif result[j] is None:
                         result[j] = o.float()
                     else:
                         result[j].add_(o)
-        return [r if kind == "cat" else r.to(dtype)
-                for r, (kind, _), dtype in zip(result, self.out_specs, self._out_dtypes)]
+        return [r if spec.kind == "cat" else r.to(dtype)
+                for r, spec, dtype in zip(result, self.out_specs, self._out_dtypes)]
 
     @functools.cached_property
     def _out_dtypes(self):
@@ -122,8 +119,8 @@ class RegionProgram:
             with autograd_inside_op(), torch.enable_grad():
                 xs = self._leaves(self.chunk_inputs(inputs, s, e))
                 outs = fn(*xs)
-                pairs = [(o, g.narrow(d, s, e - s) if kind == "cat" else g.to(o.dtype))
-                         for o, g, (kind, d) in zip(outs, grads, self.out_specs)
+                pairs = [(o, g.narrow(spec.dim, s, e - s) if spec.kind == "cat" else g.to(o.dtype))
+                         for o, g, spec in zip(outs, grads, self.out_specs)
                          if g is not None and o.requires_grad]
                 if not pairs:
                     continue
@@ -148,12 +145,11 @@ class RegionProgram:
         for i, g in zip(self.grad_inputs, got):
             if g is None:
                 continue
-            kind, d = self.in_specs[i]
-            if kind == "chunk":
-                acc[i].narrow(d, s, e - s).add_(g)
-            elif kind == "qk":
-                dq, dk = d
-                acc[i].narrow(dq, s, e - s).narrow(dk, lo, ke - lo).add_(g)
+            spec = self.in_specs[i]
+            if spec.kind == "chunk":
+                acc[i].narrow(spec.dim, s, e - s).add_(g)
+            elif spec.kind == "qk":
+                acc[i].narrow(spec.dim, s, e - s).narrow(spec.kdim, lo, ke - lo).add_(g)
             else:
                 acc[i].add_(g)
 
@@ -183,15 +179,12 @@ def compile_chunk_graph(gm: fx.GraphModule, prog: "RegionProgram", inputs, prefi
     e = 2 * c + 1
     mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=True))
     samples, dynamic = [], []
-    for i, (x, (kind, d)) in enumerate(zip(inputs, prog.in_specs)):
+    for i, (x, spec) in enumerate(zip(inputs, prog.in_specs)):
         shape, dyn = list(x.shape), set()
-        if kind == "chunk":
-            shape[d], dyn = c, {d}
-        elif kind == "prefix":
-            shape[d], dyn = e, {d}
-        elif kind == "qk":
-            shape[d[0]], shape[d[1]], dyn = c, e, set(d)
-        sample = (torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) if kind == "whole"
+        for d, role in spec.seq_dims():
+            shape[d] = c if role == "q" else e
+            dyn.add(d)
+        sample = (torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) if not spec.sliced
                   else torch.empty(shape, dtype=x.dtype, device=x.device))  # chunks are made dense
         samples.append((sample, dyn, train and i in prog.grad_inputs))
     for t, d in prefix:  # keys and values: the prefix [0, e) of a sequence-major buffer
@@ -210,22 +203,6 @@ def compile_chunk_graph(gm: fx.GraphModule, prog: "RegionProgram", inputs, prefi
             torch.set_grad_enabled(train), \
             functorch_config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False):
         return compile_fx(gm, fakes)
-
-
-def slice_input(x: torch.Tensor, spec, s: int, e: int, lo: int = 0, ke: int | None = None) -> torch.Tensor:
-    """The part of a region input a chunk [s, e) reads: its rows ("chunk"), the keys [lo, ke) of
-    a per-key input ("prefix": key positions, padding flags), or for a token-by-token input (a
-    mask) its rows [s, e) against the keys [lo, ke) ("qk"). ``ke`` defaults to e."""
-    kind, d = spec
-    ke = e if ke is None else ke
-    if kind == "chunk":
-        return x.narrow(d, s, e - s).contiguous()
-    if kind == "prefix":
-        return x.narrow(d, lo, ke - lo).contiguous()
-    if kind == "qk":
-        dq, dk = d
-        return x.narrow(dq, s, e - s).narrow(dk, lo, ke - lo).contiguous()
-    return x
 
 
 @dataclasses.dataclass
@@ -292,8 +269,8 @@ class LayerProgram(RegionProgram):
                     written_up_to(T)
                     wide[i] = True
                     outs = fn(*self.chunk_inputs(inputs, s, e, 0, T), *self.prefix(K, V, 0, T))
-                for j, (o, (_, d)) in enumerate(zip(outs, self.out_specs)):
-                    _put_rows(result, j, o, d, s, e, T)
+                for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
+                    _put_rows(result, j, o, spec.dim, s, e, T)
             written_up_to(T)  # (a generator left unfinished would hold its buffers)
         return result + ([wide] if self.row_check else [])
 
@@ -337,7 +314,7 @@ class LayerProgram(RegionProgram):
             xs = self._leaves(sliced)
             Kp, Vp = (t.detach().requires_grad_(True) for t in self.prefix(K, V, lo, ke))
             outs = fn(*xs, Kp, Vp)
-            pairs = [(o, g.narrow(d, s, e - s)) for o, g, (_, d) in zip(outs, grads, self.out_specs)
+            pairs = [(o, g.narrow(spec.dim, s, e - s)) for o, g, spec in zip(outs, grads, self.out_specs)
                      if g is not None and o.requires_grad]
             if not pairs:
                 return sliced

@@ -6,8 +6,8 @@ import warnings
 
 import torch
 
-from streamfx.passes import analyze, decide, move_slices
-from streamfx.passes.rewrite import stream_joint
+from streamfx.passes import pipeline
+from streamfx.passes.graphs import primals
 
 from .config import StreamConfig
 from .errors import CannotStream, StreamBPError
@@ -45,45 +45,39 @@ class Session:
 
     # -- the partition hook -------------------------------------------------------------------
     def partition(self, joint, joint_inputs, base_partition, **kwargs):
-        from .dumps import dump_graph
-
         nfwd = kwargs["num_fwd_outputs"]
-        real = self._real_primals(joint)
-        analysis = analyze(joint.graph, nfwd, real)
-        decide(analysis, self.config)
-        joint, analysis = move_slices(joint, nfwd, real, analysis, self.config)
-        dump_dir = self.config.effective_dump_dir
-        name = f"graph{self.graph_id}"
-        if dump_dir:
-            dump_graph(joint, analysis, dump_dir, f"{name}.0-joint")
+        joint, analysis = pipeline.run(joint, nfwd, self.config, self._real_primals(joint), self._dumper())
         for region, err in analysis.refusals:
             self._refuse(region, err)
-        if analysis.plans:
-            try:
-                new_joint, programs, dropped = stream_joint(joint, nfwd, analysis.fwd_nodes,
-                                                            analysis.plans, self.config.codegen)
-            except CannotStream as err:
-                self._refuse("all", err)
-                analysis.plans = []
-            else:
-                if nfwd == self.n_user_outputs:
-                    self.dropped_user_outputs = sorted(dropped)
-                    if set(dropped) - set(self.detached):
-                        raise DetachOutputs(sorted(dropped))
-                analysis.programs = programs
-                joint = new_joint
-                if dump_dir:
-                    after = analyze(joint.graph, nfwd, real)
-                    dump_graph(joint, after, dump_dir, f"{name}.1-streamed", programs=programs)
+        if analysis.programs and nfwd == self.n_user_outputs:
+            self.dropped_user_outputs = sorted(analysis.dropped)
+            if set(analysis.dropped) - set(self.detached):
+                raise DetachOutputs(sorted(analysis.dropped))
         self.reports.append(analysis)
         return base_partition(joint, joint_inputs, **kwargs)
 
+    def _dumper(self):
+        """Writes each changed graph to ``<dump_dir>/graph<id>.<n>-<step>``; None without a dump dir."""
+        directory = self.config.effective_dump_dir
+        if not directory:
+            return None
+        from .dumps import dump_graph
+
+        count = itertools.count()
+
+        def dump(step, gm, analysis, programs=()):
+            if analysis is None:  # a rewritten graph is dumped with its own analysis
+                analysis = pipeline.analyze(gm.graph, len(gm.graph.find_nodes(op="output")[0].args[0]) - len(primals(gm.graph)))
+            dump_graph(gm, analysis, directory, f"graph{self.graph_id}.{next(count)}-{step}", programs=programs)
+
+        return dump
+
     def _real_primals(self, joint) -> dict:
-        primals = [n for n in joint.graph.find_nodes(op="placeholder") if n.name.startswith("primals")]
-        if len(primals) != len(self.real_inputs):
+        ps = primals(joint.graph)
+        if len(ps) != len(self.real_inputs):
             return {}
         real = {}
-        for p, x in zip(primals, self.real_inputs):
+        for p, x in zip(ps, self.real_inputs):
             v = p.meta.get("val")
             if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.FakeTensor) \
                     and isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(x.shape) \

@@ -6,10 +6,14 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import os
 import warnings
 
 import pytest
 import torch
+
+# every pipeline step checks its graphs and invariants; rule errors fail instead of refusing
+os.environ.setdefault("STREAMFX_VERIFY", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import streamfx
 import zoo
+from streamfx.passes.specs import SUM
 from conftest import (assert_grads_match, assert_head_not_streamed, assert_streamed, head_plans,
                       relative_error, run_eager_and_compiled)
 
@@ -163,7 +164,7 @@ def test_chunk_graph_holds_at_most_chunk_logits():
     for head in heads:
         placeholders = list(head.chunk_gm.graph.find_nodes(op="placeholder"))
         assert len(placeholders) == len(head.in_specs)
-        whole = {p for p, (kind, _) in zip(placeholders, head.in_specs) if kind == "whole"}
+        whole = {p for p, spec in zip(placeholders, head.in_specs) if spec.kind == "whole"}
         assert any(tuple(p.meta["val"].shape) == (zoo.HIDDEN, V) for p in whole)  # the LM head weight
         numels = {}
         for n in head.chunk_gm.graph.nodes:
@@ -271,7 +272,7 @@ def test_dpo_softplus_parity():
     model, inputs = dpo_case("softplus")
     run = parity(model, inputs, 4)
     head = run.programs_named("head")[-1]
-    assert ("sum", None) in head.out_specs
+    assert SUM in head.out_specs
 
 
 def test_dpo_head_forward_not_recomputed():
@@ -475,17 +476,17 @@ def test_logit_shift_graphs_hold_no_whole_sequence_logits(monkeypatch):
     (forward and backward) that runs and the head's chunk graphs. Apart from parameter-shaped values (the
     LM head and embedding weights and their gradients), no vocabulary-wide value holds more
     than B x c x V elements: the whole-sequence logits are gone, the moved slice included."""
-    import streamfx.session as session
+    from streamfx.passes import pipeline
 
     joints = []
-    stream_joint = session.stream_joint
+    stream_joint = pipeline.stream_joint
 
     def capture(*args, **kwargs):
         out = stream_joint(*args, **kwargs)
-        joints.append(out[0])
+        joints.append(out.joint)
         return out
 
-    monkeypatch.setattr(session, "stream_joint", capture)
+    monkeypatch.setattr(pipeline, "stream_joint", capture)
     model, make_inputs = zoo.tiny_llama_logit_shift()
     inputs = make_inputs("odd13")
     B, T, V, c = inputs.B, inputs.T, inputs.vocab, 4

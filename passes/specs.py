@@ -1,0 +1,83 @@
+"""How a streamed region reads each input per chunk and puts each output together.
+
+One type, shared by the plan (which chooses), the rewrite (which builds chunk graphs for it)
+and the runtime (which slices and accumulates by it). For a chunk of query rows [s, e) whose
+queries see keys [lo, ke) (lo = 0 and ke = e for causal attention):
+
+  inputs   chunk(d)      rows [s, e) along dim d
+           prefix(d)     the keys [lo, ke) along dim d (key positions, padding flags)
+           qk(dq, dk)    rows [s, e) along dq and keys [lo, ke) along dk (a token-by-token mask)
+           WHOLE         as it is (parameters, sequence-free values)
+  outputs  cat(d)        chunk results written to rows [s, e) along dim d
+           SUM           chunk results summed (in fp32)
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    kind: str
+    dim: int | None = None
+    kdim: int | None = None
+
+    # inputs ------------------------------------------------------------------------------
+    @staticmethod
+    def chunk(d: int) -> "Spec":
+        return Spec("chunk", d)
+
+    @staticmethod
+    def prefix(d: int) -> "Spec":
+        return Spec("prefix", d)
+
+    @staticmethod
+    def qk(dq: int, dk: int) -> "Spec":
+        return Spec("qk", dq, dk)
+
+    # outputs -----------------------------------------------------------------------------
+    @staticmethod
+    def cat(d: int) -> "Spec":
+        return Spec("cat", d)
+
+    @property
+    def sliced(self) -> bool:
+        """The input is read in parts (so it is kept for the backward whole)."""
+        return self.kind in ("chunk", "prefix", "qk")
+
+    @property
+    def per_row(self) -> bool:
+        """The input's rows are the chunk's query rows (it gets a per-row gradient)."""
+        return self.kind == "chunk"
+
+    def seq_dims(self) -> tuple:
+        """(dim, role) of each sequence dim: role "q" for query rows, "k" for keys."""
+        if self.kind == "chunk":
+            return ((self.dim, "q"),)
+        if self.kind == "prefix":
+            return ((self.dim, "k"),)
+        if self.kind == "qk":
+            return ((self.dim, "q"), (self.kdim, "k"))
+        return ()
+
+    def take(self, x: torch.Tensor, s: int, e: int, lo: int = 0, ke: int | None = None) -> torch.Tensor:
+        """The part of input ``x`` a chunk [s, e) with keys [lo, ke) reads (ke defaults to e)."""
+        ke = e if ke is None else ke
+        if self.kind == "chunk":
+            return x.narrow(self.dim, s, e - s).contiguous()
+        if self.kind == "prefix":
+            return x.narrow(self.dim, lo, ke - lo).contiguous()
+        if self.kind == "qk":
+            return x.narrow(self.dim, s, e - s).narrow(self.kdim, lo, ke - lo).contiguous()
+        return x
+
+    def __str__(self) -> str:
+        if self.kind == "qk":
+            return f"qk({self.dim},{self.kdim})"
+        return self.kind if self.dim is None else f"{self.kind}({self.dim})"
+
+
+WHOLE = Spec("whole")
+SUM = Spec("sum")
