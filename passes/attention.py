@@ -1,8 +1,7 @@
 """Attention detection: fused SDPA ops on every device, and matmul-softmax-matmul attention.
 
-A site records its query, key and value nodes, the nodes that belong to it, its mask node and
-the mask's recognised form ("causal", "sliding-window(W)", "padding", "packed-documents",
-"none", "unknown"). Fused ops are found by op; unfused attention is found structurally: a
+A site records its query, key and value nodes, the nodes that belong to it and its mask node
+(``masks.classify`` reads the mask's pattern). Fused ops are found by op; unfused attention is found structurally: a
 matmul whose output has two sequence dims (scores, Q·Kᵀ), the nodes that keep both sequence
 dims (scale, mask, softmax, dropout), and the matmul that contracts the key dim with V.
 """
@@ -13,9 +12,8 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from . import verify
 from .axes import RuleOut
-from .graphs import ancestors, bind, in_order, same
+from .graphs import bind, same
 from .rules import register, shape
 
 aten = torch.ops.aten
@@ -83,13 +81,16 @@ class AttentionSite:
     nodes: frozenset
     is_causal: bool
     mask: fx.Node | None
-    mask_kind: str = "none"
-    window: int | None = None
+    mask_kind: str = "none"          # the mask's pattern, see masks.classify
+    window: int | None = None        # W of a sliding window (a query at t sees keys (t - W, t])
+    data: tuple = ()                 # the data inputs the mask is computed from (read per call)
     scale: float | None = None
     mask_user: fx.Node | None = None   # the node that applies the mask to the scores (unfused)
 
     def describe(self) -> str:
         mask = self.mask_kind + (f"({self.window})" if self.window else "")
+        if self.data:
+            mask += f", computed from data ({', '.join(n.name for n in self.data)}): keys per chunk read from it per call"
         return f"#{self.index} {self.kind} causal={self.is_causal} mask={mask}"
 
 
@@ -173,129 +174,3 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
     q, kt = scores.args[0], scores.args[1]
     return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
                          frozenset(interior | {out}), False, mask, mask_user=mask_user)
-
-
-def classify_mask(site: AttentionSite, graph_inputs: dict) -> None:
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily():
-        _classify_mask(site, graph_inputs)
-
-
-def _classify_mask(site: AttentionSite, graph_inputs: dict) -> None:
-    """Recognise the mask as a function of (query position, key position) by evaluating its
-    subgraph on concrete values, twice: with per-token integer inputs (attention masks, position
-    ids) at neutral values (all tokens present, positions 0..T-1), which gives its pattern
-    (causal, sliding window), and with the real inputs, which may only remove keys from that
-    pattern (padding, documents packed into one row). Buffers (a registered tril) keep their
-    real values in both."""
-    if site.mask is None:
-        site.mask_kind = "causal" if site.is_causal else "none"
-        return
-    nodes = _ancestors(site.mask)
-    user_inputs = [n for n in nodes if n.op == "placeholder" and n not in graph_inputs]
-    token_inputs = [n for n in nodes if n in graph_inputs and _is_token_data(graph_inputs[n])]
-    structural = {n: (_neutral(v, v) if n in token_inputs else v) for n, v in graph_inputs.items()}
-    if site.mask_user is not None:
-        # apply the mask to zero scores: the result is additive whatever the mask's convention
-        preset = {x: torch.zeros(tuple(int(d) for d in x.meta["val"].shape), dtype=x.meta["val"].dtype)
-                  for x in site.mask_user.all_input_nodes if x in site.nodes}
-        others = [x for x in site.mask_user.all_input_nodes if x not in site.nodes]
-        nodes = [n for n in site.mask.graph.nodes if any(n in _ancestors(x) for x in others)]
-        value = _evaluate(site.mask_user, nodes + [site.mask_user], structural, preset)
-        real = _evaluate(site.mask_user, nodes + [site.mask_user], graph_inputs, preset)
-    else:
-        value = _evaluate(site.mask, nodes, structural)
-        real = _evaluate(site.mask, nodes, graph_inputs)
-    if value is None or real is None:
-        site.mask_kind = "unknown"
-        return
-    allowed, allowed_real = _allowed(value), _allowed(real, per_row=True)
-    T = allowed.shape[-1]
-    q = torch.arange(T).unsqueeze(1)
-    k = torch.arange(T).unsqueeze(0)
-    diff = q - k
-    causal = diff >= 0
-    kind = None
-    if torch.equal(allowed, causal):
-        kind = "causal"
-    else:
-        lower = allowed & causal
-        if torch.equal(allowed, lower) and allowed.any():
-            widths = (diff * allowed).max().item() + 1
-            if torch.equal(allowed, causal & (diff < widths)):
-                kind, site.window = "sliding-window", int(widths)
-    if kind is not None and (allowed_real & ~allowed).any():
-        kind = None  # the real inputs let a query see keys outside the pattern
-    site.is_causal = kind is not None or site.is_causal
-    if kind is None:
-        kind = "unknown"
-    elif not torch.equal(allowed_real, allowed.expand_as(allowed_real)):
-        packed = any(_is_positions(graph_inputs[n]) for n in token_inputs)
-        kind = ("packed-document+" if packed else "padding+") + kind
-    elif user_inputs:
-        kind = "padding+" + kind
-    site.mask_kind = kind
-
-
-def _is_token_data(v) -> bool:
-    """A per-token integer or boolean input (attention mask, position ids): data, not structure."""
-    return isinstance(v, torch.Tensor) and v.dim() <= 2 and (v.dtype == torch.bool or not v.is_floating_point())
-
-
-def _is_positions(v) -> bool:
-    """Position ids: integers that are not all 0/1 flags."""
-    return v.dtype != torch.bool and v.numel() > 0 and bool(((v != 0) & (v != 1)).any())
-
-
-def _ancestors(node: fx.Node) -> list[fx.Node]:
-    return in_order(ancestors([node]), node.graph)
-
-
-def _evaluate(target: fx.Node, nodes: list, graph_inputs: dict, preset=None):
-    """Evaluate the mask subgraph; user inputs (token masks, positions) get neutral values."""
-    try:
-        return _run(target, nodes, graph_inputs, dict(preset or {}))
-    except Exception:
-        if verify.enabled():
-            raise
-        return None
-
-
-def _run(target, nodes, graph_inputs, env):
-    for n in nodes:
-        if n in env:
-            continue
-        if n.op == "placeholder":
-            env[n] = graph_inputs[n] if n in graph_inputs else _neutral(n.meta["val"])
-        elif n.op == "call_function":
-            args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda x: env[x])
-            env[n] = n.target(*args, **kwargs)
-        else:
-            return None
-    value = env[target]
-    return value if type(value) is torch.Tensor else None
-
-
-def _neutral(val, real: torch.Tensor | None = None):
-    """A neutral concrete value for a per-token input: every token present (flags all 1) or one
-    document (positions 0..T-1 in every row). With its ``real`` value the kind is read from the
-    values; without, an integer input is taken for positions."""
-    shp = [int(s) for s in val.shape]
-    positions = _is_positions(real) if real is not None else val.dtype in (torch.int64, torch.int32)
-    if positions and shp:
-        return torch.arange(shp[-1], dtype=val.dtype).expand(shp).contiguous()
-    return torch.ones(shp, dtype=val.dtype)
-
-
-def _allowed(value: torch.Tensor, per_row: bool = False) -> torch.Tensor:
-    """Positions a query may attend to, from a boolean or additive mask: [T, T] from the first
-    batch row and head, or [B*H, T, T] for every row and head with ``per_row``."""
-    v = value
-    if per_row:
-        v = v.reshape(-1, *v.shape[-2:])
-    while v.dim() > (3 if per_row else 2):
-        v = v[0]
-    if v.dtype == torch.bool:
-        return v
-    return v > torch.finfo(v.dtype).min / 2 if v.is_floating_point() else v != 0

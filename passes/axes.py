@@ -66,7 +66,10 @@ class AxisTable:
         for a, b in zip(x, y):
             ra, rb = self.find(a), self.find(b)
             if ra != rb:
-                self.parent[max(ra, rb)] = min(ra, rb)
+                root, other = min(ra, rb), max(ra, rb)
+                self.parent[other] = root
+                if isinstance(self.size[other], int) and not isinstance(self.size[root], int):
+                    self.size[root] = self.size[other]  # one axis: a static size is its size
 
     def fresh_like(self, shape) -> Axes:
         return tuple(self.fresh(s) for s in shape)

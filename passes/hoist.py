@@ -21,9 +21,10 @@ import torch.fx as fx
 from torch._guards import detect_fake_mode
 
 from streamfx.errors import CannotStream
-from .graphs import SIZE_ARG_OPS, is_tensor
+from .graphs import is_tensor, same
 from .record import made_by
 from .seq_dims import SEQ_FREE, TOKEN_LOCAL, UNKNOWN_MIXING, seq_slice
+from .sizes import Sizes
 
 aten = torch.ops.aten
 STEP = "move_slices"
@@ -82,22 +83,24 @@ def move_slice(graph: fx.Graph, s: fx.Node, head, sd, classes) -> MovedSlice:
     src = s.args[0]
     atom = sd.seq_axis(src)
     n = src.meta["val"].shape[d]
+    length = s.meta["val"].shape[d]
     inside = set(head.nodes)
     mode = detect_fake_mode([x.meta.get("val") for x in graph.nodes if x.op == "placeholder"])
     memo: dict = {}
     entries = []
+    lengths: dict = {}  # the sliced axis's length: set at the first entry
+    sizes = Sizes(sd, lambda key: lengths["q"] if isinstance(key, str) else _symbol_node(graph, key, s),
+                  keep_symbolic=True)
 
     def carries(y) -> bool:
         """Whether input ``y`` has the sliced sequence axis (then it is sliced too)."""
         if not isinstance(y, fx.Node):
             return False
         v = y.meta.get("val")
-        if isinstance(v, (torch.SymInt, torch.SymFloat, int, float)):
-            raise CannotStream("a symbolic size on the path to the slice", y)
         vals = v if isinstance(v, (tuple, list)) else [v]
         axes = {sd.seq_axis(y, i) for i, t in enumerate(vals) if is_tensor(t)} - {None}
         if not axes:
-            return False
+            return False  # (sizes and sequence-free values stay as they are)
         if axes != {atom}:
             raise CannotStream("the path to the slice mixes two sequence axes", y)
         return True
@@ -109,31 +112,25 @@ def move_slice(graph: fx.Graph, s: fx.Node, head, sd, classes) -> MovedSlice:
             new = graph.node_copy(x, lambda y: lift(y) if carries(y) else y)
             if new.target in (aten.view.default, aten._unsafe_view.default):
                 new.target = aten.reshape.default  # the sliced rows are not contiguous
-            _scale_sizes(new, x, sd, atom, n, b - a)
+            sizes.patch(new, x)
         elif x in inside:
             raise CannotStream("an op on the path to the slice that is not token-local", x)
         else:
-            dx = sd.seq_dim(x)
-            if not sd.seq_is_atomic(x):
-                raise CannotStream("the slice would cut a dim that merges the sequence with another", x)
-            inner = seq_slice(x, sd)
-            if inner is not None and inner[0] == dx:  # a slice of a slice is one slice
-                _, a0, _ = inner
-                new = graph.call_function(aten.slice.Tensor, (x.args[0], dx, a0 + a, a0 + b))
-            else:
-                new = graph.call_function(aten.slice.Tensor, (x, dx, a, b))
-            new.meta = {k: v for k, v in x.meta.items() if k in ("stack_trace", "nn_module_stack")}
+            new = _entry_slice(graph, x, sd, s)
             entries.append(x)
+            if "q" not in lengths:
+                lengths["q"] = length if isinstance(length, int) else \
+                    graph.call_function(aten.sym_size.int, (new, sd.seq_dim(x)))
         new.meta.pop("streamfx", None)
         made_by(new, STEP)
         new.meta["val"] = _fake_value(new, mode)
-        _check_shape(new, x, sd, atom, n, b - a)
+        _check_shape(new, x, sd, atom, n, length)
         memo[x] = new
         return new
 
     with graph.inserting_before(s):
         out = lift(src)
-    if tuple(out.meta["val"].shape) != tuple(s.meta["val"].shape):
+    if not all(same(p, q) for p, q in zip(out.meta["val"].shape, s.meta["val"].shape)):
         raise CannotStream("the moved slice does not give the slice's shape", s)
     s.replace_all_uses_with(out)
     graph.erase_node(s)
@@ -141,20 +138,32 @@ def move_slice(graph: fx.Graph, s: fx.Node, head, sd, classes) -> MovedSlice:
     return MovedSlice(s.name, src.name, entry, a, b, n, unsliced=src)
 
 
-def _scale_sizes(new: fx.Node, old: fx.Node, sd, atom, n: int, length: int) -> None:
-    pos = SIZE_ARG_OPS.get(old.target)
-    if pos is None or not is_tensor(old.meta.get("val")):
-        return
-    axes = sd.axes[old][0]
-    sizes = list(new.args[pos])
-    for k, dim in enumerate(axes):
-        if k < len(sizes) and any(sd.table.find(x) == atom for x in dim) and sizes[k] != -1:
-            if not isinstance(sizes[k], int) or sizes[k] % n:
-                raise CannotStream(f"size {sizes[k]} does not scale with the sequence length {n}", old)
-            sizes[k] = sizes[k] // n * length
-    args = list(new.args)
-    args[pos] = sizes
-    new.args = tuple(args)
+def _symbol_node(graph, symbol, where):
+    """A node of the joint graph whose value is the shape symbol ``symbol`` (an input size)."""
+    for p in graph.find_nodes(op="placeholder"):
+        v = p.meta.get("val")
+        if isinstance(v, torch.SymInt) and v.node.expr == symbol:
+            return p
+    raise CannotStream(f"the size {symbol} is not an input of the graph", where)
+
+
+def _entry_slice(graph, x, sd, s):
+    """``x`` sliced as slice ``s`` slices its sequence; a slice of a slice is one slice when
+    both are static."""
+    dx = sd.seq_dim(x)
+    if not sd.seq_is_atomic(x):
+        raise CannotStream("the slice would cut a dim that merges the sequence with another", x)
+    args = tuple(s.args) + (None,) * 5
+    start, end = args[2], args[3]
+    inner = seq_slice(x, sd)
+    if inner is not None and inner[0] == dx and all(isinstance(v, int) for v in (*inner[1:], *seq_slice(s, sd)[1:])):
+        _, a0, _ = inner
+        _, a, b = seq_slice(s, sd)
+        new = graph.call_function(aten.slice.Tensor, (x.args[0], dx, a0 + a, a0 + b))
+    else:
+        new = graph.call_function(aten.slice.Tensor, (x, dx, start, end))
+    new.meta = {k: v for k, v in x.meta.items() if k in ("stack_trace", "nn_module_stack")}
+    return new
 
 
 def _fake_value(node: fx.Node, mode):
@@ -168,8 +177,9 @@ def _fake_value(node: fx.Node, mode):
         raise CannotStream(f"the op does not run on the sliced sequence ({type(e).__name__}: {e})", node) from None
 
 
-def _check_shape(new: fx.Node, old: fx.Node, sd, atom, n: int, length: int) -> None:
-    """Each output of the copy of op ``old`` has ``old``'s shape with the sequence dims scaled."""
+def _check_shape(new: fx.Node, old: fx.Node, sd, atom, n, length) -> None:
+    """Each output of the copy of op ``old`` has ``old``'s shape with the sequence dims scaled
+    from ``n`` to ``length`` (compared as new * n == old * length: no division of symbols)."""
     if old.op != "call_function":
         return
     olds, news = old.meta.get("val"), new.meta.get("val")
@@ -179,7 +189,7 @@ def _check_shape(new: fx.Node, old: fx.Node, sd, atom, n: int, length: int) -> N
         if not is_tensor(o):
             continue
         axes = sd.axes[old][i]
-        want = [s // n * length if any(sd.table.find(x) == atom for x in axes[k]) else s
-                for k, s in enumerate(o.shape)]
-        if not is_tensor(m) or list(m.shape) != want:
+        scaled = [any(sd.table.find(x) == atom for x in axes[k]) for k in range(o.dim())]
+        if not is_tensor(m) or m.dim() != o.dim() or not all(
+                same(p * n, q * length) if sc else same(p, q) for p, q, sc in zip(m.shape, o.shape, scaled)):
             raise CannotStream("the op does not keep its rows on the sliced sequence", old)

@@ -15,13 +15,13 @@ import torch
 import torch.fx as fx
 
 from streamfx.errors import CannotStream
-from . import attention as attn, hoist, verify
+from . import attention as attn, hoist, masks, verify
 from .graphs import is_tangent, outputs as graph_outputs, primals
 from .plan import plan_head, plan_layer
 from .record import NodeRecord, tag
 from .regions import find_regions
 from .rewrite import stream_joint
-from .seq_dims import UNKNOWN_MIXING, infer_axes, seed_from_embedding
+from .seq_dims import SEQ_REDUCTION, UNKNOWN_MIXING, infer_axes, seed_from_embedding
 
 MAX_MOVES = 4  # sequence slices moved in front of the head, at most
 
@@ -60,18 +60,19 @@ class Analysis:
         return [n for n in self.fwd_nodes if self.classes.get(n) == UNKNOWN_MIXING]
 
 
-def run(joint: fx.GraphModule, num_fwd_outputs: int, config, real_inputs: dict | None = None,
+def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | None = None,
         dump=None) -> tuple[fx.GraphModule, Analysis]:
     """The whole pipeline. Returns the joint graph to partition (streamed, or the input one where
     nothing streams) and the analysis of the graph the rewrite started from, with its plans,
-    refusals, programs and dropped outputs. ``dump(step, gm, analysis, programs=())`` is called
-    after each step that changed a graph."""
+    refusals, programs and dropped outputs. ``constants``: real values of the inputs that are
+    parameters or buffers. ``dump(step, gm, analysis, programs=())`` is called after each step
+    that changed a graph."""
     dump = dump or (lambda *args, **kwargs: None)
-    a = analyze(joint.graph, num_fwd_outputs, real_inputs)
+    a = analyze(joint.graph, num_fwd_outputs, constants)
     decide(a, config)
     dump("joint", joint, a)
     # a slice of the logits blocks the head; moved in front of it on a copy, kept if the head streams
-    joint, a = move_slices(joint, a, config, real_inputs)
+    joint, a = move_slices(joint, a, config, constants)
     if a.moved:
         dump("moved", joint, a)
     if not a.plans:
@@ -122,17 +123,18 @@ def differentiable(graph: fx.Graph, num_fwd_outputs: int, fwd: list) -> frozense
     return frozenset(out)
 
 
-def analyze(graph: fx.Graph, num_fwd_outputs: int, real_inputs: dict | None = None) -> Analysis:
-    """Step 1, pure: sequence dims, attention sites and their masks, regions, node classes."""
+def analyze(graph: fx.Graph, num_fwd_outputs: int, constants: dict | None = None) -> Analysis:
+    """Step 1, pure: sequence dims, attention sites and their masks, regions, node classes.
+    ``constants``: real values of graph inputs that are parameters or buffers (masks built from
+    a buffer are evaluated with it)."""
     fwd, bwd, fwd_outs = split_joint(graph, num_fwd_outputs)
     sd = infer_axes(graph)
     sites = attn.find_sites(graph, sd, set(fwd))
-    if sites:
-        sd.set_seq(sd.axes[sites[0].query][0][-2][-1])
-    else:
-        sd.set_seq(seed_from_embedding(graph, sd))
+    # the sequence is the query axis of the attention (none when a sequence has one token)
+    atoms = [sd.axes[s.query][0][-2] for s in sites]
+    sd.set_seq(atoms[0][-1] if atoms and atoms[0] else None if sites else seed_from_embedding(graph, sd))
     for s in sites:
-        attn.classify_mask(s, real_inputs or {})
+        masks.classify(s, constants or {}, s.query.meta["val"].shape[-2])
     site_nodes = frozenset().union(*(s.nodes for s in sites)) if sites else frozenset()
     classes = {n: sd.classify(n, site_nodes) for n in graph.nodes if n.op in ("call_function", "placeholder", "get_attr")}
     regions = find_regions(fwd, sd, sites, fwd_outs, classes)
@@ -165,18 +167,39 @@ def decide(a: Analysis, config) -> list:
         except CannotStream as e:
             a.refusals.append((r.name, e))
     a.plans = plans
+    _coverage(a)
     verify.analysis(a)
     return plans
 
 
-def move_slices(joint: fx.GraphModule, a: Analysis, config, real_inputs: dict | None = None):
+def _coverage(a: Analysis) -> None:
+    """Refusals for what would otherwise run unstreamed without a word: attention outside every
+    layer region, a loss outside the head, token mixing with no attention to stream around."""
+    if a.sites and a.sd.seq_atom is None:
+        a.refusals.append(("graph", CannotStream("a sequence of one token: there is nothing to stream")))
+        return
+    in_layers = {s.index for r in a.regions if r.kind == "layer" for s in r.attention}
+    for s in a.sites:
+        if s.index not in in_layers:
+            a.refusals.append((f"attention #{s.index}", CannotStream(
+                "attention outside every layer region (no residual stream found around it)", s.output)))
+    mixing = a.unknown_mixing()
+    if not a.sites and mixing:
+        a.refusals.append(("layers", CannotStream(
+            "no causal attention found: the layers run unstreamed (the head streams if it can)", mixing[0])))
+    sums = [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"]
+    if sums and not any(r.kind == "head" for r in a.regions):
+        a.refusals.append(("head", CannotStream("a sum over the sequence outside a head region", sums[0])))
+
+
+def move_slices(joint: fx.GraphModule, a: Analysis, config, constants: dict | None = None):
     """Step 3: (joint, analysis) with the head's sequence slices moved to its entry, on a copy of
     the joint, when the head then streams and every region that streamed before still does;
     else the given pair."""
     if not hoist.head_slices(a):
         return joint, a
     graph, val_map = hoist.copy_graph(joint.graph)
-    real = {val_map[p]: x for p, x in (real_inputs or {}).items() if p in val_map}
+    real = {val_map[p]: x for p, x in (constants or {}).items() if p in val_map}
     moved: list = []
     b = _analyse_and_decide(graph, a.num_fwd_outputs, real, config, moved)
     for _ in range(MAX_MOVES):

@@ -12,8 +12,9 @@ import dataclasses
 import torch
 
 from streamfx.errors import CannotStream
-from .graphs import ALIASES, ancestors, per_token
+from .graphs import ALIASES, ancestors, per_token, same
 from .kv import kv_boundary
+from .schedule import auto_chunk
 from .pulls import RANDOM_OPS, PulledMasks, pull_masks, pull_producers
 from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
 from .specs import SUM, WHOLE, Spec
@@ -33,11 +34,15 @@ class RegionPlan:
     dropped: list
     in_specs: list                    # Spec per input
     out_specs: list                   # Spec per output
-    chunk_size: int
-    length: int
+    chunk_size: int | None            # None: automatic, from the length at run time
+    length: object                    # the sequence length (an int, or a SymInt)
     grad_inputs: list
     sd: object
     shared: frozenset = frozenset()   # nodes computed inside the region and also outside it
+
+    def chunk_at(self, T: int) -> int:
+        """Tokens per chunk at sequence length T."""
+        return min(self.chunk_size or auto_chunk(T), T)
 
     @property
     def saved(self) -> list:
@@ -45,8 +50,13 @@ class RegionPlan:
         return [x for x, spec in zip(self.inputs, self.in_specs) if spec.sliced]
 
     def describe(self) -> str:
-        n_chunks = -(-self.length // self.chunk_size)
-        return (f"{self.name}: {n_chunks} chunk(s) of {self.chunk_size} tokens (T={self.length}); "
+        if isinstance(self.length, int):
+            c = self.chunk_at(self.length)
+            schedule = f"{-(-self.length // c)} chunk(s) of {c} tokens (T={self.length})"
+        else:
+            c = f"{self.chunk_size} tokens" if self.chunk_size else "an automatic size (T/4 in [64, 512])"
+            schedule = f"chunks of {c} (T={self.length}, symbolic: the schedule is computed per call)"
+        return (f"{self.name}: {schedule}; "
                 f"saves {[x.name for x in self.saved]}; outputs {[f'{o.name}:{s.kind}' for o, s in zip(self.outputs, self.out_specs)]}"
                 + (f"; drops {[d.name for d in self.dropped]}" if self.dropped else ""))
 
@@ -87,24 +97,16 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
         dropped += [n for n in unsliced if n in fwd and n not in inside and _reaches_only_outputs(n, fwd, inside)]
     in_specs, lengths = [], []
     for x in region.inputs:
-        if not isinstance(x.meta.get("val"), torch.Tensor):
-            raise CannotStream("symbolic sizes (dynamic shapes) are not streamed yet; "
-                               "compile with dynamic=False", x)
         d = sd.seq_dim(x)
         if d is not None and "k" in sd.roles(x):
             raise CannotStream("an input of the head region has two sequence dims", x)
         in_specs.append(Spec.chunk(d) if d is not None else WHOLE)
         if d is not None:
-            lengths.append(x.meta["val"].shape[d])
-    if any(not isinstance(t, int) for t in lengths):
-        raise CannotStream("symbolic sequence length (dynamic shapes) is not streamed yet; "
-                           "compile with dynamic=False")
-    if len(set(lengths)) != 1:
-        raise CannotStream(f"head inputs disagree on the sequence length ({sorted(set(lengths))})")
-    T = lengths[0]
+            lengths.append((x, x.meta["val"].shape[d]))
+    T = _one_length(lengths, "head")
     grad_inputs = [i for i, x in enumerate(region.inputs) if x.meta["val"].is_floating_point()
-                   and x.meta["val"].numel() > 0 and (requires_grad is None or x in requires_grad)]
-    chunk = config.head_chunk_size or _auto_head_chunk(region, sd, T)
+                   and _nonempty(x) and (requires_grad is None or x in requires_grad)]
+    chunk = config.head_chunk_size or _auto_head_chunk(region, sd)
     return RegionPlan("head", "head", region.nodes, region.inputs, outputs, dropped, in_specs,
                       out_specs, chunk, T, grad_inputs, sd, region.shared)
 
@@ -118,11 +120,28 @@ def _reaches_only_outputs(node, fwd: set, inside: set) -> bool:
                for u in users)
 
 
-def _auto_head_chunk(region, sd, T: int) -> int:
+def _auto_head_chunk(region, sd) -> int:
     """Chunk so that the widest per-token tensor of the head holds about HEAD_CHUNK_ELEMENTS values."""
     widths = [per_token(n, sd) for n in region.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     widest = max([w for w in widths if w != float("inf")] + [1])
-    return max(16, min(T, HEAD_CHUNK_ELEMENTS // widest))
+    return max(16, HEAD_CHUNK_ELEMENTS // widest)
+
+
+def _one_length(lengths: list, what: str):
+    """The one sequence length the (input, length) pairs share. Their sequence dims are one axis
+    (the analysis unified them), so two different symbols (Dynamo gives each input's dim its
+    own) are equal at run time, where the runtime checks it; two different constants refuse."""
+    if not lengths:
+        raise CannotStream(f"no input of the {what} region has the sequence")
+    first = lengths[0][1]
+    for x, n in lengths[1:]:
+        if isinstance(n, int) and isinstance(first, int) and n != first:
+            raise CannotStream(f"{what} inputs disagree on the sequence length ({first} and {n})", x)
+    return first
+
+
+def _nonempty(x) -> bool:
+    return not same(x.meta["val"].numel(), 0)
 
 
 # ---- layers --------------------------------------------------------------------------------------
@@ -134,17 +153,10 @@ class LayerPlan(RegionPlan):
     key_side: frozenset = frozenset()  # nodes between those and the attention's keys/values
     unpulled: "LayerPlan | None" = None   # the same plan with its masks as token-by-token inputs
 
-    @property
-    def window(self) -> int | None:
-        """W of a sliding-window mask (a query at t sees keys (t - W, t]), else None."""
-        if self.site is not None and "sliding-window" in self.site.mask_kind:
-            return self.site.window
-        return None
-
     def describe(self) -> str:
         text = super().describe()
-        if self.window:
-            text += f"; sliding window {self.window}: a chunk [s, e) reads keys [max(0, s-{self.window - 1}), e)"
+        if self.site is not None and self.site.mask is not None:
+            text += f"; keys per chunk: those its rows may see under the mask ({self.site.mask_kind}), read from the mask per call"
         return text
 
 
@@ -184,8 +196,6 @@ def _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad=N
     in_specs, lengths = [], []
     for x in inputs:
         v = x.meta.get("val")
-        if not isinstance(v, torch.Tensor):
-            raise CannotStream("symbolic sizes (dynamic shapes) are not streamed yet; compile with dynamic=False", x)
         roles = sd.roles(x)
         if x in pulled.frontier:
             spec = pulled.frontier[x]
@@ -198,32 +208,15 @@ def _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad=N
         else:
             spec = WHOLE
         in_specs.append(spec)
-        lengths += [v.shape[d] for d, _ in spec.seq_dims()]
-    if any(not isinstance(t, int) for t in lengths) or len(set(lengths)) != 1:
-        raise CannotStream(f"layer inputs disagree on a static sequence length ({lengths})")
+        lengths += [(x, v.shape[d]) for d, _ in spec.seq_dims()]
+    T = _one_length(lengths, "layer")
     kv_out = tuple(kv_boundary(x, inside, sd) for x in (site.key, site.value))
     kv = ancestors({b for b, _ in kv_out}, within=inside)
-    T = lengths[0]
     # mask inputs (token-by-token, or the per-token values a mask is built from) get no gradient
     grad_inputs = [i for i, x in enumerate(inputs) if in_specs[i].kind in ("chunk", "whole")
-                   and x not in pulled.frontier and x.meta["val"].is_floating_point() and x.meta["val"].numel() > 0
+                   and x not in pulled.frontier and x.meta["val"].is_floating_point() and _nonempty(x)
                    and (requires_grad is None or x in requires_grad)]
-    chunk = config.chunk_size or auto_chunk(T)
     return LayerPlan(region.name, "layer", nodes, inputs, outputs, [], in_specs, out_specs,
-                     chunk, T, grad_inputs, sd, frozenset(pulled.nodes), site=site,
+                     config.chunk_size, T, grad_inputs, sd, frozenset(pulled.nodes), site=site,
                      kv_nodes=[n for n in nodes if n in kv], kv_outputs=tuple(b for b, _ in kv_out),
                      key_side=frozenset().union(*(chain for _, chain in kv_out)))
-
-
-AUTO_CHUNK_MIN, AUTO_CHUNK_MAX = 64, 512
-
-
-def auto_chunk(T: int) -> int:
-    """Automatic layer chunk: a quarter of the sequence, clamped to [64, 512] tokens.
-
-    Larger chunks run faster (fewer, larger matmuls; less per-chunk work that scales with the
-    key prefix: building the chunk's mask, repeating grouped K/V heads, zeroing dK/dV), which is
-    why the paper uses T/3. Smaller chunks use less memory, and a chunk's working set grows
-    with chunk x prefix (its mask, its attention gradients), so past 4 x 512 tokens the chunk
-    stays at 512: memory per token stays flat as T grows."""
-    return min(T, max(AUTO_CHUNK_MIN, min(AUTO_CHUNK_MAX, -(-T // 4))))

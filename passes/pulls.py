@@ -52,7 +52,7 @@ def pull_masks(region, sd):
             return pullable[n]
         ok = (n.op == "call_function" and "k" in sd.roles(n)
               and (n.target in MASK_VIEW_OPS or is_pointwise(n.target))
-              and all(_frontier_role(x, n, sd) is not False or can_pull(x) for x in n.all_input_nodes))
+              and all(_frontier_role(x, n, sd) is not False or can_pull(x) for x in _tensor_inputs(n)))
         pullable[n] = ok
         return ok
 
@@ -65,7 +65,7 @@ def pull_masks(region, sd):
         if n in chosen:
             continue
         chosen.add(n)
-        for x in n.all_input_nodes:
+        for x in _tensor_inputs(n):
             if "k" in sd.roles(x) and can_pull(x):
                 stack.append(x)
             else:
@@ -98,6 +98,11 @@ def _frontier_role(x, user, sd):
     if j < 0 or out_roles[j] not in ("q", "k"):
         return False
     return out_roles[j], seq[0]
+
+
+def _tensor_inputs(n) -> list:
+    """Inputs of ``n`` that are tensors (sizes are rebuilt where a node is copied, never read)."""
+    return [x for x in n.all_input_nodes if isinstance(x.meta.get("val"), torch.Tensor)]
 
 
 def _frontier_spec(role) -> Spec:
@@ -144,7 +149,7 @@ def pull_producers(nodes, inputs, pulled: PulledMasks, sd, classes, requires_gra
                 frontier[n] = None
                 continue
             chosen.add(n)
-            stack.extend(n.all_input_nodes)
+            stack.extend(_tensor_inputs(n))
         if stack or not chosen:
             continue
         roles = {f: _per_token_role(f, sd) for f in frontier}

@@ -188,8 +188,8 @@ def _make_region(name, kind, entry, nodes, sites, rank, fwd_nodes) -> Region:
     inside = set(nodes)
     inputs, seen = [], set()
     for n in nodes:
-        for x in n.all_input_nodes:
-            if x not in inside and x not in seen:
+        for x in n.all_input_nodes:  # (symbolic sizes are rebuilt inside, not passed in)
+            if x not in inside and x not in seen and not isinstance(x.meta.get("val"), (torch.SymInt, int)):
                 seen.add(x)
                 inputs.append(x)
     fwd = set(fwd_nodes)

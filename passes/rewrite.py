@@ -17,65 +17,137 @@ import torch.fx as fx
 from torch._guards import detect_fake_mode
 from torch._inductor.decomposition import select_decomp_table
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+from streamfx import chunks
+from streamfx.chunks import ChunkGraph, Slot
 from streamfx.errors import CannotStream
-from streamfx.runtime import LayerProgram, RegionProgram
-from . import verify
+from streamfx.runtime import LayerProgram, MaskCheck, RegionProgram
+from . import reach, verify
 from .graphs import (ALIASES, COPIES, SIZE_ARG_OPS, bind, is_tangent, order, outputs as graph_outputs, primals,
-                     tangents)
+                     same, tangents)
 from .record import made_by
+from .sizes import Sizes
 
 aten = torch.ops.aten
 STEP = "stream"
 
 
-def region_graphs(plan, sd, chunk_len: int):
-    """Full and chunk GraphModules of one region; the chunk one reads its length from its inputs."""
-    full = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, None)
-    chunk = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, plan)
-    _check_chunk_graph(plan, chunk, chunk_len)
-    return full, chunk
+def region_program(plan, codegen: str) -> RegionProgram:
+    """A region that is token-local per chunk (the head): its chunk graph reads chunk rows."""
+    full = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, plan.sd, whole=True)
+    chunk = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, plan.sd)
+    return RegionProgram(plan.name, chunk, full, plan.in_specs, plan.out_specs, plan.chunk_size,
+                         plan.grad_inputs, codegen)
 
 
-def build_graph(inputs, nodes, outputs, sd, plan, extra=(), key_side=frozenset(), copies=None):
-    """Copy ``nodes`` into a new GraphModule with ``inputs`` (then ``extra`` nodes) as placeholders.
+def chunk_graph(name, inputs, specs, nodes, outputs, sd, extra=(), extra_dims=(), key_side=frozenset(),
+                edit=None, whole=False) -> ChunkGraph:
+    """A region's graph for one chunk (``build_graph``), its placeholders' slots, checked at
+    symbolic chunk shapes. ``extra``: the keys and values (sequence-major prefixes, key dims
+    ``extra_dims``); ``edit(gm)`` changes the graph before it is checked; ``whole``: the
+    region for the whole sequence (not checked: it is the joint's own graph)."""
+    gm, sizes = build_graph(inputs, specs, nodes, outputs, sd, extra=extra, key_side=key_side, whole=whole)
+    if edit is not None:
+        edit(gm)
+    roles = [{d: ("q" if whole else r) for d, r in spec.seq_dims()} for spec in specs]
+    slots = [_slot(x, r, sd) for x, r in zip(inputs, roles)]
+    slots += [_slot(x, {d: "k"}, sd, layout="seq_major") for x, d in zip(extra, extra_dims)]
+    try:
+        graph = ChunkGraph(name, gm, tuple(slots), tuple(sizes))
+        if not whole:
+            chunks.check(graph)
+    except Exception as e:  # noqa: BLE001 - any failure to instantiate the region per chunk
+        if verify.enabled() and not isinstance(e, CannotStream):
+            raise
+        raise CannotStream(f"the region does not instantiate per chunk ({type(e).__name__}: {str(e).splitlines()[0]})")
+    if not whole:
+        verify.chunk_graph(gm, name)
+    return graph
 
-    With a ``plan``, sizes that scale with the sequence are rewritten: a query-sequence dim gets
-    the chunk length (read from the first chunked input), a key-sequence dim the prefix length
-    (read from the first ``extra`` placeholder, the keys), so one graph serves every chunk.
-    Nodes in ``key_side`` compute from the keys/values alone: their sequence dim is the prefix.
-    ``copies``, when given, receives the map from each copied node to its copy.
+
+def _slot(x, roles: dict, sd, layout: str = "dense") -> Slot:
+    """The slot of input ``x``: a symbolic dim is written with the symbol of its axis, so two
+    inputs that Dynamo gave their own batch symbol (input ids and labels) share one."""
+    v = x.meta["val"]
+    axes = (sd.axes.get(x) or [None])[0]
+    shape = []
+    for j, size in enumerate(v.shape):
+        if j in roles or isinstance(size, int) or axes is None:
+            shape.append(size)
+            continue
+        expr = 1
+        for a in sd.table.canon(axes[j]):
+            expr = expr * sd.table.size[a]
+        shape.append(expr)
+    return Slot.of(v, roles, layout, shape=shape)
+
+
+def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(), whole=False):
+    """Copy ``nodes`` into a new GraphModule with ``inputs`` (then ``extra`` nodes) as placeholders,
+    then the sizes it needs: (graph module, the size placeholders' keys in order).
+
+    Size arguments are rebuilt from the axes of their dims (``sizes.Sizes``) from size
+    placeholders: "q", the length of the chunk's rows; "k", the number of keys it reads (for key
+    dims and ``key_side`` nodes, computed from the keys and values alone); shape symbols of the
+    joint graph (a dynamic batch size). ``whole``: the region for the whole sequence (the keys
+    are the rows). The runtime passes each size read from the inputs (``chunks.ChunkGraph``).
     """
     g, env = fx.Graph(), {}
     for i, x in enumerate(list(inputs) + list(extra)):
         p = g.placeholder(f"in_{i}_{x.name}")
         p.meta["val"] = x.meta.get("val")
         env[x] = p
-    lengths = {}
-    if plan is not None:
-        i, spec = next((i, s) for i, s in enumerate(plan.in_specs) if s.kind == "chunk")
-        lengths["q"] = g.call_function(aten.sym_size.int, (env[inputs[i]], spec.dim))
-        if extra:
-            lengths["k"] = g.call_function(aten.sym_size.int, (env[extra[0]], sd.seq_dim(extra[0])))
+    size_inputs: dict = {}
+    last = [p for p in g.nodes][-1] if len(g.nodes) else None
+
+    def size_of(key):
+        key = "q" if whole and key == "k" else key
+        if key not in size_inputs:
+            nonlocal last
+            with g.inserting_after(last) if last is not None else g.inserting_before(None):
+                last = size_inputs[key] = g.placeholder(f"size_{len(size_inputs)}")
+        return size_inputs[key]
+
+    sizes = Sizes(sd, size_of)
     for n in nodes:
         if n in env:
             continue
-        new = g.node_copy(n, lambda x: env[x])
-        if new.target is torch.ops.prims.convert_element_type.default:
-            # the aten form has an autograd formula; chunk graphs are differentiated at run time
-            new.target, new.args, new.kwargs = aten._to_copy.default, (new.args[0],), {"dtype": new.args[1]}
-        if plan is not None:
-            _patch_sizes(new, n, sd, plan.length, lengths, n in key_side)
+        new = _autograd_form(g.node_copy(n, lambda x: env.get(x, x)))
+        sizes.patch(new, n, key_side=n in key_side)
+        if not whole:
             made_by(new, STEP)
         env[n] = new
-    if copies is not None:
-        copies.update(env)
     g.output(tuple(env[o] for o in outputs))
     g.eliminate_dead_code()
     _canonical_names(g)
-    gm = fx.GraphModule({}, g)
-    return gm
+    return fx.GraphModule(_attributes(g, nodes), g), list(size_inputs)
+
+
+def _autograd_form(new: fx.Node) -> fx.Node:
+    """A copied node in a form autograd can differentiate again (the rewrite re-derives the
+    backward of the forward graph, and chunk graphs are differentiated at run time): the prims
+    cast becomes ``_to_copy``; a functional ``copy(dst, src)`` (a ``copy_`` into a new tensor,
+    as MLA builds its keys) becomes ``where(True, src, dst)``, which broadcasts and casts alike."""
+    if new.target is torch.ops.prims.convert_element_type.default:
+        new.target, new.args, new.kwargs = aten._to_copy.default, (new.args[0],), {"dtype": new.args[1]}
+    elif new.target is aten.copy.default:
+        dst, src = new.args[:2]
+        g = new.graph
+        with g.inserting_before(new):
+            cast = g.call_function(aten._to_copy.default, (src,), {"dtype": dst.meta["val"].dtype})
+            everywhere = g.call_function(aten.ones_like.default, (dst,), {"dtype": torch.bool})
+        new.target, new.args, new.kwargs = aten.where.self, (everywhere, cast, dst), {}
+    return new
+
+
+def _attributes(g: fx.Graph, nodes) -> dict:
+    """The constants (``get_attr`` targets: lifted tensor constants) a copied graph refers to,
+    taken from the module that owns the nodes' graph."""
+    targets = {n.target for n in g.nodes if n.op == "get_attr"}
+    if not targets:
+        return {}
+    owner = next(iter(nodes)).graph.owning_module
+    return {t: getattr(owner, t) for t in targets}
 
 
 def _canonical_names(g: fx.Graph) -> None:
@@ -90,52 +162,29 @@ def _canonical_names(g: fx.Graph) -> None:
             n.target = n.name
 
 
-def _patch_sizes(new: fx.Node, old: fx.Node, sd, T: int, lengths: dict, key_side: bool = False) -> None:
-    """Replace sequence-sized entries of a size argument by the chunk (or prefix) length."""
-    pos = SIZE_ARG_OPS.get(old.target)
-    if pos is None or not isinstance(old.meta.get("val"), torch.Tensor):
-        return
-    roles = sd.roles(old)
-    if key_side:
-        roles = tuple("k" if r else None for r in roles)
-    sizes = list(new.args[pos])
-    changed = False
-    for k, role in enumerate(roles):
-        if role and k < len(sizes) and isinstance(sizes[k], int) and sizes[k] != -1:
-            if sizes[k] % T or role not in lengths:
-                raise CannotStream(f"size {sizes[k]} (dims {roles}) does not scale with the sequence length {T}", old)
-            factor = sizes[k] // T
-            with new.graph.inserting_before(new):
-                L = lengths[role]
-                sizes[k] = L if factor == 1 else new.graph.call_function(operator.mul, (L, factor))
-            changed = True
-    if changed:
-        args = list(new.args)
-        args[pos] = sizes
-        new.args = tuple(args)
-
-
 def layer_program(plan, codegen: str) -> LayerProgram:
-    """K/V graph (keys and values of a chunk) and query graph (a chunk's output from its queries
-    and the key/value prefix), with causal attention aligned to the bottom right of the prefix."""
+    """K/V graph (keys and values of a chunk), query graph (a chunk's output from its queries and
+    the keys/values it reads; fused causal attention aligned to the bottom right of them) and
+    the mask graph (which keys each chunk must read, see ``reach``)."""
     sd, site = plan.sd, plan.site
-    full = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, None)
+    full = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, sd, whole=True)
     kv_out = plan.kv_outputs
-    kv = build_graph(plan.inputs, plan.kv_nodes, list(kv_out), sd, plan)
-    masked = site.mask_user if site.mask_user is not None else site.mask
-    copies: dict = {}
-    q = build_graph(plan.inputs, plan.nodes, plan.outputs, sd, plan, extra=kv_out, key_side=plan.key_side,
-                    copies=copies)
-    if site.kind.startswith("sdpa"):
-        _lower_right_causal(q, site)
-        _grouped_kv_in_place(q)
-    row_check = _check_rows_see_a_key(q, copies.get(masked), fused=site.kind.startswith("sdpa"))
-    c = min(plan.chunk_size, plan.length)
-    _check_chunk_graph(plan, kv, c)
-    _check_chunk_graph(plan, q, c, prefix=kv_out)
+    kv_dims = tuple(sd.seq_dim(x) for x in kv_out)
+    kv = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.kv_nodes, list(kv_out), sd)
+
+    def attention_edits(gm):
+        if site.kind.startswith("sdpa"):
+            _lower_right_causal(gm, site)
+            _grouped_kv_in_place(gm)
+
+    q = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, sd, extra=kv_out,
+                    extra_dims=kv_dims, key_side=plan.key_side, edit=attention_edits)
+    mask = None
+    mg = reach.mask_graph(plan, lambda ins, specs, nodes, outs: chunk_graph(plan.name, ins, specs, nodes, outs, sd))
+    if mg is not None:
+        mask = MaskCheck(mg.graph, mg.inputs, mg.kind, mg.fill_finite, mg.key_dim)
     return LayerProgram(plan.name, q, full, plan.in_specs, plan.out_specs, plan.chunk_size,
-                        plan.grad_inputs, codegen, window=plan.window, row_check=row_check, kv_gm=kv,
-                        kv_dims=(sd.seq_dim(kv_out[0]), sd.seq_dim(kv_out[1])))
+                        plan.grad_inputs, codegen, kv=kv, kv_dims=kv_dims, mask=mask)
 
 
 def _lower_right_causal(gm: fx.GraphModule, site) -> None:
@@ -174,37 +223,6 @@ def _lower_right_causal(gm: fx.GraphModule, site) -> None:
     kwargs[mask_key] = mask
     node.args, node.kwargs = tuple(args), kwargs
     gm.recompile()
-
-
-def _check_rows_see_a_key(gm: fx.GraphModule, node, fused: bool) -> bool:
-    """Make the query graph also return whether every query row of the chunk sees a key.
-
-    A row whose keys are all masked with a finite value (HF's eager attention adds finfo.min; a
-    left-padded row's own query) gets softmax weights 1/L over all L keys the full attention
-    has, including keys after it: its output needs every key of the sequence, not just the
-    chunk's prefix. The runtime runs such a chunk against all keys (see ``LayerProgram``).
-    Fused attention with a boolean mask gives such rows zeros whatever the keys: no check.
-    ``node`` is the mask (fused attention) or the scores with the mask applied (unfused).
-    Returns False when the graph needs no check."""
-    v = node.meta.get("val") if node is not None and node.graph is gm.graph else None
-    if not isinstance(v, torch.Tensor):
-        return False
-    if v.dtype == torch.bool and fused:
-        return False
-    g = gm.graph
-    out = g.find_nodes(op="output")[0]
-    with g.inserting_before(out):
-        if v.dtype == torch.bool:
-            seen = g.call_function(aten.any.dim, (node, -1))
-        else:  # a row that sees no key and is masked with -inf gives zeros (fused) or NaN anyway
-            allowed = g.call_function(aten.gt.Scalar, (node, torch.finfo(v.dtype).min / 2))
-            seen = g.call_function(aten.logical_or.default, (
-                g.call_function(aten.any.dim, (allowed, -1)),
-                g.call_function(aten.all.dim, (g.call_function(aten.eq.Scalar, (node, float("-inf"))), -1))))
-        every = g.call_function(aten.all.default, (seen,))
-    out.args = (tuple(out.args[0]) + (every,),)
-    gm.recompile()
-    return True
 
 
 GQA_SDPA = {aten._scaled_dot_product_flash_attention_for_cpu.default}
@@ -250,19 +268,6 @@ def _head_repeat_base(x):
     if not (isinstance(v, torch.Tensor) and isinstance(out, torch.Tensor) and v.dim() == 4 and out.dim() == 4):
         return None
     return base
-
-
-def _check_chunk_graph(plan, chunk_gm, chunk_len, prefix=()) -> None:
-    """Propagate fake chunk-shaped inputs through the chunk graph; any failure means no streaming."""
-    vals = [x.meta["val"] for x in plan.inputs]
-    mode = detect_fake_mode(vals)
-    try:
-        with mode:
-            fake = [spec.take(v, 0, chunk_len) for v, spec in zip(vals, plan.in_specs)]
-            fake += [x.meta["val"].narrow(plan.sd.seq_dim(x), 0, chunk_len) for x in prefix]
-        FakeTensorProp(chunk_gm, mode).propagate(*fake)
-    except Exception as e:  # noqa: BLE001 - any failure to instantiate the region per chunk
-        raise CannotStream(f"the region does not instantiate per chunk ({type(e).__name__}: {str(e).splitlines()[0]})")
 
 
 @dataclasses.dataclass
@@ -334,9 +339,7 @@ def _program(plan, codegen: str):
             if plan.unpulled is None:
                 raise
             return plan.unpulled, layer_program(plan.unpulled, codegen)
-    full_gm, chunk_gm = region_graphs(plan, plan.sd, min(plan.chunk_size, plan.length))
-    return plan, RegionProgram(plan.name, chunk_gm, full_gm, plan.in_specs, plan.out_specs,
-                               plan.chunk_size, plan.grad_inputs, codegen)
+    return plan, region_program(plan, codegen)
 
 
 def _tag_forward_backward(graph: fx.Graph) -> None:
@@ -403,9 +406,9 @@ def _forward_with_regions(fwd_nodes, primals, fwd_outs, programs) -> fx.GraphMod
                 if d not in env:
                     env[d] = _empty_like(g, d)
         elif u.op != "placeholder" and u not in env:
-            env[u] = g.node_copy(u, lambda x: env[x])
+            env[u] = _autograd_form(g.node_copy(u, lambda x: env[x]))
     g.output([env[o] if o is not None else None for o in fwd_outs])
-    gm = fx.GraphModule({}, g)
+    gm = fx.GraphModule(_attributes(g, fwd_nodes), g)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm

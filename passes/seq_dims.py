@@ -23,7 +23,7 @@ import torch.fx as fx
 
 from . import verify
 from .axes import AxisTable, RuleOut
-from .graphs import is_tensor, node_inputs
+from .graphs import is_tensor, node_inputs, same
 from .rules import RULES, is_pointwise, pointwise
 
 TOKEN_LOCAL = "token-local"
@@ -172,7 +172,8 @@ def seed_from_embedding(graph: fx.Graph, sd: SeqDims) -> int | None:
 
 def seq_slice(node: fx.Node, sd: SeqDims):
     """(dim, start, stop) of a static, step-1 slice that takes part of the sequence dim of its
-    input (``logits[:, :-1]``, ``hidden[:, -k:]``); None for anything else."""
+    input (``logits[:, :-1]``, ``hidden[:, -k:]``); None for anything else. Start and stop are
+    taken from the front of the sequence (ints, or SymInts when its length is a symbol)."""
     if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor:
         return None
     x = node.args[0]
@@ -186,11 +187,16 @@ def seq_slice(node: fx.Node, sd: SeqDims):
     step = args[4] if args[4] is not None else node.kwargs.get("step", 1)
     d = d + v.dim() if d < 0 else d
     n = v.shape[d]
-    if step != 1 or sd.seq_dim(x) != d or not sd.seq_is_atomic(x) or not isinstance(n, int) \
+    if step != 1 or sd.seq_dim(x) != d or not sd.seq_is_atomic(x) \
             or not all(isinstance(b, int) or b is None for b in (start, end)):
         return None
-    start = 0 if start is None else (max(start + n, 0) if start < 0 else min(start, n))
-    end = n if end is None else (max(end + n, 0) if end < 0 else min(end, n))
-    if start >= end or (start, end) == (0, n):
+    static = isinstance(n, int)
+    start = 0 if start is None else (start + n if start < 0 else (min(start, n) if static else start))
+    end = n if end is None or (end >= (1 << 62)) else (end + n if end < 0 else (min(end, n) if static else end))
+    if static and (start < 0 or end < 0):
+        start, end = max(start, 0), max(end, 0)
+    if same(start, 0) and same(end, n):
+        return None
+    if static and start >= end:
         return None
     return d, start, end

@@ -8,7 +8,7 @@ import torch
 
 from .config import StreamConfig
 from .errors import source_line, op_name
-from .passes.graphs import per_token
+from .passes.graphs import hint, per_token
 
 
 @dataclasses.dataclass
@@ -95,4 +95,4 @@ def _chunk_peak(p) -> int:
     """Bytes of the largest per-chunk tensor of a plan, times three (value, grad, one temporary)."""
     widths = [per_token(n, p.sd, nbytes=True) for n in p.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
     widest = max([w for w in widths if w != float("inf")] + [0])
-    return 3 * widest * min(p.chunk_size, p.length)
+    return 3 * widest * p.chunk_at(hint(p.length))

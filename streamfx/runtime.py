@@ -1,96 +1,88 @@
 """Runtime of streamed regions: the ``streamfx::region`` op, its backward, and the chunk loop.
 
 A ``RegionProgram`` holds one region's chunk graph (the region instantiated for a chunk of
-tokens) and how its inputs are read and its outputs put together (``streamfx.passes.specs``);
-a chunk [s, e) reads keys [lo, e), lo = 0 or, for a sliding window of W keys, max(0, s - W + 1).
-Forward runs the chunks in order without grad; backward runs them in reverse, recomputing each
-chunk with grad and calling autograd on it, so only one chunk's activations exist at a time.
-Chunk graphs are compiled once (codegen "inductor": dynamic chunk length) and shared by every
-region program with the same graph code.
+tokens, ``chunks.ChunkGraph``) and how its inputs are read and its outputs put together
+(``streamfx.passes.specs``). The schedule is computed from the real inputs at every call: the
+sequence length, the chunk bounds (an automatic chunk size follows the length), and for a
+layer the keys each chunk reads (``keyranges``). Forward runs the chunks in order without
+grad; backward runs them in reverse, recomputing each chunk with grad and calling autograd on
+it, so only one chunk's activations exist at a time.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import itertools
-import warnings
-from typing import Callable
 
 import torch
 import torch.fx as fx
-from torch._functorch import config as functorch_config
-from torch.fx._lazy_graph_module import _LazyGraphModule
+
+from streamfx.passes.schedule import auto_chunk
+
+from . import keyranges
+from .chunks import COUNTERS, ChunkGraph  # noqa: F401  (COUNTERS is part of the runtime's interface)
 
 _PROGRAMS: dict[int, "RegionProgram"] = {}
-_COMPILED: dict[tuple, Callable] = {}
 _ids = itertools.count()
-COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chunks_backward": 0,
-            "chunk_compiles": 0, "chunk_compile_failures": 0}
-
-
 @dataclasses.dataclass
 class RegionProgram:
     name: str
-    chunk_gm: fx.GraphModule          # region graph instantiated for a chunk
-    full_gm: fx.GraphModule           # the original region graph (shapes, fake evaluation)
+    chunk: ChunkGraph                 # the region instantiated for a chunk
+    full: ChunkGraph                  # the whole region (output shapes, fake evaluation)
     in_specs: list
     out_specs: list
-    chunk_size: int
+    chunk_size: int | None            # None: automatic (``auto_chunk`` of the length)
     grad_inputs: list                 # indices of inputs that get a gradient
     codegen: str = "eager"
     key: int = -1
-    window: int | None = None         # sliding window: a query at t sees keys (t - window, t]
-    row_check: bool = False           # the region also returns which chunks ran against every key
 
     def register(self) -> int:
         self.key = next(_ids)
         _PROGRAMS[self.key] = self
         return self.key
 
+    @property
+    def chunk_gm(self) -> fx.GraphModule:
+        return self.chunk.gm
+
+    @property
+    def full_gm(self) -> fx.GraphModule:
+        return self.full.gm
+
     # -- chunk schedule ------------------------------------------------------------------
     def length(self, inputs) -> int:
-        for x, spec in zip(inputs, self.in_specs):
-            if spec.kind == "chunk":
-                return x.shape[spec.dim]
-        raise AssertionError("region without a chunked input")
+        """The sequence length of this call (every input with query rows has it)."""
+        lengths = {x.shape[d] for x, spec in zip(inputs, self.in_specs) for d, role in spec.seq_dims() if role == "q"}
+        if len(lengths) != 1:
+            raise RuntimeError(f"streamfx: the inputs of region {self.name} disagree on the sequence length "
+                               f"({sorted(lengths)})")
+        return lengths.pop()
+
+    def size_for(self, T: int) -> int:
+        return self.chunk_size or auto_chunk(T)
 
     def bounds(self, inputs):
-        T, c = self.length(inputs), self.chunk_size
+        T = self.length(inputs)
+        c = self.size_for(T)
         return [(s, min(s + c, T)) for s in range(0, T, c)]
 
-    def key_start(self, s: int) -> int:
-        """First key any query of a chunk starting at ``s`` can see."""
-        return max(0, s - self.window + 1) if self.window else 0
+    def chunk_inputs(self, inputs, s, e, lo=0, ke=None, reuse=None):
+        """The chunk's inputs, with the keys [lo, ke) (default [0, e)); ``reuse``: inputs already
+        sliced for rows [s, e), whose row slices are taken as they are."""
+        return [reuse[j] if reuse is not None and spec.kind in ("chunk", "whole") else spec.take(x, s, e, lo, ke)
+                for j, (x, spec) in enumerate(zip(inputs, self.in_specs))]
 
-    def chunk_inputs(self, inputs, s, e, lo=None, ke=None):
-        """The chunk's inputs, with the keys [lo, ke) (default: [key_start(s), e))."""
-        lo = self.key_start(s) if lo is None else lo
-        return [spec.take(x, s, e, lo, ke) for x, spec in zip(inputs, self.in_specs)]
-
-    def fn(self, gm: fx.GraphModule | None = None, inputs=None, prefix=(), train: bool = True) -> Callable:
-        """The chunk graph (or ``gm``) as run: itself, or compiled by Inductor once per distinct
-        graph code, with symbolic chunk and prefix lengths (``inputs``: the region inputs).
-        ``train=False`` gives the inference compile the forward runs under no_grad: its outputs
-        hold no autograd graph, so nothing of a chunk outlives it."""
-        gm = gm if gm is not None else self.chunk_gm
-        if self.codegen == "eager":
-            return gm
-        key = (gm.code, tuple(self.in_specs), tuple(str(t.dtype) for t in inputs), train)
-        if key not in _COMPILED:
-            COUNTERS["chunk_compiles"] += 1
-            try:
-                _COMPILED[key] = compile_chunk_graph(gm, self, inputs, prefix, train)
-            except Exception as e:  # noqa: BLE001 - Inductor limits on symbolic shapes
-                COUNTERS["chunk_compile_failures"] += 1
-                warnings.warn(f"streamfx: a chunk graph of {self.name} runs as an FX graph, Inductor "
-                              f"could not compile it ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
-                _COMPILED[key] = gm
-        return _COMPILED[key]
+    def fn(self, graph: ChunkGraph | None = None, train: bool = True) -> callable:
+        """A chunk graph (default: the region's) as run: the inference compile the forward runs
+        under no_grad (its outputs hold no autograd graph, so nothing of a chunk outlives it),
+        or the training compile the backward differentiates."""
+        graph = graph or self.chunk
+        return graph.fn(self.codegen, train, self.grad_inputs)
 
     # -- forward / backward ----------------------------------------------------------------
     def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         COUNTERS["region_forward"] += 1
-        fn, T = self.fn(inputs=inputs, train=False), self.length(inputs)
+        fn, T = self.fn(train=False), self.length(inputs)
         result = [None] * len(self.out_specs)
         with torch.no_grad():
             for s, e in self.bounds(inputs):
@@ -112,7 +104,7 @@ class RegionProgram:
 
     def backward(self, inputs: list[torch.Tensor], grads: list) -> list[torch.Tensor]:
         COUNTERS["region_backward"] += 1
-        fn = self.fn(inputs=inputs)
+        fn = self.fn()
         acc = self._grad_buffers(inputs)
         for s, e in reversed(self.bounds(inputs)):
             COUNTERS["chunks_backward"] += 1
@@ -139,8 +131,7 @@ class RegionProgram:
             xs[i].requires_grad_(True)
         return xs
 
-    def _accumulate(self, acc, got, s, e, lo=None, ke=None):
-        lo = self.key_start(s) if lo is None else lo
+    def _accumulate(self, acc, got, s, e, lo=0, ke=None):
         ke = e if ke is None else ke
         for i, g in zip(self.grad_inputs, got):
             if g is None:
@@ -150,8 +141,11 @@ class RegionProgram:
                 acc[i].narrow(spec.dim, s, e - s).add_(g)
             elif spec.kind == "qk":
                 acc[i].narrow(spec.dim, s, e - s).narrow(spec.kdim, lo, ke - lo).add_(g)
+            elif spec.kind == "prefix":
+                acc[i].narrow(spec.dim, lo, ke - lo).add_(g)
             else:
                 acc[i].add_(g)
+
 
 def _put_rows(result: list, j: int, o: torch.Tensor, d: int, s: int, e: int, T: int) -> None:
     """Write a chunk's rows [s, e) of output j into its full-length buffer (made on first use)."""
@@ -160,73 +154,71 @@ def _put_rows(result: list, j: int, o: torch.Tensor, d: int, s: int, e: int, T: 
     result[j].narrow(d, s, e - s).copy_(o)
 
 
-def compile_chunk_graph(gm: fx.GraphModule, prog: "RegionProgram", inputs, prefix, train: bool = True) -> Callable:
-    """Inductor-compile a chunk graph for every chunk length c and prefix length e at once.
+_RANGE_CACHES: dict = {}
 
-    Sample inputs take c and e = 2c + 1 as sizes and only the sequence dims are dynamic, so the
-    compiled code assumes nothing about c, e but their role. Duck sizing gives every chunk dim
-    one symbol and every prefix dim another: the backward then reads the chunk length from any
-    saved tensor (with one symbol per input, a flattened [B * c] label chunk would carry a
-    size whose symbol no input provides). With ``train``, inputs that get gradients require
-    grad, so AOTAutograd also compiles the backward; without, the graph is compiled for inference.
-    """
-    from torch._inductor.compile_fx import compile_fx
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-    T = prog.length(inputs)
-    c = max(2, min(prog.chunk_size, T))
-    e = 2 * c + 1
-    mode = FakeTensorMode(shape_env=ShapeEnv(duck_shape=True))
-    samples, dynamic = [], []
-    for i, (x, spec) in enumerate(zip(inputs, prog.in_specs)):
-        shape, dyn = list(x.shape), set()
-        for d, role in spec.seq_dims():
-            shape[d] = c if role == "q" else e
-            dyn.add(d)
-        sample = (torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device) if not spec.sliced
-                  else torch.empty(shape, dtype=x.dtype, device=x.device))  # chunks are made dense
-        samples.append((sample, dyn, train and i in prog.grad_inputs))
-    for t, d in prefix:  # keys and values: the prefix [0, e) of a sequence-major buffer
-        layout = seq_major_empty(t, d, e)
-        samples.append((torch.empty_strided(layout.shape, layout.stride(), dtype=t.dtype, device=t.device),
-                        {d}, train))
-    fakes = []
-    for t, dyn, grad in samples:
-        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DUCK if k in dyn else DimDynamic.STATIC
-                                                      for k in range(t.dim())])
-        f = mode.from_tensor(t.requires_grad_(grad and t.is_floating_point()), symbolic_context=ctx)
-        fakes.append(f)
-    _LazyGraphModule.force_recompile(gm)
-    # grad mode as asked: AOTAutograd compiles forward and backward, or an inference graph
-    with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
-            torch.set_grad_enabled(train), \
-            functorch_config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False):
-        return compile_fx(gm, fakes)
+@dataclasses.dataclass
+class MaskCheck:
+    """The mask part of a layer (``streamfx.passes.reach``) and how its values hide keys. Layers
+    with the same mask graph share its cache (every layer of a model reads one mask)."""
+    graph: ChunkGraph
+    inputs: list          # indices of the layer inputs it reads
+    kind: str
+    fill_finite: bool
+    key_dim: int
+
+    @property
+    def cache(self) -> keyranges.RangeCache:
+        key = (self.graph.gm.code, tuple(s.key() for s in self.graph.slots), self.kind, self.fill_finite, self.key_dim)
+        return _RANGE_CACHES.setdefault(key, keyranges.RangeCache())
 
 
 @dataclasses.dataclass
 class LayerProgram(RegionProgram):
-    """A transformer layer: ``kv_gm`` gives a chunk's keys and values, ``chunk_gm`` a chunk's
-    output from its queries and the keys/values [lo, e) (lo = 0 unless a sliding window hides
-    the keys before it).
+    """A transformer layer: ``kv`` gives a chunk's keys and values, ``chunk`` a chunk's output
+    from its queries and the keys/values [lo, hi) it reads.
 
-    Forward: chunks in order; keys/values are written into full-length buffers as they come.
-    Backward: keys/values for the whole sequence once; chunks in reverse: recompute the chunk,
-    backward it, accumulate dK/dV over its keys in fp32 and the parameter gradients; rows
-    [s, e) of dK/dV are then final, so they go back through the K/V producers at once and the
-    chunk's input gradient is complete.
+    Keys per chunk: [0, e) for causal attention without a mask; with a mask, the keys its rows
+    may see (``mask``, evaluated per call, cached while the mask's inputs do not change). A
+    chunk that reads keys after its own end is "wide".
 
-    With ``row_check`` the query graph also returns whether every query row saw a key. A chunk
-    with a row that saw none (all its keys masked with a finite value: the full attention
-    averages such a row over every key of the sequence) is "wide": it runs against all T keys.
-    The forward returns which chunks were wide; the backward runs those first, so every chunk
-    that reaches dK/dV rows [s, e) has run before those rows are pushed through the K/V
-    producers.
+    Forward: chunks in order; keys/values are written into full-length buffers as they come
+    (ahead of the chunk for a wide one). Backward: keys/values for the whole sequence once;
+    wide chunks first, then every chunk in reverse: recompute the chunk, backward it,
+    accumulate dK/dV over its keys in fp32 and the parameter gradients; rows [s, e) of dK/dV
+    are then final (every chunk that reads them has run), so they go back through the K/V
+    producers at once and the chunk's input gradient is complete.
     """
 
-    kv_gm: fx.GraphModule | None = None
+    kv: ChunkGraph | None = None
     kv_dims: tuple = (None, None)
+    mask: MaskCheck | None = None
+
+    @property
+    def kv_gm(self) -> fx.GraphModule:
+        return self.kv.gm
+
+    def key_ranges(self, inputs, bounds) -> list:
+        """(lo, hi) of the keys each chunk reads."""
+        if self.mask is None:
+            return [(0, e) for _, e in bounds]
+        m, T = self.mask, self.length(inputs)
+        reads = [inputs[i] for i in m.inputs]
+        extra = (T, tuple(bounds))
+        cached = m.cache.get(reads, extra)
+        if cached is not None:
+            return cached
+        COUNTERS["mask_checks"] += 1
+        fn = m.graph.fn(self.codegen, train=False)
+        specs = [self.in_specs[i] for i in m.inputs]
+        rows = []
+        with torch.no_grad():
+            for s, e in bounds:
+                block = fn(*[spec.take(x, s, e, 0, T) for x, spec in zip(reads, specs)])[0]
+                rows.append(keyranges.reach(block, m.kind, m.fill_finite, m.key_dim))
+        ranges = keyranges.ranges_from_reach(torch.stack(rows), bounds, T)
+        m.cache.put(reads, extra, ranges)
+        return ranges
 
     def keys_values(self, inputs, fn_kv):
         """Run the K/V graph chunk by chunk into full-length buffers; yields (s, e, the chunk's
@@ -247,10 +239,10 @@ class LayerProgram(RegionProgram):
 
     def forward(self, inputs):
         COUNTERS["region_forward"] += 1
-        fn, fn_kv, T = None, self.fn(self.kv_gm, inputs=inputs, train=False), self.length(inputs)
+        fn, fn_kv, T = self.fn(train=False), self.fn(self.kv, train=False), self.length(inputs)
         bounds = self.bounds(inputs)
+        ranges = self.key_ranges(inputs, bounds)
         result = [None] * len(self.out_specs)
-        wide = torch.zeros(len(bounds), dtype=torch.bool)
         kv, done, K, V, xs = self.keys_values(inputs, fn_kv), 0, None, None, None
 
         def written_up_to(end):
@@ -259,43 +251,37 @@ class LayerProgram(RegionProgram):
                 _, done, xs, (K, V) = next(kv)
 
         with torch.no_grad():
-            for i, (s, e) in enumerate(bounds):
+            for (s, e), (lo, hi) in zip(bounds, ranges):
                 COUNTERS["chunks_forward"] += 1
-                written_up_to(e)
-                fn = fn or self.fn(inputs=inputs, prefix=[(K, self.kv_dims[0]), (V, self.kv_dims[1])], train=False)
-                chunk = xs if done == e else self.chunk_inputs(inputs, s, e)
-                outs = fn(*chunk, *self.prefix(K, V, self.key_start(s), e))
-                if self.row_check and not bool(outs[-1]):
-                    written_up_to(T)
-                    wide[i] = True
-                    outs = fn(*self.chunk_inputs(inputs, s, e, 0, T), *self.prefix(K, V, 0, T))
+                written_up_to(max(e, hi))
+                chunk = self.chunk_inputs(inputs, s, e, lo, hi, reuse=xs if done == e else None)
+                outs = fn(*chunk, *self.prefix(K, V, lo, hi))
                 for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
                     _put_rows(result, j, o, spec.dim, s, e, T)
             written_up_to(T)  # (a generator left unfinished would hold its buffers)
-        return result + ([wide] if self.row_check else [])
+        return result
 
-    def backward(self, inputs, grads, wide=None):
+    def backward(self, inputs, grads):
         COUNTERS["region_backward"] += 1
         with torch.no_grad():
-            for _, _, _, (K, V) in self.keys_values(inputs, self.fn(self.kv_gm, inputs=inputs, train=False)):
+            for _, _, _, (K, V) in self.keys_values(inputs, self.fn(self.kv, train=False)):
                 pass
-        fn_kv = self.fn(self.kv_gm, inputs=inputs)
-        fn = self.fn(inputs=inputs, prefix=[(K, self.kv_dims[0]), (V, self.kv_dims[1])])
+        fn_kv, fn = self.fn(self.kv), self.fn()
         dK = torch.zeros_like(K, dtype=torch.float32)
         dV = torch.zeros_like(V, dtype=torch.float32)
         acc = self._grad_buffers(inputs)
-        bounds, T = self.bounds(inputs), self.length(inputs)
-        wide = [bool(w) for w in wide.tolist()] if wide is not None else [False] * len(bounds)
+        bounds = self.bounds(inputs)
+        ranges = self.key_ranges(inputs, bounds)
         # wide chunks first: their dK/dV reach rows after them
-        for (s, e), w in zip(bounds, wide):
-            if w:
-                self._query_backward(fn, inputs, grads, K, V, dK, dV, acc, s, e, 0, T)
+        for (s, e), (lo, hi) in zip(bounds, ranges):
+            if hi > e:
+                self._query_backward(fn, inputs, grads, K, V, dK, dV, acc, s, e, lo, hi)
         dk, dv = self.kv_dims
-        for (s, e), w in reversed(list(zip(bounds, wide))):
+        for (s, e), (lo, hi) in reversed(list(zip(bounds, ranges))):
             COUNTERS["chunks_backward"] += 1
             sliced = None
-            if not w:
-                sliced = self._query_backward(fn, inputs, grads, K, V, dK, dV, acc, s, e, self.key_start(s), e)
+            if hi <= e:
+                sliced = self._query_backward(fn, inputs, grads, K, V, dK, dV, acc, s, e, lo, hi)
             # rows [s, e) of dK/dV are final: push them through the K/V producers now
             with autograd_inside_op(), torch.enable_grad():
                 xs = self._leaves(sliced if sliced is not None else self.chunk_inputs(inputs, s, e))
@@ -306,13 +292,13 @@ class LayerProgram(RegionProgram):
             self._accumulate(acc, got, s, e)
         return [acc[i].to(inputs[i].dtype) for i in self.grad_inputs]
 
-    def _query_backward(self, fn, inputs, grads, K, V, dK, dV, acc, s, e, lo, ke):
-        """Recompute chunk [s, e) against keys [lo, ke), backward it; accumulate the parameter
-        and chunk input gradients and dK/dV over [lo, ke). Returns the chunk's sliced inputs."""
+    def _query_backward(self, fn, inputs, grads, K, V, dK, dV, acc, s, e, lo, hi):
+        """Recompute chunk [s, e) against keys [lo, hi), backward it; accumulate the parameter
+        and chunk input gradients and dK/dV over [lo, hi). Returns the chunk's sliced inputs."""
         with autograd_inside_op(), torch.enable_grad():
-            sliced = self.chunk_inputs(inputs, s, e, lo, ke)
+            sliced = self.chunk_inputs(inputs, s, e, lo, hi)
             xs = self._leaves(sliced)
-            Kp, Vp = (t.detach().requires_grad_(True) for t in self.prefix(K, V, lo, ke))
+            Kp, Vp = (t.detach().requires_grad_(True) for t in self.prefix(K, V, lo, hi))
             outs = fn(*xs, Kp, Vp)
             pairs = [(o, g.narrow(spec.dim, s, e - s)) for o, g, spec in zip(outs, grads, self.out_specs)
                      if g is not None and o.requires_grad]
@@ -320,11 +306,17 @@ class LayerProgram(RegionProgram):
                 return sliced
             wrt = [xs[i] for i in self.grad_inputs] + [Kp, Vp]
             got = torch.autograd.grad([p[0] for p in pairs], wrt, [p[1] for p in pairs], allow_unused=True)
-        self._accumulate(acc, got[:-2], s, e, lo, ke)
+        self._accumulate(acc, got[:-2], s, e, lo, hi)
         for buf, g, d in ((dK, got[-2], self.kv_dims[0]), (dV, got[-1], self.kv_dims[1])):
             if g is not None:
-                buf.narrow(d, lo, ke - lo).add_(g)
+                buf.narrow(d, lo, hi - lo).add_(g)
         return sliced
+
+    def fn(self, graph: ChunkGraph | None = None, train: bool = True):
+        graph = graph or self.chunk
+        # the query graph's last two inputs are the K/V prefix: with train, they get gradients
+        grads = list(self.grad_inputs) + ([len(self.in_specs), len(self.in_specs) + 1] if graph is self.chunk else [])
+        return graph.fn(self.codegen, train, grads)
 
 
 def _full_like_along(t: torch.Tensor, d: int, length: int) -> torch.Tensor:
@@ -368,45 +360,37 @@ def region(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
 @region.register_fake
 def _region_fake(key, inputs):
     prog = _PROGRAMS[key]
-    outs = [o.clone() if o is not None else o for o in prog.full_gm(*inputs)]
-    if prog.row_check:  # which chunks ran against every key
-        outs.append(inputs[0].new_empty(len(prog.bounds(inputs)), dtype=torch.bool))
-    return outs
+    return [o.clone() if o is not None else o for o in prog.full.fn("eager", train=False)(*inputs)]
 
 
 @torch.library.custom_op("streamfx::region_backward", mutates_args=())
 def region_backward(key: int, inputs: list[torch.Tensor], grads: list[torch.Tensor],
-                    present: list[bool], wide: torch.Tensor | None = None) -> list[torch.Tensor]:
+                    present: list[bool]) -> list[torch.Tensor]:
     """Gradients of a streamed region's inputs (those in ``grad_inputs``), chunk by chunk in reverse.
-    ``present[j]`` is False where output j got no gradient (its entry in ``grads`` is a placeholder);
-    ``wide``: a layer's chunks that ran against every key in the forward."""
+    ``present[j]`` is False where output j got no gradient (its entry in ``grads`` is a placeholder)."""
     prog = _PROGRAMS[key]
     grads = [g if p else None for g, p in zip(grads, present)]
-    if wide is not None:
-        return prog.backward(list(inputs), grads, wide)
     return prog.backward(list(inputs), grads)
 
 
 @region_backward.register_fake
-def _region_backward_fake(key, inputs, grads, present, wide=None):
+def _region_backward_fake(key, inputs, grads, present):
     return [torch.empty_like(inputs[i]) for i in _PROGRAMS[key].grad_inputs]
 
 
 def _setup(ctx, inputs, output):
     key, xs = inputs
     ctx.key = key
-    ctx.row_check = _PROGRAMS[key].row_check
-    ctx.save_for_backward(*xs, *([output[-1]] if ctx.row_check else []))
+    ctx.save_for_backward(*xs)
 
 
 def _backward(ctx, grads):
     prog = _PROGRAMS[ctx.key]
     xs = list(ctx.saved_tensors)
-    wide = xs.pop() if ctx.row_check else None
     grads = list(grads)[:len(prog.out_specs)]
     present = [g is not None for g in grads]
     gs = [g if g is not None else xs[0].new_empty(0) for g in grads]
-    got = region_backward(ctx.key, xs, gs, present, wide)
+    got = region_backward(ctx.key, xs, gs, present)
     result = [None] * len(xs)
     for i, g in zip(prog.grad_inputs, got):
         result[i] = g

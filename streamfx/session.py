@@ -41,12 +41,15 @@ class Session:
         self.graph_id = next(_graph_ids)
         out = gm.graph.find_nodes(op="output")[0].args[0]
         self.n_user_outputs = len(out) if isinstance(out, (tuple, list)) else 1
-        self.real_inputs = [x for x in example_inputs]
+        # parameters and buffers (real tensors) are constants of the graph; every other input is data
+        placeholders = gm.graph.find_nodes(op="placeholder")
+        self.real_inputs = [x if _is_constant(p) else None for p, x in zip(placeholders, example_inputs)] \
+            if len(placeholders) == len(example_inputs) else []
 
     # -- the partition hook -------------------------------------------------------------------
     def partition(self, joint, joint_inputs, base_partition, **kwargs):
         nfwd = kwargs["num_fwd_outputs"]
-        joint, analysis = pipeline.run(joint, nfwd, self.config, self._real_primals(joint), self._dumper())
+        joint, analysis = pipeline.run(joint, nfwd, self.config, self._constants(joint), self._dumper())
         for region, err in analysis.refusals:
             self._refuse(region, err)
         if analysis.programs and nfwd == self.n_user_outputs:
@@ -72,18 +75,14 @@ class Session:
 
         return dump
 
-    def _real_primals(self, joint) -> dict:
+    def _constants(self, joint) -> dict:
+        """Primal -> real value, for the graph inputs that are parameters or buffers."""
         ps = primals(joint.graph)
         if len(ps) != len(self.real_inputs):
             return {}
-        real = {}
-        for p, x in zip(ps, self.real_inputs):
-            v = p.meta.get("val")
-            if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.FakeTensor) \
-                    and isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(x.shape) \
-                    and not x.requires_grad and x.numel() <= (1 << 24):
-                real[p] = x
-        return real
+        return {p: x for p, x in zip(ps, self.real_inputs)
+                if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.FakeTensor)
+                and isinstance(p.meta.get("val"), torch.Tensor) and tuple(p.meta["val"].shape) == tuple(x.shape)}
 
     def _refuse(self, region: str, err: CannotStream) -> None:
         message = f"streamfx: region '{region}' is not streamed: {err.describe()}; it runs without streaming"
@@ -107,3 +106,15 @@ class Session:
             return type(outs)(seq) if isinstance(outs, tuple) else seq
 
         return run
+
+
+def _is_constant(placeholder) -> bool:
+    """A Dynamo graph input that is a module's parameter or buffer (by its source)."""
+    arg = placeholder.meta.get("grapharg")
+    source = getattr(arg, "source", None)
+    try:
+        name = source.name if source is not None else ""
+        name = name() if callable(name) else name
+    except Exception:  # noqa: BLE001 - a source without a printable name
+        return False
+    return "_parameters[" in name or "_buffers[" in name

@@ -175,3 +175,16 @@ def assert_head_not_streamed(run: Run) -> None:
 def head_plans(report) -> list:
     """The streamed head plans of a ``streamfx.explain`` report (layer plans left out)."""
     return [p for p in report.plan if p.name == "head"]
+
+
+def at_chunk_size(graph, q: int, k: int | None = None):
+    """A chunk graph's values at a concrete chunk length ``q`` (and key length ``k``): its nodes'
+    "val" metadata, propagated from fake inputs whose symbolic chunk dims have those sizes as
+    hints (so sizes compare as those numbers)."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    from streamfx import chunks
+
+    mode, fakes = chunks.fake_inputs(graph.slots, graph.sizes, hints={"q": q, "k": k or q})
+    FakeTensorProp(graph.gm, mode).propagate_dont_convert_inputs(*fakes)
+    return graph.gm

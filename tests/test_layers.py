@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import streamfx
 from streamfx.runtime import COUNTERS, _PROGRAMS
+from conftest import at_chunk_size
 from test_analysis import TinyLM
 
 import zoo
@@ -129,7 +130,7 @@ def test_grouped_kv_heads_are_not_repeated_per_chunk():
     layers = [prog for a in report.analyses for p, prog in a.programs if p.kind == "layer"]
     assert len(layers) == zoo.LAYERS
     for prog in layers:
-        kv = [n.meta["val"] for n in prog.kv_gm.graph.find_nodes(op="output")[0].args[0]]
+        kv = [n.meta["val"] for n in at_chunk_size(prog.kv, 5).graph.find_nodes(op="output")[0].args[0]]
         # per token of a chunk of 5: B=2 rows of KV_HEADS x HEAD_DIM values each, for K and for V
         assert [v.numel() // 5 for v in kv] == [2 * zoo.KV_HEADS * zoo.HEAD_DIM] * 2, kv
         sdpa = [n for n in prog.chunk_gm.graph.nodes if n.op == "call_function" and "attention" in str(n.target)]
@@ -175,7 +176,7 @@ def test_sliding_window_reads_only_the_window(name, attn, pad, codegen, monkeypa
     prefix = LayerProgram.prefix
 
     def recording(self, K, V, lo, ke):
-        reads.append((self.name, lo, ke, self.window))
+        reads.append((self.name, lo, ke))
         return prefix(self, K, V, lo, ke)
 
     monkeypatch.setattr(LayerProgram, "prefix", recording)
@@ -193,12 +194,12 @@ def test_sliding_window_reads_only_the_window(name, attn, pad, codegen, monkeypa
     # a padding row can see no key (left padding; right padding past the window): HF's eager
     # attention then averages it over every key, so its chunk reads all of them ("wide")
     assert bool(wide) == (pad is not None and attn == "eager"), wide
-    for layer, lo, ke, window in reads:
+    for layer, lo, ke in reads:
         if (lo, ke) == (0, T):
             continue
         expected = max(0, start_of[ke] - W + 1) if layer in sliding else 0
-        assert (lo, window) == (expected, W if layer in sliding else None), (layer, lo, ke, window)
-    widths = [ke - lo for layer, lo, ke, _ in reads if layer in sliding and (lo, ke) != (0, T)]
+        assert lo == expected, (layer, lo, ke)
+    widths = [ke - lo for layer, lo, ke in reads if layer in sliding and (lo, ke) != (0, T)]
     assert max(widths) == c + W - 1 < T
 
 

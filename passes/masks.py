@@ -1,0 +1,156 @@
+"""An attention mask's pattern, read from the graph itself, never from one call's data.
+
+The mask's subgraph is evaluated on concrete values: constants (parameters and buffers, such
+as a registered tril) as they are, sizes at this compile's values, and per-token data inputs
+(attention masks, position ids) at neutral values: every token present, positions 0..T-1, one
+document. The result gives the pattern the layer is planned for: causal, or a sliding window
+of W keys. Data can only be read at run time: a mask computed from data inputs is marked with
+them (``site.data``), and the runtime reads the keys each chunk needs from the mask itself at
+every call (``streamfx.keyranges``), so no data can make a chunk miss a key.
+
+A mask that is itself a token-by-token data input (a user's 4-D mask, or one built outside a
+graph piece) cannot be evaluated at all: it is planned as causal and read per call likewise.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from . import verify
+from .graphs import ancestors, hint, in_order, is_tensor, val
+
+aten = torch.ops.aten
+MAX_EVAL = 2048   # masks are evaluated at compile time up to this many tokens (T x T values)
+COMPARISONS = {aten.sub.Tensor, aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor, aten.ge.Tensor,
+               aten.eq.Tensor, aten.ne.Tensor}
+
+
+def classify(site, constants: dict, length) -> None:
+    """Set ``site.mask_kind``, ``window``, ``data`` and ``is_causal`` from the mask's pattern.
+    ``constants``: real values of graph inputs that are parameters or buffers; ``length``: the
+    sequence length (an int or a SymInt)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    if site.mask is None:
+        site.mask_kind = "causal" if site.is_causal else "none"
+        return
+    with unset_fake_temporarily():  # the values below are real tensors
+        target, nodes, preset = _subgraph(site)
+    inputs = [n for n in nodes if n.op == "placeholder"]
+    site.data = tuple(n for n in inputs if n not in constants and is_tensor(val(n)))
+    unknowable = [n for n in site.data if not _per_token_data(n)]
+    T = hint(length)
+    if unknowable or T > MAX_EVAL:
+        # planned as causal; the keys each chunk reads come from the mask at run time
+        site.mask_kind = "data" if unknowable else "unevaluated"
+        site.is_causal = True
+        return
+    with unset_fake_temporarily():
+        value = _evaluate(target, nodes, constants, preset)
+        kind, window = pattern(_allowed(value)) if value is not None else ("unknown", None)
+    if kind == "unknown":
+        site.mask_kind = kind
+        return
+    site.is_causal = kind is not None or site.is_causal
+    site.mask_kind = kind or "unknown"
+    site.window = window
+
+
+def pattern(allowed: torch.Tensor) -> tuple:
+    """("causal", None), ("sliding-window", W), or (None, None) for a [T, T] allowed matrix."""
+    T = allowed.shape[-1]
+    diff = torch.arange(T).unsqueeze(1) - torch.arange(T).unsqueeze(0)
+    causal = diff >= 0
+    if torch.equal(allowed, causal):
+        return "causal", None
+    if allowed.any() and torch.equal(allowed, allowed & causal):
+        width = int((diff * allowed).max().item()) + 1
+        if torch.equal(allowed, causal & (diff < width)):
+            return "sliding-window", width
+    return None, None
+
+
+def _subgraph(site):
+    """(node to evaluate, nodes in order, preset values). With unfused attention the mask is
+    applied to zero scores: the result is additive whatever the mask's convention."""
+    if site.mask_user is None:
+        return site.mask, in_order(ancestors([site.mask]), site.mask.graph), {}
+    user = site.mask_user
+    preset = {x: _zeros(x) for x in user.all_input_nodes if x in site.nodes}
+    others = [x for x in user.all_input_nodes if x not in site.nodes]
+    nodes = in_order(ancestors(others), user.graph) + [user]
+    return user, nodes, preset
+
+
+def _zeros(node):
+    v = val(node)
+    return torch.zeros([hint(s) for s in v.shape], dtype=v.dtype)
+
+
+def _per_token_data(node) -> bool:
+    """An integer or boolean input of at most two dims: padding flags, position ids, document ids."""
+    v = val(node)
+    return v.dim() <= 2 and (v.dtype == torch.bool or not v.is_floating_point())
+
+
+def _positions(node, within: set) -> bool:
+    """Whether a per-token integer input holds positions (compared with, or subtracted from,
+    other per-token values) rather than flags."""
+    if val(node).dtype == torch.bool:
+        return False
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        for u in n.users:
+            if u in within and u not in seen:
+                if u.target in COMPARISONS and all(isinstance(a, fx.Node) for a in u.args[:2]):
+                    return True
+                seen.add(u)
+                stack.append(u)
+    return False
+
+
+def _neutral(node, within: set):
+    """Every token present (flags all 1), or one document (positions 0..T-1 in every row)."""
+    v = val(node)
+    shape = [hint(s) for s in v.shape]
+    if shape and _positions(node, within):
+        return torch.arange(shape[-1], dtype=v.dtype).expand(shape).contiguous()
+    return torch.ones(shape, dtype=v.dtype)
+
+
+def _evaluate(target, nodes, constants, preset):
+    try:
+        return _run(target, nodes, constants, dict(preset))
+    except Exception:
+        if verify.enabled():
+            raise
+        return None
+
+
+def _run(target, nodes, constants, env):
+    within = set(nodes)
+    for n in nodes:
+        if n in env:
+            continue
+        v = val(n)
+        if n.op == "placeholder":
+            env[n] = constants[n] if n in constants else (hint(v) if not is_tensor(v) else _neutral(n, within))
+        elif n.op == "call_function":
+            args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda x: env[x])
+            env[n] = n.target(*args, **kwargs)
+        else:
+            return None
+    value = env[target]
+    return value if type(value) is torch.Tensor else None
+
+
+def _allowed(value: torch.Tensor) -> torch.Tensor:
+    """Positions a query may attend to, [T, T], from the first batch row and head of a boolean
+    or additive mask."""
+    v = value
+    while v.dim() > 2:
+        v = v[0]
+    if v.dtype == torch.bool:
+        return v
+    return v > torch.finfo(v.dtype).min / 2 if v.is_floating_point() else v != 0

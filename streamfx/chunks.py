@@ -1,0 +1,207 @@
+"""Chunk graphs: a region instantiated for one chunk, and how each is compiled once for all.
+
+A ``ChunkGraph`` is an FX graph plus a ``Slot`` per tensor placeholder: the shape of what the
+runtime passes there, each dim a constant, the chunk length ("q"), the key length ("k"), or an
+expression of the compiled graph's shape symbols (the batch size when Dynamo compiled it
+dynamic). Its last placeholders are sizes ("q", "k", or a symbol), which the graph's size
+arguments are computed from; the runtime reads each from the tensors it passes. Inductor
+compiles a chunk graph once, on fake inputs whose "q" and "k" dims and symbolic dims are
+symbols of a fresh shape environment (never Dynamo's: nothing guards them), so one compile
+serves every chunk length, key length, sequence length and batch size.
+
+The compile cache is keyed on everything the compiled code depends on: the graph's code, every
+slot (dtypes, devices, static sizes, layouts), which inputs get a gradient, and whether it is
+the inference or the training compile.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import warnings
+from typing import Callable
+
+import sympy
+import torch
+import torch.fx as fx
+from torch._functorch import config as functorch_config
+from torch.fx._lazy_graph_module import _LazyGraphModule
+
+COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chunks_backward": 0,
+            "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0}
+_COMPILED: dict[tuple, Callable] = {}
+# sample sizes of the symbols a chunk graph is compiled with: distinct, so that no two symbols
+# are ever taken for one
+HINTS = {"q": 5, "k": 13}
+OTHER_HINTS = (3, 7, 11, 17, 19, 23, 29, 31)
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    shape: tuple               # per dim: int, "q", "k", or a sympy expression of shape symbols
+    dtype: torch.dtype
+    device: str
+    layout: str = "dense"      # "dense", or "seq_major" (the key dim outermost: a K/V prefix view)
+    stride: tuple | None = None  # the strides of an input passed whole with static sizes (a weight's view)
+
+    @staticmethod
+    def of(val, roles: dict, layout: str = "dense", shape=None) -> "Slot":
+        """The slot of a fake value ``val`` whose dims in ``roles`` ({dim: "q"|"k"}) are chunk dims
+        (``shape``: its sizes written another way, with the same symbols for the same axes)."""
+        sizes = val.shape if shape is None else shape
+        shape = tuple(roles.get(j) or (s if isinstance(s, int) else s.node.expr) for j, s in enumerate(sizes))
+        stride = None
+        if not roles and all(isinstance(s, int) for s in tuple(val.shape) + tuple(val.stride())):
+            stride = tuple(val.stride())
+        return Slot(shape, val.dtype, str(val.device), layout, stride)
+
+    def key(self) -> tuple:
+        return (tuple(str(s) for s in self.shape), str(self.dtype), self.device, self.layout, self.stride)
+
+    def fit(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` laid out as the compiled code expects it (a copy only where it is not)."""
+        if self.stride is not None:
+            if tuple(x.stride()) == self.stride:
+                return x
+            return torch.empty_strided(x.shape, self.stride, dtype=x.dtype, device=x.device).copy_(x)
+        return x if self.layout != "dense" or x.is_contiguous() else x.contiguous()
+
+
+@dataclasses.dataclass
+class ChunkGraph:
+    name: str
+    gm: fx.GraphModule
+    slots: tuple                # one per tensor placeholder
+    sizes: tuple = ()           # the size placeholders after them: "q", "k" or a shape symbol
+
+    def __post_init__(self):
+        self.locate = tuple(self._locate(key) for key in self.sizes)
+
+    def _locate(self, key) -> tuple:
+        """(slot, dim) a size is read from at run time."""
+        for i, slot in enumerate(self.slots):
+            for d, s in enumerate(slot.shape):
+                if (s == key) if isinstance(key, str) else (isinstance(s, sympy.Expr) and s == key):
+                    return i, d
+        raise ValueError(f"size {key} is not a dim of any input")
+
+    def fn(self, codegen: str, train: bool, grads=()) -> Callable:
+        """The graph as run, taking the tensors (sizes are read from them): itself (codegen
+        "eager"), or compiled by Inductor once per key. ``grads``: the slots that get a gradient
+        (with ``train``: the training compile)."""
+        if codegen == "eager":
+            return self._with_sizes(self.gm)
+        grads = tuple(sorted(grads)) if train else ()
+        key = (self.gm.code, tuple(s.key() for s in self.slots), tuple(map(str, self.sizes)), grads, train,
+               _constants_key(self.gm))
+        if key not in _COMPILED:
+            COUNTERS["chunk_compiles"] += 1
+            try:
+                compiled = compile_graph(self.gm, self.slots, self.sizes, grads, train)
+                _COMPILED[key] = self._with_sizes(compiled, fit=True)
+            except Exception as e:  # noqa: BLE001 - Inductor limits on symbolic shapes
+                COUNTERS["chunk_compile_failures"] += 1
+                warnings.warn(f"streamfx: a chunk graph of {self.name} runs as an FX graph, Inductor "
+                              f"could not compile it ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+                _COMPILED[key] = self._with_sizes(self.gm)
+        return _COMPILED[key]
+
+    def _with_sizes(self, f: Callable, fit: bool = False) -> Callable:
+        """``f`` called with the sizes appended (read from the tensors), and with ``fit`` the
+        tensors in the layouts compiled code expects."""
+        slots, locate = self.slots, self.locate
+
+        def run(*args):
+            if fit:
+                args = [slot.fit(x) for slot, x in zip(slots, args)]
+            return f(*args, *[args[i].shape[d] for i, d in locate])
+
+        return run
+
+
+def _constants_key(gm: fx.GraphModule) -> tuple:
+    """The values of the constants a graph reads (``get_attr``): compiled code embeds them."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            t = getattr(gm, n.target)
+            if isinstance(t, torch.Tensor):
+                data = t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+                out.append((n.target, tuple(t.shape), str(t.dtype), hashlib.sha256(data).hexdigest()))
+            else:
+                out.append((n.target, repr(t)))
+    return tuple(out)
+
+
+def fake_inputs(slots, sizes=(), grads=(), hints: dict | None = None):
+    """(fake mode, fake inputs) for ``slots`` and then ``sizes``, in a fresh shape environment:
+    "q" and "k" dims and every symbol of the slots become symbols of their own."""
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    hints = {**HINTS, **(hints or {})}
+
+    def symbol(name, hint):
+        s = env.create_symbol(hint, ConstantSource(f"streamfx_{name}"), dynamic_dim=DimDynamic.DYNAMIC,
+                              do_not_specialize_zero_one=True)
+        return s, env.create_symintnode(s, hint=hint)
+
+    roles = {r: symbol(r, hints[r]) for r in ("q", "k")}
+    outer = sorted({f for slot in slots for d in slot.shape if isinstance(d, sympy.Expr) for f in d.free_symbols},
+                   key=str)
+    subs, values = {}, {}
+    for i, s in enumerate(outer):
+        new, _ = symbol(f"s{i}", OTHER_HINTS[i % len(OTHER_HINTS)] + 32 * (i // len(OTHER_HINTS)))
+        subs[s], values[new] = new, OTHER_HINTS[i % len(OTHER_HINTS)] + 32 * (i // len(OTHER_HINTS))
+
+    def size(d):
+        if isinstance(d, int):
+            return d
+        if isinstance(d, str):
+            return roles[d][1]
+        expr = d.xreplace(subs)
+        return env.create_symintnode(expr, hint=int(expr.xreplace(values)))
+
+    fakes = []
+    with mode:
+        for i, slot in enumerate(slots):
+            shape = [size(d) for d in slot.shape]
+            if slot.layout == "seq_major":
+                kd = slot.shape.index("k")
+                order = [kd] + [j for j in range(len(shape)) if j != kd]
+                t = torch.empty([shape[j] for j in order], dtype=slot.dtype, device=slot.device)
+                t = t.permute([order.index(j) for j in range(len(shape))])
+            elif slot.stride is not None:
+                t = torch.empty_strided(shape, slot.stride, dtype=slot.dtype, device=slot.device)
+            else:
+                t = torch.empty(shape, dtype=slot.dtype, device=slot.device)
+            fakes.append(t.requires_grad_(i in grads and slot.dtype.is_floating_point))
+    fakes += [roles[key][1] if isinstance(key, str) else size(key) for key in sizes]
+    return mode, fakes
+
+
+def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool) -> Callable:
+    """Inductor-compile a chunk graph on symbolic fake inputs. With ``train``, the ``grads``
+    inputs require grad, so AOTAutograd also compiles the backward; without, the graph is
+    compiled for inference (its outputs hold no autograd graph)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    from .runtime import autograd_inside_op
+
+    mode, fakes = fake_inputs(slots, sizes, grads)
+    _LazyGraphModule.force_recompile(gm)
+    with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
+            torch.set_grad_enabled(train), \
+            functorch_config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False):
+        return compile_fx(gm, fakes)
+
+
+def check(graph: ChunkGraph) -> None:
+    """Propagate symbolic chunk-shaped fake inputs through the graph (raises where it does not
+    instantiate per chunk)."""
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    mode, fakes = fake_inputs(graph.slots, graph.sizes)
+    FakeTensorProp(graph.gm, mode).propagate_dont_convert_inputs(*fakes)

@@ -1,0 +1,112 @@
+"""Which keys each chunk of a streamed layer reads, found from the mask itself at run time.
+
+A layer streams chunk [s, e) of queries against keys [lo, hi). For fused causal attention with
+no mask that is [0, e). With a mask (padding, packed documents, sliding windows, a user's 4-D
+mask, a mask that lets some queries see later keys), the keys a query may see depend on the
+mask's values, so they are read from the mask: a small graph (the mask's part of the layer)
+gives, per chunk of query rows and over every key, the first and last key any row may see,
+and whether a row sees no key at all while its keys are masked with a finite value (a full
+attention then averages that row over every key of the sequence). The chunk reads exactly the
+keys it needs; a chunk that needs keys after its own end is "wide" (see ``LayerProgram``).
+
+Results are cached: a mask input that is the same live tensor, unchanged (same storage,
+offset, shape, strides and version), or a small per-token input equal to the one seen before,
+gives the same key ranges without evaluating the mask again. The cache keeps no large tensor
+alive: it holds weak references to them (a freed tensor's entry never matches again).
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+import torch
+
+SMALL = 1 << 20   # inputs up to this many elements are compared by value
+
+
+@dataclasses.dataclass
+class _Entry:
+    refs: list        # weak references to the inputs
+    ids: list         # (data_ptr, offset, shape, stride, version, dtype, device) of each
+    copies: list      # value copies of the small inputs (None for large ones)
+    result: list
+
+
+def identity(x: torch.Tensor) -> tuple:
+    return (x.data_ptr(), x.storage_offset(), tuple(x.shape), tuple(x.stride()), x._version, x.dtype, x.device)
+
+
+class RangeCache:
+    """The last few key-range results of one mask graph, keyed by the mask's inputs."""
+
+    def __init__(self, size: int = 8):
+        self.size = size
+        self.entries: list[_Entry] = []
+        self.hits = self.misses = 0
+
+    def get(self, inputs: list, extra: tuple):
+        ids = [identity(x) for x in inputs]
+        for entry in self.entries:
+            if entry.result[0] != extra:
+                continue
+            if all(_same(x, i, r, j, c) for x, i, r, j, c in zip(inputs, ids, entry.refs, entry.ids, entry.copies)):
+                self.hits += 1
+                return entry.result[1]
+        self.misses += 1
+        return None
+
+    def put(self, inputs: list, extra: tuple, result) -> None:
+        copies = [x.detach().clone() if x.numel() <= SMALL else None for x in inputs]
+        refs = [weakref.ref(x) for x in inputs]
+        self.entries.insert(0, _Entry(refs, [identity(x) for x in inputs], copies, [extra, result]))
+        del self.entries[self.size:]
+
+
+def _same(x, x_id, ref, entry_id, copy) -> bool:
+    """Input ``x`` is the entry's input: the same live tensor unchanged, or equal in value."""
+    if x_id == entry_id and ref() is not None:
+        return True
+    return copy is not None and _equal(copy, x)
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b))
+
+
+def reach(block: torch.Tensor, kind: str, fill_finite: bool, key_dim: int) -> torch.Tensor:
+    """[first, last, finite_empty] of one chunk's mask block against every key: the first and
+    last key any row may see, and whether some row sees no key while its hidden scores are finite
+    (see ``streamfx.passes.reach`` for ``kind`` and ``fill_finite``)."""
+    if kind == "additive":
+        allowed = block > torch.finfo(block.dtype).min / 2 if block.is_floating_point() else block != 0
+    elif kind == "allowed":
+        allowed = block.bool()
+    else:
+        allowed = ~block.bool()
+    allowed = allowed.movedim(key_dim, -1)
+    n = allowed.shape[-1]
+    flags = allowed.to(torch.uint8)
+    sees = allowed.any(-1)
+    first = torch.where(sees, flags.argmax(-1), n).amin()
+    last = torch.where(sees, n - 1 - flags.flip(-1).argmax(-1), -1).amax()
+    if kind == "additive":
+        empty = (~sees & torch.isfinite(block).movedim(key_dim, -1).all(-1)).any() if block.is_floating_point() \
+            else (~sees).any()
+    else:
+        empty = (~sees).any() if fill_finite else torch.zeros((), dtype=torch.bool, device=block.device)
+    return torch.stack([first, last, empty.to(first.dtype)])
+
+
+def ranges_from_reach(reach_rows: torch.Tensor, bounds, T: int) -> list:
+    """Per chunk (klo, khi) from the stacked per-chunk rows [first, last, finite_empty]: the keys
+    [first, last], every key for a row that sees none under a finite mask, and [0, e) for a
+    chunk whose rows see no key at all (their result does not depend on the keys)."""
+    out = []
+    for (s, e), (first, last, finite_empty) in zip(bounds, reach_rows.tolist()):
+        if finite_empty:
+            out.append((0, T))
+        elif last < first:
+            out.append((0, e))
+        else:
+            out.append((int(first), int(last) + 1))
+    return out

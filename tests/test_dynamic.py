@@ -1,0 +1,261 @@
+"""Every length, every batch, any data: one compiled model through a sequence of calls.
+
+Each call runs the compiled model and an eager copy with the same weights on the same inputs
+and compares the loss and every gradient. Each call must stream every layer and the head
+(runtime counters), and the number of backend and chunk-graph compiles is asserted: the first
+shape compiles statically, the next one with symbolic sizes (Dynamo's automatic dynamic
+shapes), and that compile serves every later length and batch size.
+"""
+import copy
+import itertools
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+
+import streamfx
+import zoo
+from conftest import assert_grads_match
+from streamfx.backend import streambp_backend
+from streamfx.runtime import COUNTERS
+
+
+class Calls:
+    """A compiled model and its eager twin; ``call`` runs one step on both and checks it."""
+
+    def __init__(self, name, codegen="eager", chunk_size=5, head_chunk_size=4, **model_kwargs):
+        factory = zoo.ZOO[name] if isinstance(name, str) else name
+        self.model, self.make_inputs = factory(**model_kwargs)
+        if name == "gpt2":
+            self.model.loss_type = "ForCausalLM"
+        self.ref = copy.deepcopy(self.model)
+        self.layers = zoo.LAYERS
+        self.compiles = 0
+        options = {"codegen": codegen, "chunk_size": chunk_size, "head_chunk_size": head_chunk_size}
+
+        def backend(gm, example_inputs):
+            self.compiles += 1
+            return streambp_backend(gm, example_inputs, options=options)
+
+        self.compiled = torch.compile(self.model, backend=backend)
+
+    def call(self, inputs):
+        self.model.zero_grad(set_to_none=True)
+        self.ref.zero_grad(set_to_none=True)
+        before = dict(COUNTERS)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss = inputs.loss_of(self.compiled(*inputs.args, **inputs.kwargs))
+            loss.backward()
+        ref_loss = inputs.loss_of(self.ref(*inputs.args, **inputs.kwargs))
+        ref_loss.backward()
+        torch.testing.assert_close(loss.detach(), ref_loss.detach(), rtol=1e-5, atol=1e-6)
+        ref_grads = {n: p.grad for n, p in self.ref.named_parameters()}
+        grads = {n: p.grad for n, p in self.model.named_parameters()}
+        # a gradient that is zero up to rounding (queries and keys when every token attends to
+        # itself alone) is compared absolutely, against the largest gradient of the model
+        scale = max(g.abs().max().item() for g in ref_grads.values() if g is not None)
+        for n, g in list(ref_grads.items()):
+            if g is not None and g.abs().max().item() < 1e-6 * scale:
+                torch.testing.assert_close(grads[n], g, rtol=0, atol=1e-6 * scale, msg=n)
+                ref_grads.pop(n), grads.pop(n)
+        assert_grads_match(ref_grads, grads)
+        ran = {k: COUNTERS[k] - before[k] for k in COUNTERS}
+        messages = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+        assert not messages, messages
+        # every layer and the head streamed, forward and backward
+        assert ran["region_forward"] == self.layers + 1 and ran["region_backward"] == self.layers + 1, ran
+        return ran
+
+
+def hf_inputs(calls, B, T, pad=None, n_pad=3, ignore=None, seed=0, **extra):
+    """A trainer's batch: input ids, labels and always an attention mask (all ones without padding)."""
+    case = zoo.Case("t", B, T, pad=pad, n_pad=n_pad, ignore=ignore, seed=seed)
+    ids, mask, labels = zoo.tokens(case, zoo.VOCAB)
+    kwargs = dict(input_ids=ids, labels=labels, attention_mask=mask, **extra)
+    return zoo.Inputs((), kwargs, case, lambda o: o.loss, lambda o: o.logits, zoo.VOCAB)
+
+
+# lengths below and above the chunk size (5), odd and even; batch sizes 2-4 (a batch of one is
+# specialised by Dynamo: see test_batch_of_one_and_lengths_below_two)
+SHAPES = [(2, 12), (3, 17), (2, 9), (4, 16), (3, 21), (2, 4), (4, 13), (3, 24), (2, 11), (4, 6)]
+
+
+def loop(calls, shapes, inputs_of):
+    chunk_compiles = []
+    for i, (B, T) in enumerate(shapes):
+        ran = calls.call(inputs_of(calls, B, T, i))
+        chunk_compiles.append(ran["chunk_compiles"])
+    return chunk_compiles
+
+
+def varied(calls, B, T, i):
+    """Padding on either side and a prompt span, changing from call to call."""
+    pad = [None, "left", "right"][i % 3]
+    return hf_inputs(calls, B, T, pad=pad, n_pad=min(3, T - 1), ignore=(1, min(3, T)) if i % 2 else None, seed=i)
+
+
+@pytest.mark.parametrize("name", zoo.HF_MODELS)
+def test_hf_zoo_every_length_and_batch(name):
+    """Ten lengths, three batch sizes, changing padding: two backend compiles, every call exact
+    and streamed."""
+    calls = Calls(name)
+    loop(calls, SHAPES, varied)
+    assert calls.compiles == 2
+
+
+@pytest.mark.parametrize("name", ["nanogpt", "tiny_llama"])
+def test_plain_zoo_every_length_and_batch(name):
+    calls = Calls(name)
+
+    def plain(calls, B, T, i):
+        return calls.make_inputs(zoo.Case("t", B, T, ignore=(1, min(3, T)) if i % 2 else None, seed=i))
+
+    loop(calls, SHAPES, plain)
+    assert calls.compiles == 2
+
+
+def test_batch_of_one():
+    """B=1 is a size Dynamo specialises (0/1 specialisation): it gets a graph of its own, which
+    streams too."""
+    calls = Calls("qwen3_sdpa")
+    loop(calls, [(2, 12), (3, 9), (1, 7), (1, 12), (3, 14)], varied)
+    assert calls.compiles == 3
+
+
+def test_one_token_runs_exactly_and_says_why_nothing_streams():
+    """T=1 (a one-token batch, as in RL): exact, and a warning says there is nothing to stream."""
+    model, make_inputs = zoo.qwen3_sdpa()
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp", options={"codegen": "eager"})
+    ids = torch.randint(1, zoo.VOCAB, (2, 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logits = compiled(input_ids=ids).logits
+    logits.square().sum().backward()
+    ref_logits = ref(input_ids=ids).logits
+    ref_logits.square().sum().backward()
+    torch.testing.assert_close(logits, ref_logits)
+    # (with one key, the gradients of the queries and keys are zero up to rounding: compared absolutely)
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert any("one token" in str(w.message) for w in caught), [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("name", ["qwen3_sdpa", "mistral_sliding"])
+def test_inductor_chunk_graphs_compile_once_for_every_length(name):
+    """Under Inductor the chunk graphs of the dynamic compile serve every later length and
+    batch size: no chunk graph compiles after the third call."""
+    calls = Calls(name, codegen="inductor")
+    chunk_compiles = loop(calls, SHAPES[:6], varied)
+    assert calls.compiles == 2
+    assert all(c == 0 for c in chunk_compiles[2:]), chunk_compiles
+
+
+def test_automatic_chunk_size_follows_the_length():
+    """chunk_size=None: the schedule is computed per call from the real length."""
+    def long_llama():
+        torch.manual_seed(0)
+        return zoo.TinyLlama(max_pos=512).train(), zoo._plain_inputs(zoo.VOCAB)
+
+    calls = Calls(long_llama, chunk_size=None, head_chunk_size=None)
+    schedules = []
+    for B, T in [(2, 70), (2, 300), (3, 130)]:
+        ran = calls.call(calls.make_inputs(zoo.Case("t", B, T)))
+        schedules.append(ran["chunks_backward"])
+    # layers: ceil(T / auto_chunk(T)) chunks each (auto: T/4 in [64, 512]); the head: one chunk
+    from streamfx.passes.schedule import auto_chunk
+    assert schedules == [zoo.LAYERS * -(-T // auto_chunk(T)) + 1 for T in (70, 300, 130)]
+
+
+# ---- data: masks hold for any data, in any order ---------------------------------------------------
+def packed(calls, B, T, starts, seed=0):
+    """Documents packed into each row: position ids restart at each start (no attention mask)."""
+    pos = torch.zeros(B, T, dtype=torch.long)
+    for s, e in zip(starts, list(starts[1:]) + [T]):
+        pos[:, s:e] = torch.arange(e - s)
+    case = zoo.Case("t", B, T, seed=seed)
+    ids, _, labels = zoo.tokens(case, zoo.VOCAB)
+    return zoo.Inputs((), dict(input_ids=ids, labels=labels, position_ids=pos), case, lambda o: o.loss,
+                      lambda o: o.logits, zoo.VOCAB)
+
+
+T_DATA = 16
+MASK_DATA = {
+    "padding": [lambda c: hf_inputs(c, 2, T_DATA), lambda c: hf_inputs(c, 2, T_DATA, pad="left", n_pad=6),
+                lambda c: hf_inputs(c, 2, T_DATA, pad="right", n_pad=9)],
+    "all-masked rows": [lambda c: hf_inputs(c, 2, T_DATA, pad="left", n_pad=15),
+                        lambda c: hf_inputs(c, 2, T_DATA)],
+    "prompt": [lambda c: hf_inputs(c, 2, T_DATA, ignore=(0, 9)), lambda c: hf_inputs(c, 2, T_DATA, ignore=(5, 6))],
+    "packed": [lambda c: packed(c, 2, T_DATA, list(range(T_DATA))),       # every token its own document
+               lambda c: packed(c, 2, T_DATA, [0]),                       # one document
+               lambda c: packed(c, 2, T_DATA, [0, 3, 11])],
+}
+
+
+@pytest.mark.parametrize("name", ["mistral_sliding", "qwen3_eager"])
+@pytest.mark.parametrize("kind", list(MASK_DATA))
+def test_any_order_of_data_is_exact(name, kind):
+    """For each mask kind, every call order (each variant first, then the others) is exact:
+    the mask's pattern comes from the graph, never from the first call's data."""
+    variants = MASK_DATA[kind]
+    for order in itertools.permutations(range(len(variants))):
+        torch._dynamo.reset()
+        calls = Calls(name)
+        for i in order:
+            calls.call(variants[i](calls))
+
+
+def test_sliding_window_pattern_is_read_from_the_graph():
+    """Mistral with a window of 5, compiled on a call whose position ids restart at every token:
+    the analysis still finds the sliding window (from the graph, not from this call's data), and
+    the mask's data inputs are read per call."""
+    model, _ = zoo.mistral_sliding()
+    inputs = packed(None, 2, T_DATA, list(range(T_DATA)))
+    report = streamfx.explain(model, options={"chunk_size": 5}, **inputs.kwargs)
+    sites = report.attention_sites
+    assert sites and all((s.mask_kind, s.window) == ("sliding-window", 5) for s in sites), \
+        [s.describe() for s in sites]
+    assert all(s.data for s in sites)
+
+
+def test_user_mask_that_sees_later_keys_runs_exactly():
+    """A 4-D mask given by the user that lets queries see later keys (a prefix-LM: the first 6
+    tokens see each other): the chunks that need later keys read them, exactly."""
+    calls = Calls("qwen3_sdpa")
+    B, T = 2, T_DATA
+    base = hf_inputs(calls, B, T)
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+    allowed[:6, :6] = True
+    mask = torch.zeros(B, 1, T, T).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    base.kwargs["attention_mask"] = mask
+    calls.call(base)
+    base.kwargs["attention_mask"] = torch.zeros(B, 1, T, T).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(),
+                                                                        torch.finfo(torch.float32).min)
+    calls.call(base)
+
+
+# ---- a property: any sequence of calls --------------------------------------------------------------
+call_strategy = st.tuples(st.integers(2, 3), st.integers(2, 20), st.sampled_from([None, "left", "right", "packed"]),
+                          st.integers(1, 8))
+
+
+# (no shrinking: each example compiles a model, and a failing sequence is short already)
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
+          phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@given(st.lists(call_strategy, min_size=2, max_size=4))
+def test_any_sequence_of_calls(sequence):
+    torch._dynamo.reset()
+    calls = Calls("mistral_sliding")
+    signatures = set()
+    for i, (B, T, pad, n) in enumerate(sequence):
+        if pad == "packed":
+            inputs = packed(calls, B, T, sorted({0} | {min(T - 1, n), min(T - 1, 2 * n)}), seed=i)
+        else:
+            inputs = hf_inputs(calls, B, T, pad=pad, n_pad=min(n, T - 1), seed=i)
+        signatures.add(tuple(sorted(inputs.kwargs)))
+        calls.call(inputs)
+    # each set of inputs (with an attention mask, or packed with position ids) is a graph of its
+    # own: compiled statically, then once with symbolic sizes
+    assert calls.compiles <= 2 * len(signatures)
