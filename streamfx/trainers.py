@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import threading
 import types
 import warnings
@@ -61,6 +62,7 @@ class StreamState:
     target: torch.nn.Module = dataclasses.field(repr=False)
     compiles: int = 0                       # backend compilations of this model (graphs handed to streambp)
     graphs: list = dataclasses.field(default_factory=list)  # per compile: input shapes as Dynamo gave them
+    regions: list = dataclasses.field(default_factory=list)  # per compile: (name, chunk size) of the streamed regions
     compiled_calls: int = 0                 # calls that went through the compiled graph
     eager_calls: int = 0                    # calls routed to the uncompiled module (generation, KV cache)
     no_grad_calls: int = 0                  # fused-head calls under no_grad served by the training graph
@@ -137,14 +139,23 @@ def _install(target: torch.nn.Module, state: StreamState) -> None:
     config = StreamConfig.from_options(_effective_options(state))
 
     def backend(gm, example_inputs):
+        from .runtime import _PROGRAMS
+
         state.compiles += 1
         state.graphs.append([tuple(x.shape) if isinstance(x, torch.Tensor) else x for x in example_inputs])
-        return compile_graph(gm, example_inputs, config)
+        before = set(_PROGRAMS)
+        compiled = compile_graph(gm, example_inputs, config)
+        state.regions.append(list(dict.fromkeys((p.name, p.chunk_size) for k, p in _PROGRAMS.items() if k not in before)))
+        return compiled
 
     state.compiled = torch.compile(target._call_impl, backend=backend, dynamic=state.dynamic)
     if getattr(target, "_compiled_call_impl", None) is not None and getattr(target._compiled_call_impl, "_streamfx", False):
         return  # the dispatcher is installed; it reads state.compiled
     gc_modules = [m for m in target.modules() if hasattr(m, "gradient_checkpointing")]
+    try:
+        takes_use_cache = "use_cache" in inspect.signature(type(target).forward).parameters
+    except (TypeError, ValueError):
+        takes_use_cache = False
 
     def call(*args, **kwargs):
         if state.generating or kwargs.get("past_key_values") is not None or kwargs.get("use_cache") is True:
@@ -154,6 +165,9 @@ def _install(target: torch.nn.Module, state: StreamState) -> None:
             _checkpointing_off(target, gc_modules, state)
         if _trl_fused_vars(target.forward) is not None:  # TRL installed its head after prepare()
             _adapt_trl_head(target, state)
+        if takes_use_cache and "use_cache" not in kwargs and torch.is_grad_enabled() \
+                and getattr(getattr(target, "config", None), "use_cache", False):
+            kwargs["use_cache"] = False  # a training forward needs no KV cache (config.use_cache is for generate)
         if state.trl_head and kwargs.get("fused_lm_head") and not torch.is_grad_enabled():
             if any(p.requires_grad for p in target.parameters()):
                 state.no_grad_calls += 1
@@ -276,19 +290,20 @@ def _adapt_trl_head(target, state) -> None:
     if settings is None:
         return
     state.trl_forward = target.forward.__func__
-    target.forward = types.MethodType(_streamable_fused_forward(settings), target)
+    target.forward = types.MethodType(_streamable_fused_forward(settings, state.trl_forward), target)
     if not state.trl_head:
         state.trl_head = True
         if state.compiled is not None:
             _install(target, state)  # compile again with the head's options (per-token outputs kept)
 
 
-def _streamable_fused_forward(s: dict):
+def _streamable_fused_forward(s: dict, trl_function):
     """TRL's fused forward (``add_fused_lm_head``) written with plain PyTorch ops: the streamed head
     computes it chunk by chunk. Same arguments, same outputs and masking, same loss."""
     original_forward = s["original_forward"]
     temperature, cast_fp32, outputs = s["temperature"], s["cast_lm_head_to_fp32"], tuple(s["outputs"])
     softcap, logit_scale, backbone_attr = s["final_logit_softcapping"], s["logit_scale"], s["backbone_attr"]
+    output_cls = _output_class()  # (made here: Dynamo does not trace class definitions)
     def _fused_forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None,
                        **kwargs):
         if not fused_lm_head:
@@ -299,8 +314,6 @@ def _streamable_fused_forward(s: dict):
             if num_items_in_batch is not None:
                 kwargs["num_items_in_batch"] = num_items_in_batch
             return original_forward(*args, **kwargs)
-        from trl.trainer.utils import FusedCausalLMOutput
-
         text_config = self.config.get_text_config()
         if kwargs.get("output_router_logits") or getattr(text_config, "output_router_logits", False):
             raise StreamBPError("streamfx's TRL head adapter does not compute the MoE load-balancing loss "
@@ -343,16 +356,34 @@ def _streamable_fused_forward(s: dict):
             is_top1 = (z.argmax(-1) == target) & mask
         count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
         loss = -log_probs.sum() / count
+        # The streamed head is what feeds sums over tokens: a per-token output that feeds none
+        # (entropy, top-1...) would be computed outside it, from whole [B, T, V] values. Their sums
+        # keep them inside (returned, unused by TRL: a few additions per token).
+        sums = [x.float().sum() for x in (entropy, log_sum_sq, mean_logits, is_top1) if x is not None]
         per_token = [log_probs, entropy, log_sum_sq, mean_logits, is_top1, mask]
         if shifted:
             per_token = [None if x is None else x[:, :-1] for x in per_token]
         log_probs, entropy, log_sum_sq, mean_logits, is_top1, mask = per_token
-        return FusedCausalLMOutput(loss=loss, log_probs=log_probs, entropy=entropy, log_sum_sq_probs=log_sum_sq,
-                                   mean_logits=mean_logits, is_top1=is_top1, label_mask=mask)
+        return output_cls(loss=loss, log_probs=log_probs, entropy=entropy, log_sum_sq_probs=log_sum_sq,
+                          mean_logits=mean_logits, is_top1=is_top1, label_mask=mask,
+                          per_token_sums=torch.stack(sums) if sums else None)
 
-    _fused_forward._streamfx_trl_head = True
-    return functools.wraps(original_forward.__func__ if hasattr(original_forward, "__func__") else original_forward,
-                           assigned=("__doc__", "__annotations__", "__module__"))(_fused_forward)
+    # TRL's fused forward carries the model's forward signature (generate validates its kwargs
+    # against it, the Trainer filters dataset columns with it): so does this one
+    return functools.wraps(trl_function)(_fused_forward)
+
+
+@functools.cache
+def _output_class():
+    """TRL's ``FusedCausalLMOutput`` with one more field: the sums over tokens of the extra per-token
+    outputs (entropy, ...), which keep those outputs inside the streamed head."""
+    from trl.trainer.utils import FusedCausalLMOutput
+
+    @dataclasses.dataclass
+    class StreamedFusedCausalLMOutput(FusedCausalLMOutput):
+        per_token_sums: torch.Tensor | None = None
+
+    return StreamedFusedCausalLMOutput
 
 
 # ---- the trainer callback ------------------------------------------------------------------------
