@@ -4,7 +4,7 @@ A tiny random Qwen3 with LoRA on q/k/v/o (no reference model: the reference is t
 with the adapter switched off). The policy's chosen/rejected log-probs stream through the layers
 and the head; the reference forward has nothing trainable and runs TRL's own vocabulary-tiled
 kernel, uncompiled. Checkpointing toggles around it change nothing: one compile for all steps.
-Run: python examples/dpo_trl.py [--steps 3] [--words 128] [--codegen inductor|eager]
+Run: python examples/dpo_trl.py [--steps 3] [--words 128] [--codegen eager|inductor]
 """
 import argparse
 
@@ -20,7 +20,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--words", type=int, default=128, help="tokens per completion (the prompt has as many)")
-    ap.add_argument("--codegen", default="inductor", choices=["inductor", "eager"])
+    ap.add_argument("--codegen", default="eager", choices=["inductor", "eager"],
+                    help="eager: chunk graphs run as FX graphs (about a minute on CPU); inductor: compiled (minutes)")
     args = ap.parse_args()
 
     n = 8

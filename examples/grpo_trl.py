@@ -4,7 +4,7 @@ A tiny random Qwen3 generates 4 completions per prompt (generation runs the unco
 decoding lengths never reach the compiled graph), a toy reward scores them, and the clipped
 objective with a KL term trains on per-token log-probs that the streamed head computes chunk by
 chunk. Two iterations per generation: the old-policy log-probs (no_grad) reuse the training graph.
-Run: python examples/grpo_trl.py [--steps 3] [--words 64] [--codegen inductor|eager]
+Run: python examples/grpo_trl.py [--steps 3] [--words 64] [--codegen eager|inductor]
 """
 import argparse
 import tempfile
@@ -27,7 +27,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--words", type=int, default=64, help="prompt tokens")
     ap.add_argument("--completion", type=int, default=32, help="completion tokens")
-    ap.add_argument("--codegen", default="inductor", choices=["inductor", "eager"])
+    ap.add_argument("--codegen", default="eager", choices=["inductor", "eager"],
+                    help="eager: chunk graphs run as FX graphs (about a minute on CPU); inductor: compiled (minutes)")
     args = ap.parse_args()
 
     path = tempfile.mkdtemp()  # GRPO builds its reference model from a path: save the tiny model

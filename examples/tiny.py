@@ -55,7 +55,6 @@ def train_and_report(trainer, callback, layers=2):
               f"chunks forward {s['chunks_forward']}, backward {s['chunks_backward']}")
     ok = bool(callback.steps) and all(s["region_backward"] >= expected for s in callback.steps)
     print(f"streamed every step: {'yes' if ok else 'no'} (layers and head, forward and backward)")
-    print(f"generation / KV-cache calls run uncompiled: {state.eager_calls}; "
-          f"no_grad log-prob calls served by the training graph: {state.no_grad_calls}; "
-          f"reference log-probs with TRL's kernel: {state.trl_kernel_calls}")
+    print(f"generation / KV-cache calls run uncompiled: {state.eager_calls}; no_grad log-prob calls streamed: "
+          f"{state.no_grad_calls} (old policy, eval), {state.frozen_calls} (reference: adapter off)")
     return ok

@@ -17,10 +17,12 @@ head) is still compiled. What ``prepare`` does to the model, and why:
   loss are TRL's; the values agree with TRL's kernel to fp32 rounding. Per-token outputs
   (``[B, T - 1]``, no vocabulary dim) are returned, so the model is compiled with
   ``return_logits=True``: it keeps per-token head outputs (the adapter never returns logits).
-- Forward calls under ``torch.no_grad()`` through that head (DPO's reference log-probs with a
-  PEFT adapter switched off, GRPO's old-policy log-probs, evaluation) run the streamed training
-  graph with gradients switched on at the call and their outputs detached: the same compiled
-  graph serves them (no extra compile, no ``[B, T, V]`` logits), and nothing is differentiated.
+- Forward calls under ``torch.no_grad()`` through that head (GRPO's old-policy log-probs,
+  evaluation, DPO's and GRPO's reference log-probs) run a streamed training graph with gradients
+  switched on at the call and their outputs detached: nothing is differentiated and no
+  ``[B, T, V]`` logits exist (an inference graph does not stream). With trainable weights the
+  training step's own graph serves them; with none (a PEFT reference: the adapter switched off)
+  the input embedding is made differentiable for the call, which compiles one more graph, once.
 - Gradient checkpointing is switched off (once, with a note) the first time the model is called:
   a streamed layer already keeps only its input, which is what checkpointing keeps, and
   recomputes chunk by chunk; a checkpointed layer inside the compiled graph would not stream.
@@ -66,7 +68,8 @@ class StreamState:
     compiled_calls: int = 0                 # calls that went through the compiled graph
     eager_calls: int = 0                    # calls routed to the uncompiled module (generation, KV cache)
     no_grad_calls: int = 0                  # fused-head calls under no_grad served by the training graph
-    trl_kernel_calls: int = 0               # fused-head calls with nothing trainable: TRL's kernel, uncompiled
+    frozen_calls: int = 0                   # no_grad fused-head calls with nothing trainable (a reference)
+    trl_kernel_calls: int = 0               # the same without an input embedding: TRL's kernel, uncompiled
     trl_head: bool = False                  # TRL's fused head was replaced by the streamable one
     compiled: object = dataclasses.field(default=None, repr=False)  # torch.compile of target._call_impl
     trl_forward: object = dataclasses.field(default=None, repr=False)  # TRL's fused forward (function)
@@ -174,9 +177,21 @@ def _install(target: torch.nn.Module, state: StreamState) -> None:
                 state.compiled_calls += 1
                 with torch.enable_grad():
                     return _detached(state.compiled(*args, **kwargs))
-            # nothing trainable (a PEFT reference with the adapter switched off): no training graph
-            # to serve it, and an inference graph would hold [B, T, V] logits; TRL's kernel does not
-            state.trl_kernel_calls += 1
+            # Nothing trainable (a PEFT reference with the adapter switched off, a frozen reference
+            # model): an inference graph would not stream and would hold [B, T, V] logits. The input
+            # embedding is made differentiable for the call, so the streamed training graph serves it
+            # (compiled once, beside the policy's); nothing is differentiated, the flag is restored.
+            emb = _input_embedding_weight(target)
+            if emb is not None:
+                state.frozen_calls += 1
+                state.compiled_calls += 1
+                emb.requires_grad_(True)
+                try:
+                    with torch.enable_grad():
+                        return _detached(state.compiled(*args, **kwargs))
+                finally:
+                    emb.requires_grad_(False)
+            state.trl_kernel_calls += 1  # no embedding to differentiate: TRL's kernel, uncompiled
             streamable, target.forward = target.forward, types.MethodType(state.trl_forward, target)
             try:
                 return target._call_impl(*args, **kwargs)
@@ -188,6 +203,14 @@ def _install(target: torch.nn.Module, state: StreamState) -> None:
     call._streamfx = True
     target._compiled_call_impl = call
     _wrap_generate(target, state)
+
+
+def _input_embedding_weight(target):
+    try:
+        w = target.get_input_embeddings().weight
+    except (AttributeError, NotImplementedError):
+        return None
+    return w if isinstance(w, torch.nn.Parameter) and w.is_leaf and w.is_floating_point() else None
 
 
 def _effective_options(state: StreamState) -> dict:

@@ -289,6 +289,25 @@ def test_sft_packed_and_padding_free(monkeypatch, tmp_path, mode):
     assert state(trainer).compiles == 1
 
 
+def test_prepare_before_a_trl_trainer(monkeypatch, tmp_path):
+    """``streamfx.prepare(model)`` before the trainer is built (the accelerate line, used with TRL):
+    TRL installs its fused head afterwards; the first call replaces it and compiles once."""
+    from trl import SFTConfig, SFTTrainer
+
+    torch._dynamo.reset()
+    model = streamfx.prepare(tiny_model(), **OPTIONS)
+    with recording(monkeypatch) as rec:
+        args = SFTConfig(**common_args(output_dir=str(tmp_path), bf16=False, per_device_train_batch_size=2,
+                                       max_steps=2, max_length=64))
+        trainer = SFTTrainer(model=model, args=args, train_dataset=text_dataset(), processing_class=tokenizer(),
+                             callbacks=[recorder_callback(rec)])
+        trainer.train()
+    assert_every_step_streamed(rec, steps=2)
+    assert_no_whole_logits(rec, max_rows=2)
+    st = state(trainer)
+    assert st.trl_head and st.compiles == 1, st
+
+
 def test_sft_gradient_accumulation_and_eval(monkeypatch, tmp_path):
     """Gradient accumulation (the loss divides by num_items_in_batch) and evaluation after every
     step: the evaluation forward (no_grad, eval mode) runs the streamed graph compiled for eval
@@ -340,16 +359,19 @@ def dpo_builder(tmp_path, peft=False, dataset=None, **kw):
 def test_dpo_peft_lora(monkeypatch, tmp_path):
     """DPO with LoRA on q/k/v/o and no reference model: the reference log-probs come from the same
     model with the adapter switched off, under no_grad, with checkpointing toggled around them.
-    Policy log-probs stream (layers and head); the reference forward (nothing trainable) runs
-    TRL's vocabulary-tiled kernel uncompiled. One compile over every step: no recompile from the
-    toggles. Frozen weights are untouched; LoRA weights match the run without streambp."""
+    Policy and reference log-probs both stream (layers and head, forward; the reference has
+    nothing trainable, so its forward runs a second graph, compiled once): two compiles over all
+    steps, none from the toggles. Frozen weights are untouched and get no gradient; LoRA weights
+    match the run without streambp."""
     build = dpo_builder(tmp_path, peft=True)
     ref_losses, ref_weights, rec, trainer, messages = train_pair(monkeypatch, build)
     assert_same_training(ref_losses, ref_weights, rec, trainer)
     assert_every_step_streamed(rec, steps=3)
     assert_no_whole_logits(rec, max_rows=4)
     st = state(trainer)
-    assert st.compiles == 1 and st.trl_kernel_calls == 3, st
+    assert st.compiles == 2 and st.frozen_calls == 3 and st.trl_kernel_calls == 0, st
+    for step in rec.steps:  # policy forward + reference forward, one backward
+        assert collections.Counter(step["forward"])["head"] == 2 and step["backward"].count("head") == 1, step
     base = tiny_model()
     frozen = {n.replace("base_model.model.", "").replace(".base_layer", ""): p
               for n, p in trainer.model.named_parameters() if "lora_" not in n}
@@ -358,6 +380,7 @@ def test_dpo_peft_lora(monkeypatch, tmp_path):
         assert frozen[n].grad is None, f"frozen weight {n} got a gradient"
 
 
+@pytest.mark.slow
 def test_dpo_full_finetune(monkeypatch, tmp_path):
     """DPO with a separate (frozen) reference model: the policy streams, one compile."""
     build = dpo_builder(tmp_path, peft=False)
@@ -401,15 +424,16 @@ def test_grpo_peft_kl_two_iterations(monkeypatch, tmp_path):
     iterations per generation (old-policy log-probs under no_grad): per-token log-probs, clipped
     objective and KL match the run without streambp; every training step streams layers and head;
     the old-policy forward runs the training graph (no extra compile), generation runs uncompiled
-    (it never reaches the compiled graph or its recompile budget): one compile in all."""
+    (it never reaches the compiled graph or its recompile budget); the reference forward (adapter
+    off, nothing trainable) streams through a second graph: two compiles in all."""
     build = grpo_builder(tmp_path, peft=True, beta=0.1, num_iterations=2)
     ref_losses, ref_weights, rec, trainer, messages = train_pair(monkeypatch, build)
     assert_same_training(ref_losses, ref_weights, rec, trainer)
     assert_every_step_streamed(rec, steps=3)
     assert_no_whole_logits(rec, max_rows=4)
     st = state(trainer)
-    assert st.compiles == 1, st
-    assert st.eager_calls > 0 and st.no_grad_calls > 0 and st.trl_kernel_calls > 0, st
+    assert st.compiles == 2, st
+    assert st.eager_calls > 0 and st.no_grad_calls > 0 and st.frozen_calls > 0 and st.trl_kernel_calls == 0, st
 
 
 @pytest.mark.slow
