@@ -252,9 +252,10 @@ def sft_builder(tmp_path, dataset, **kw):
     from trl import SFTConfig, SFTTrainer
 
     tok = tokenizer()
+    kw.setdefault("bf16", False)
 
     def build(callbacks):
-        args = SFTConfig(**common_args(output_dir=str(tmp_path), bf16=False, per_device_train_batch_size=2, **kw))
+        args = SFTConfig(**common_args(output_dir=str(tmp_path), per_device_train_batch_size=2, **kw))
         return SFTTrainer(model=tiny_model(), args=args, train_dataset=dataset, processing_class=tok,
                           callbacks=callbacks)
 
@@ -319,18 +320,18 @@ def test_sft_gradient_accumulation_and_eval(monkeypatch, tmp_path):
 
     def build(callbacks):
         args = SFTConfig(**common_args(output_dir=str(tmp_path), bf16=False, per_device_train_batch_size=2,
-                                       gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=1,
+                                       max_steps=2, gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=1,
                                        per_device_eval_batch_size=2, max_length=64))
         return SFTTrainer(model=tiny_model(), args=args, train_dataset=text_dataset(), eval_dataset=eval_ds,
                           processing_class=tok, callbacks=callbacks)
 
     ref_losses, ref_weights, rec, trainer, messages = train_pair(monkeypatch, build)
     assert_same_training(ref_losses, ref_weights, rec, trainer)
-    assert_every_step_streamed(rec, steps=3)
+    assert_every_step_streamed(rec, steps=2)
     for step in rec.steps:  # two micro-batches per step
         assert collections.Counter(step["backward"])["head"] == 2, step
     st = state(trainer)
-    assert st.compiles == 2 and st.no_grad_calls >= 3 * 2, st
+    assert st.compiles == 2 and st.no_grad_calls >= 2 * 2, st
 
 
 # ---- TRL DPO ---------------------------------------------------------------------------------------
@@ -461,13 +462,13 @@ def test_hf_trainer(monkeypatch, tmp_path):
     from transformers import Trainer, TrainingArguments
 
     def build(callbacks):
-        args = TrainingArguments(**common_args(output_dir=str(tmp_path), per_device_train_batch_size=2,
+        args = TrainingArguments(**common_args(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=2,
                                                gradient_accumulation_steps=2, gradient_checkpointing=True))
         return Trainer(model=tiny_model(), args=args, train_dataset=lm_dataset(), callbacks=callbacks)
 
     ref_losses, ref_weights, rec, trainer, messages = train_pair(monkeypatch, build)
     assert_same_training(ref_losses, ref_weights, rec, trainer)
-    assert_every_step_streamed(rec, steps=3)
+    assert_every_step_streamed(rec, steps=2)
     assert_no_whole_logits(rec, max_rows=2)
     assert state(trainer).compiles == 1
     assert inspect.signature(trainer.model.forward) == inspect.signature(tiny_model().forward)
@@ -597,22 +598,23 @@ def test_sft_mixed_lengths_compile_twice_and_stream(monkeypatch, tmp_path):
     the symbolic compile does not stream, and session._real_primals compares symbolic shapes to
     real ones (``tuple(v.shape) == tuple(x.shape)``), which adds a guard that specialises each
     symbolic compile to its first length, so every new length compiles again."""
-    build = sft_builder(tmp_path, text_dataset(16, (9, 15, 12, 20, 7, 17, 11, 13)), max_steps=6, max_length=64)
+    build = sft_builder(tmp_path, text_dataset(8, (9, 9, 15, 15, 12, 12, 20, 20)), max_steps=4, max_length=64,
+                        train_sampling_strategy="sequential")  # batches of 10, 16, 13, 21 tokens
     ref_losses, ref_weights, rec, trainer, messages = train_pair(monkeypatch, build)
     assert_same_training(ref_losses, ref_weights, rec, trainer)
     assert state(trainer).compiles == 2, (state(trainer).compiles, [repr(g[0]) for g in state(trainer).graphs])
-    assert_every_step_streamed(rec, steps=6)
+    assert_every_step_streamed(rec, steps=4)
 
 
 def test_grpo_mixed_lengths_compile_twice_and_stream(monkeypatch, tmp_path):
     """GRPO with prompts of two lengths and completions ending at EOS: every training step streams
     with at most two compiles (static first shape, then symbolic); generation never compiles.
     Fails on today's main for the reasons of the SFT test above."""
-    build = grpo_builder(tmp_path, prompts=prompt_dataset(16, (4, 7)), fixed=False, max_steps=4)
+    build = grpo_builder(tmp_path, prompts=prompt_dataset(16, (4, 7)), fixed=False, max_steps=3)
     ref_losses, ref_weights, rec, trainer, messages = train_pair(monkeypatch, build)
     assert_same_training(ref_losses, ref_weights, rec, trainer)
     assert state(trainer).compiles <= 2, state(trainer)
-    assert_every_step_streamed(rec, steps=4)
+    assert_every_step_streamed(rec, steps=3)
 
 
 # ---- PEFT edge, bf16 ---------------------------------------------------------------------------------
@@ -636,6 +638,17 @@ def test_peft_lora_on_q_and_v_only():
         assert (p.grad is None) == (r.grad is None), n
         if r.grad is not None:
             assert ((p.grad - r.grad).abs().max() / r.grad.abs().max()).item() < 1e-5, n
+
+
+def test_sft_trl_default_mixed_precision(monkeypatch, tmp_path):
+    """TRL's default bf16=True: the Trainer runs the forward under torch.autocast (bf16 on CPU).
+    Streams and stays within bf16 rounding of the run without streambp. Fails on today's main:
+    rewrite.stream_joint re-derives the joint from a forward holding
+    prims.convert_element_type (autocast's casts), which has no autograd formula."""
+    build = sft_builder(tmp_path, text_dataset(), max_steps=2, max_length=64, bf16=True)
+    ref_losses, ref_weights, rec, trainer, messages = train_pair(monkeypatch, build)
+    torch.testing.assert_close(torch.tensor(rec.losses), torch.tensor(ref_losses), rtol=2e-2, atol=2e-2)
+    assert_every_step_streamed(rec, steps=2)
 
 
 @pytest.mark.slow
@@ -668,7 +681,8 @@ def test_sft_bf16_model(monkeypatch, tmp_path):
 def test_example_runs(script):
     """Each example trains a few steps on CPU and reports that layers and head streamed."""
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    small = ["--words", "24"] + (["--completion", "8"] if script.startswith("grpo") else [])
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples", script), "--steps", "2",
-                           "--codegen", "eager"], capture_output=True, text=True, env=env, timeout=600)
+                           "--codegen", "eager", *small], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "streamed every step: yes" in proc.stdout, proc.stdout[-3000:]
