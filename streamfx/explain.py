@@ -103,7 +103,12 @@ def explain(model, *args, options=_UNSET, dynamic=_UNSET, **kwargs) -> Report:
     report.settings = {"dynamic": dynamic, "options": dict(options or {})}
     if dynamic is None:
         def later():
-            r = _explain_once(model, args, kwargs, options, True, state)
+            try:
+                r = _explain_once(model, args, kwargs, options, True, state)
+            except Exception as e:  # noqa: BLE001 - reported, not raised: the first report stands
+                r = build_report([])
+                r.not_streamed.append(("compile", f"compiling with symbolic sizes failed: {type(e).__name__}: "
+                                                  f"{str(e).splitlines()[0][:300] if str(e) else ''}"))
             r.settings = {"dynamic": True, "options": dict(options or {})}
             return r
 
@@ -132,6 +137,10 @@ def _explain_once(model, args, kwargs, options, dynamic, state) -> Report:
     saved = target.__dict__.get("_compiled_call_impl") if target is not None else None
     if target is not None:
         target._compiled_call_impl = None
+    # fresh tensor objects: a symbolic compile marks the tensors it saw as dynamic
+    # (_dynamo_propagated_dynamic_indices), and a later compile given the same objects would be
+    # symbolic too; the caller's tensors must not change what their own run compiles
+    args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _fresh, (args, kwargs))
     try:
         compiled = torch.compile(model, backend=capture, dynamic=dynamic)
         with torch.enable_grad():
@@ -140,6 +149,11 @@ def _explain_once(model, args, kwargs, options, dynamic, state) -> Report:
         if target is not None:
             target._compiled_call_impl = saved
     return build_report(collected)
+
+
+def _fresh(x: torch.Tensor) -> torch.Tensor:
+    y = x.detach()
+    return y.requires_grad_() if x.requires_grad else y
 
 
 def build_report(analyses) -> Report:
