@@ -99,8 +99,8 @@ def prepare(model: torch.nn.Module, *, dynamic: bool | None = None, **options) -
     state = getattr(target, "_streamfx_state", None)
     if state is not None:
         if state.options != options or state.dynamic != dynamic:
-            raise StreamBPError(f"the model was already prepared with options {state.options}, dynamic={state.dynamic}; "
-                                f"prepare it once (got options {options}, dynamic={dynamic})")
+            raise StreamBPError(f"the model was already prepared with options {state.options}, "
+                                f"dynamic={state.dynamic}; prepare it once (got options {options}, dynamic={dynamic})")
         return model
     state = StreamState(dict(options), dynamic, target)
     target._streamfx_state = state
@@ -148,11 +148,12 @@ def _install(target: torch.nn.Module, state: StreamState) -> None:
         state.graphs.append([tuple(x.shape) if isinstance(x, torch.Tensor) else x for x in example_inputs])
         before = set(_PROGRAMS)
         compiled = compile_graph(gm, example_inputs, config)
-        state.regions.append(list(dict.fromkeys((p.name, p.chunk_size) for k, p in _PROGRAMS.items() if k not in before)))
+        new = [(p.name, p.chunk_size) for k, p in _PROGRAMS.items() if k not in before]
+        state.regions.append(list(dict.fromkeys(new)))  # (a retrace after dropping logits registers them again)
         return compiled
 
     state.compiled = torch.compile(target._call_impl, backend=backend, dynamic=state.dynamic)
-    if getattr(target, "_compiled_call_impl", None) is not None and getattr(target._compiled_call_impl, "_streamfx", False):
+    if getattr(getattr(target, "_compiled_call_impl", None), "_streamfx", False):
         return  # the dispatcher is installed; it reads state.compiled
     gc_modules = [m for m in target.modules() if hasattr(m, "gradient_checkpointing")]
     try:
@@ -327,6 +328,7 @@ def _streamable_fused_forward(s: dict, trl_function):
     temperature, cast_fp32, outputs = s["temperature"], s["cast_lm_head_to_fp32"], tuple(s["outputs"])
     softcap, logit_scale, backbone_attr = s["final_logit_softcapping"], s["logit_scale"], s["backbone_attr"]
     output_cls = _output_class()  # (made here: Dynamo does not trace class definitions)
+
     def _fused_forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None,
                        **kwargs):
         if not fused_lm_head:
@@ -366,8 +368,8 @@ def _streamable_fused_forward(s: dict, trl_function):
         if temperature != 1.0:
             z = z * (1 / temperature)
         logp = z.log_softmax(-1)
-        target = labels.clamp(min=0)
-        log_probs = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1).masked_fill(~mask, 0)
+        index = labels.clamp(min=0)
+        log_probs = logp.gather(-1, index.unsqueeze(-1)).squeeze(-1).masked_fill(~mask, 0)
         entropy = log_sum_sq = mean_logits = is_top1 = None
         if "entropy" in outputs:
             entropy = -(logp.exp() * logp).sum(-1).masked_fill(~mask, 0)
@@ -376,7 +378,7 @@ def _streamable_fused_forward(s: dict, trl_function):
         if "mean_logits" in outputs:
             mean_logits = z.mean(-1).detach().masked_fill(~mask, 0)
         if "is_top1" in outputs:
-            is_top1 = (z.argmax(-1) == target) & mask
+            is_top1 = (z.argmax(-1) == index) & mask
         count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
         loss = -log_probs.sum() / count
         # The streamed head is what feeds sums over tokens: a per-token output that feeds none
