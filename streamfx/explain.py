@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections import Counter
 
 import torch
 
 from .config import StreamConfig
-from .errors import source_line, op_name
+from .errors import StreamBPError, source_line, op_name
 from .passes.graphs import hint, per_token
 
 
@@ -23,9 +24,24 @@ class Report:
     estimated_peak_bytes: int
     analyses: list
     moved: list = dataclasses.field(default_factory=list)  # sequence slices moved in front of the head
+    settings: dict = dataclasses.field(default_factory=dict)  # the compile settings explained: dynamic, options
+    _later: object = dataclasses.field(default=None, repr=False)  # () -> Report for dynamic=None's later lengths
+
+    @property
+    def later_lengths(self) -> "Report | None":
+        """With ``dynamic=None`` (torch.compile's default) the first length compiles with static
+        sizes and a new length recompiles with a symbolic one: what that compile streams (computed
+        on first access). None for ``dynamic=False`` (each length compiles as the first) and
+        ``dynamic=True`` (this report is already the symbolic compile)."""
+        if callable(self._later):
+            self._later = self._later()
+        return self._later
 
     def __str__(self) -> str:
         lines = ["streamfx report"]
+        if self.settings:
+            lines.append(f"  compile settings: dynamic={self.settings.get('dynamic')}, "
+                         f"options {self.settings.get('options') or {}}")
         lines.append(f"  sequence length: {', '.join(map(str, self.seq_dim)) or 'not found'}")
         lines.append(f"  node classes (forward): {dict(self.classes)}")
         lines.append(f"  attention sites: {len(self.attention_sites)}")
@@ -45,13 +61,69 @@ class Report:
             lines.append("  not streamed:")
             for where, why in self.not_streamed:
                 lines.append(f"    {where}: {why}")
+        later = self.later_lengths
+        if later is not None:
+            lines.append("  later lengths (dynamic=None recompiles a new sequence length or batch size with "
+                         "symbolic sizes):")
+            lines.append("    streamed:" + (" nothing" if not later.plan else ""))
+            for p in later.plan:
+                lines.append(f"      {p.describe()}")
+            if later.not_streamed:
+                lines.append("    not streamed:")
+                for where, why in later.not_streamed:
+                    lines.append(f"      {where}: {why}")
+        elif self.settings.get("dynamic") is False:
+            lines.append("  later lengths: dynamic=False compiles every new sequence length or batch size again, "
+                         "with static sizes, as above")
         return "\n".join(lines)
 
 
-def explain(model, *args, options=None, **kwargs) -> Report:
-    """Compile ``model`` with the streambp backend (eager codegen), run one forward with the given
-    inputs, and report what the passes found. Gradients are enabled so the joint graph is built;
-    no backward runs and the model is left unchanged."""
+_UNSET = object()
+
+
+def explain(model, *args, options=_UNSET, dynamic=_UNSET, **kwargs) -> Report:
+    """Compile ``model`` with the streambp backend, run one forward with the given inputs, and
+    report what the passes found, for the compile settings the run uses: ``options`` (the
+    backend's) and ``dynamic`` (``torch.compile``'s, default None as there). A model prepared with
+    ``streamfx.prepare`` (or ``StreamBPCallback``) is explained with the settings it was prepared
+    with unless they are given here. Chunk graphs run as FX graphs (``codegen="eager"``): what
+    streams is decided before code generation. With ``dynamic=None`` the report also holds what a
+    later length (compiled with symbolic sizes) streams: ``report.later_lengths``.
+    Gradients are enabled so the joint graph is built; no backward runs and the model is left
+    unchanged."""
+    state = None
+    if "streamfx.trainers" in sys.modules and isinstance(model, torch.nn.Module):  # (only it prepares models)
+        state = sys.modules["streamfx.trainers"].state_of(model)
+    if options is _UNSET:
+        options = _prepared_options(state) if state is not None else None
+    if dynamic is _UNSET:
+        dynamic = state.dynamic if state is not None else None
+    if dynamic not in (None, True, False):
+        raise StreamBPError(f"dynamic must be None, True or False (as for torch.compile), got {dynamic!r}")
+    report = _explain_once(model, args, kwargs, options, dynamic, state)
+    report.settings = {"dynamic": dynamic, "options": dict(options or {})}
+    if dynamic is None:
+        def later():
+            try:
+                r = _explain_once(model, args, kwargs, options, True, state)
+            except Exception as e:  # noqa: BLE001 - reported, not raised: the first report stands
+                r = build_report([])
+                r.not_streamed.append(("compile", f"compiling with symbolic sizes failed: {type(e).__name__}: "
+                                                  f"{str(e).splitlines()[0][:300] if str(e) else ''}"))
+            r.settings = {"dynamic": True, "options": dict(options or {})}
+            return r
+
+        report._later = later
+    return report
+
+
+def _prepared_options(state) -> dict:
+    from .trainers import _effective_options
+
+    return _effective_options(state)
+
+
+def _explain_once(model, args, kwargs, options, dynamic, state) -> Report:
     from .backend import compile_graph
     from .session import Session
 
@@ -61,10 +133,28 @@ def explain(model, *args, options=None, **kwargs) -> Report:
     def capture(gm, example_inputs):
         return compile_graph(gm, example_inputs, config, Session(config, collected))
 
-    compiled = torch.compile(model, backend=capture, dynamic=False)
-    with torch.enable_grad():
-        compiled(*args, **kwargs)
+    # a prepared model's own compiled call is set aside while it is explained
+    target = state.target if state is not None else None
+    saved = target.__dict__.get("_compiled_call_impl") if target is not None else None
+    if target is not None:
+        target._compiled_call_impl = None
+    # fresh tensor objects: a symbolic compile marks the tensors it saw as dynamic
+    # (_dynamo_propagated_dynamic_indices), and a later compile given the same objects would be
+    # symbolic too; the caller's tensors must not change what their own run compiles
+    args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _fresh, (args, kwargs))
+    try:
+        compiled = torch.compile(model, backend=capture, dynamic=dynamic)
+        with torch.enable_grad():
+            compiled(*args, **kwargs)
+    finally:
+        if target is not None:
+            target._compiled_call_impl = saved
     return build_report(collected)
+
+
+def _fresh(x: torch.Tensor) -> torch.Tensor:
+    y = x.detach()
+    return y.requires_grad_() if x.requires_grad else y
 
 
 def build_report(analyses) -> Report:
