@@ -331,6 +331,12 @@ def nll_loss_backward(node, table, ax):
     return RuleOut([ax(node.args[1])])
 
 
+@register(aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default)
+def size_query(node, table, ax):
+    """A size read from a tensor (a graph piece's symbolic length) mixes no positions."""
+    return RuleOut([None])
+
+
 @register(aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format,
           aten.arange.default, aten.arange.start, aten.arange.start_step, aten.scalar_tensor.default,
           aten.randn.default, aten.rand.default, aten.empty_strided.default, aten.new_zeros.default,
