@@ -464,7 +464,8 @@ def index_put(node, table, ax):
     if target is None or not i.op == "call_function" or i.target is not operator.getitem \
             or not same(shape(dst)[0], shape(i)[0]):
         return RuleOut([ax(dst)], mixed=((dst, 0),))
-    table.identify(ax(dst)[0], target)
+    if not any(isinstance(tensor_meta(y), torch.Tensor) for y in dst.all_input_nodes):
+        table.identify(ax(dst)[0], target)  # a flat empty(n): made per chunk at the tokens' sizes
     if shape(v) and len(shape(v)) == n:
         table.identify(ax(v)[0], ax(i)[0])
     return RuleOut([(target,) + tuple(ax(dst)[1:])])
