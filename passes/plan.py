@@ -15,7 +15,7 @@ from streamfx.errors import CannotStream
 from .graphs import ALIASES, ancestors, per_token, same
 from .kv import kv_boundary
 from .schedule import auto_chunk
-from .pulls import RANDOM_OPS, PulledMasks, pull_masks, pull_producers
+from .pulls import RANDOM_OPS, PulledMasks, pull_created, pull_masks, pull_producers
 from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
 from .specs import SUM, WHOLE, Spec
 
@@ -177,10 +177,11 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
             raise CannotStream(f"{cls} op inside a layer", n)
     nodes, inputs, pulled = pull_masks(region, sd)
     nodes, inputs = pull_producers(nodes, inputs, pulled, sd, classes, requires_grad)
+    nodes, inputs = pull_created(nodes, inputs, sd)
     plan = _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad)
     if pulled.nodes:  # the rewrite uses this one if the masks do not rebuild per chunk
-        plan.unpulled = _layer_plan(region, sd, config, site, region.nodes, region.inputs, PulledMasks(),
-                                    requires_grad)
+        plan.unpulled = _layer_plan(region, sd, config, site, *pull_created(region.nodes, region.inputs, sd),
+                                    PulledMasks(), requires_grad)
     return plan
 
 
