@@ -23,8 +23,8 @@ from streamfx.chunks import ChunkGraph, Slot
 from streamfx.errors import CannotStream
 from streamfx.runtime import LayerProgram, MaskCheck, RegionProgram
 from . import reach, verify
-from .graphs import (ALIASES, COPIES, SIZE_ARG_OPS, bind, is_tangent, order, outputs as graph_outputs, primals,
-                     same, tangents)
+from .graphs import (ALIASES, COPIES, bind, is_tangent, order, outputs as graph_outputs, primals,
+                     tangents)
 from .record import made_by
 from .sizes import Sizes
 

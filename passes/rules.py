@@ -114,12 +114,6 @@ def along_dim(node, table, ax):
     return RuleOut([ax(x)] * n_out, mixed=tuple((x, k) for k in dims))
 
 
-@register(aten.sym_size.int, aten.sym_numel.default, aten.sym_stride.int)
-def size_query(node, table, ax):
-    """A size read from a tensor: no tensor out (a chunk graph reads its own sizes)."""
-    return RuleOut([None])
-
-
 @register(aten.topk.default)
 def topk(node, table, ax):
     """The k largest along a dim: a new axis of k entries there."""

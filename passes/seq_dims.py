@@ -183,16 +183,6 @@ def _apply_rule(node, table, ax, result) -> list:
     return [a if is_tensor(v) else None for a, v in zip(out.out, vals)]
 
 
-def seed_from_embedding(graph: fx.Graph, sd: SeqDims) -> int | None:
-    """Without attention, the sequence axis is the last dim of the token indices of an embedding."""
-    for node in graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.embedding.default:
-            idx_axes = sd.axes[node.args[1]][0]
-            if idx_axes and idx_axes[-1]:
-                return sd.table.find(idx_axes[-1][-1])
-    return None
-
-
 def seq_slice(node: fx.Node, sd: SeqDims):
     """(dim, start, stop) of a static, step-1 slice that takes part of the sequence dim of its
     input (``logits[:, :-1]``, ``hidden[:, -k:]``); None for anything else. Start and stop are
