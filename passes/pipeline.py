@@ -16,7 +16,7 @@ import torch.fx as fx
 
 from streamfx.errors import CannotStream
 from . import attention as attn, hoist, masks, verify
-from .graphs import is_tangent, outputs as graph_outputs, primals
+from .graphs import ancestors, is_tangent, outputs as graph_outputs, primals
 from .plan import plan_head, plan_layer
 from .record import NodeRecord, tag
 from .regions import find_regions
@@ -159,6 +159,14 @@ def decide(a: Analysis, config) -> list:
     """Step 2, pure: plans for the regions that stream; refusals recorded (with the responsible node)."""
     plans = []
     fwd = set(a.fwd_nodes)
+    cache = _cache_outputs(a)
+    if cache is not None:
+        a.refusals.append(("graph", CannotStream(
+            "the attention's keys and values are outputs of the graph (a KV cache: use_cache=True); "
+            "training streams with use_cache=False (model.config.use_cache = False, or "
+            "use_cache=False in the call)", cache)))
+        a.plans = []
+        return []
     for r in a.regions:
         try:
             if r.kind == "head":
@@ -171,6 +179,19 @@ def decide(a: Analysis, config) -> list:
     _coverage(a)
     verify.analysis(a)
     return plans
+
+
+def _cache_outputs(a: Analysis):
+    """A forward output on the way to an attention's keys or values but not to its queries (a KV
+    cache returned to the caller), or None. The residual stream and hidden-state outputs reach
+    the queries too."""
+    outs = {o for o in graph_outputs(a.graph)[:a.num_fwd_outputs] if isinstance(o, fx.Node)}
+    for s in a.sites:
+        to_query = ancestors([s.query])
+        for n in ancestors([s.key, s.value]):
+            if n in outs and n not in to_query and n.op == "call_function" and a.sd.seq_dim(n) is not None:
+                return n
+    return None
 
 
 def _coverage(a: Analysis) -> None:

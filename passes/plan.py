@@ -49,13 +49,31 @@ class RegionPlan:
         """Per-token inputs the region keeps for its backward (those it slices per chunk)."""
         return [x for x, spec in zip(self.inputs, self.in_specs) if spec.sliced]
 
+    def symbols(self) -> str:
+        """The shape symbols of the region's inputs and what each one is."""
+        length = getattr(self.length, "node", None)
+        seq = set(length.expr.free_symbols) if length is not None else set()
+        found: dict = {}
+        for x in self.inputs:
+            v = x.meta.get("val")
+            for d, size in enumerate(getattr(v, "shape", ())):
+                for sym in getattr(getattr(size, "node", None), "expr", 0).free_symbols \
+                        if not isinstance(size, int) else ():
+                    role = "the sequence length" if sym in seq else "the batch size" if d == 0 else "a size"
+                    found.setdefault(sym, role)
+        for sym in seq:
+            found.setdefault(sym, "the sequence length")
+        return ", ".join(f"{sym} ({role})" for sym, role in sorted(found.items(), key=lambda kv: str(kv[0]))) \
+            or "no symbol"
+
     def describe(self) -> str:
         if isinstance(self.length, int):
             c = self.chunk_at(self.length)
             schedule = f"{-(-self.length // c)} chunk(s) of {c} tokens (T={self.length})"
         else:
             c = f"{self.chunk_size} tokens" if self.chunk_size else "an automatic size (T/4 in [64, 512])"
-            schedule = f"chunks of {c} (T={self.length}, symbolic: the schedule is computed per call)"
+            schedule = (f"chunks of {c} (T={self.length}, symbolic: the schedule is computed per call; "
+                        f"depends on {self.symbols()})")
         return (f"{self.name}: {schedule}; "
                 f"saves {[x.name for x in self.saved]}; outputs {[f'{o.name}:{s.kind}' for o, s in zip(self.outputs, self.out_specs)]}"
                 + (f"; drops {[d.name for d in self.dropped]}" if self.dropped else ""))

@@ -127,9 +127,12 @@ def _autograd_form(new: fx.Node) -> fx.Node:
     """A copied node in a form autograd can differentiate again (the rewrite re-derives the
     backward of the forward graph, and chunk graphs are differentiated at run time): the prims
     cast becomes ``_to_copy``; a functional ``copy(dst, src)`` (a ``copy_`` into a new tensor,
-    as MLA builds its keys) becomes ``where(True, src, dst)``, which broadcasts and casts alike."""
+    as MLA builds its keys) becomes ``where(True, src, dst)``, which broadcasts and casts alike;
+    the prims flip becomes ``aten.flip``."""
     if new.target is torch.ops.prims.convert_element_type.default:
         new.target, new.args, new.kwargs = aten._to_copy.default, (new.args[0],), {"dtype": new.args[1]}
+    elif new.target is torch.ops.prims.rev.default:  # (flip, as Inductor's decompositions write it)
+        new.target, new.args, new.kwargs = aten.flip.default, (new.args[0], list(new.args[1])), {}
     elif new.target is aten.copy.default:
         dst, src = new.args[:2]
         g = new.graph

@@ -38,8 +38,8 @@ class StreamConfig:
                 raise StreamBPError(f"option {key!r} must be a positive int or None, got {value!r}")
         if self.codegen not in CODEGENS:
             raise StreamBPError(f"option 'codegen' must be one of {CODEGENS}, got {self.codegen!r}")
-        if self.dump_dir is not None and not isinstance(self.dump_dir, (str, os.PathLike)):
-            raise StreamBPError(f"option 'dump_dir' must be a path or None, got {self.dump_dir!r}")
+        if self.dump_dir is not None:
+            _check_dump_dir(self.dump_dir, "option 'dump_dir'")
         for key in ("strict", "return_logits"):
             if not isinstance(getattr(self, key), bool):
                 raise StreamBPError(f"option {key!r} must be True or False, got {getattr(self, key)!r}")
@@ -56,4 +56,27 @@ class StreamConfig:
 
     @property
     def effective_dump_dir(self) -> str | None:
-        return self.dump_dir or os.environ.get("STREAMFX_DUMP_DIR") or None
+        if self.dump_dir is not None:
+            return os.fspath(self.dump_dir)
+        env = os.environ.get("STREAMFX_DUMP_DIR")
+        if env:
+            _check_dump_dir(env, "STREAMFX_DUMP_DIR")
+        return env or None
+
+
+def _check_dump_dir(path, what: str) -> None:
+    """A dump directory is a non-empty path that is a directory or can be made one (nothing is
+    created here: every existing part of it must be a directory, the nearest one writable)."""
+    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+        raise StreamBPError(f"{what} must be a non-empty directory path or None, got {path!r}")
+    p = os.path.abspath(os.fspath(path))
+    probe = p
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    if not os.path.isdir(probe):
+        raise StreamBPError(f"{what} must be a directory path, got {path!r} ({probe!r} is a file)")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise StreamBPError(f"{what}: {probe!r} is not writable (from {path!r})")

@@ -13,7 +13,6 @@ from .config import StreamConfig
 from .errors import CannotStream, StreamBPError
 
 _graph_ids = itertools.count()
-_warned: set = set()
 
 
 class DetachOutputs(Exception):
@@ -36,6 +35,7 @@ class Session:
         self.real_inputs: list = []
         self.graph_id = None
         self.detached: list[int] = []
+        self.warned: set = set()   # refusals warned for this graph (a retrace warns nothing twice)
 
     def begin_graph(self, gm, example_inputs) -> None:
         self.graph_id = next(_graph_ids)
@@ -85,12 +85,15 @@ class Session:
                 and isinstance(p.meta.get("val"), torch.Tensor) and tuple(p.meta["val"].shape) == tuple(x.shape)}
 
     def _refuse(self, region: str, err: CannotStream) -> None:
-        message = f"streamfx: region '{region}' is not streamed: {err.describe()}; it runs without streaming"
+        """Warn once per compiled graph and refusal (each new compile that does not fully stream
+        warns again; the graph number tells the compiles apart), or raise with ``strict``."""
+        cause = f"streamfx: region '{region}' is not streamed: {err.describe()}"
         if self.config.strict:
-            raise StreamBPError(message.replace("; it runs without streaming", "") + " (strict=True)")
-        if message not in _warned:
-            _warned.add(message)
-            warnings.warn(message, stacklevel=2)
+            raise StreamBPError(cause + " (strict=True)")
+        if cause in self.warned:
+            return
+        self.warned.add(cause)
+        warnings.warn(f"{cause}; it runs without streaming (compiled graph {self.graph_id})", stacklevel=2)
 
     # -- outputs ----------------------------------------------------------------------------
     def wrap(self, compiled):

@@ -18,14 +18,8 @@ os.environ.setdefault("STREAMFX_VERIFY", "1")
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
-    """Every test compiles from scratch: no cached graphs or guards from an earlier test, and
-    streamfx's warn-once memory is cleared so each test sees its own refusal warnings."""
+    """Every test compiles from scratch: no cached graphs or guards from an earlier test."""
     torch._dynamo.reset()
-    import streamfx.session
-
-    warned = getattr(streamfx.session, "_warned", None)
-    if isinstance(warned, set):
-        warned.clear()
     yield
 
 
