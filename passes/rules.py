@@ -98,7 +98,7 @@ def reduction(node, table, ax):
     return RuleOut([out] * n_out, reduced=tuple((x, k) for k in dims))
 
 
-@register(aten._softmax.default, aten._log_softmax.default, aten.cumsum.default,
+@register(aten._softmax.default, aten._log_softmax.default, aten._safe_softmax.default, aten.cumsum.default,
           aten.cumprod.default, aten.sort.default, aten.topk.default, aten.flip.default,
           aten.roll.default, aten.cummax.default, aten.cummin.default, aten.logcumsumexp.default)
 def along_dim(node, table, ax):
@@ -343,3 +343,32 @@ def creation(node, table, ax):
         n = len(shape(x))
         return RuleOut([ax(x)], mixed=((x, n - 2), (x, n - 1)))
     return RuleOut([table.fresh_like(out_shape(node))])
+
+
+@register(aten.index.Tensor)
+def index(node, table, ax):
+    """``x[..., idx, ...]`` (advanced indexing): the indexed dims are replaced by the broadcast
+    dims of the index tensors (in place when the indexed dims are adjacent, first otherwise);
+    the other dims keep their axes. Only the indexed dims mix positions."""
+    x, indices = node.args[0], list(node.args[1])
+    a, n = ax(x), len(shape(x))
+    indexed = [d for d, i in enumerate(indices) if i is not None]
+    idx = [i for i in indices if i is not None]
+    if any(tensor_meta(i).dtype == torch.bool for i in idx):  # a boolean mask selects data-dependent rows
+        return RuleOut([table.fresh_like(out_shape(node))], mixed=tuple((x, d) for d in range(n)))
+    width = max(len(shape(i)) for i in idx)
+    lead = [()] * width
+    for i in idx:
+        for k, dim in enumerate(ax(i)):
+            j = k + width - len(shape(i))
+            if dim and lead[j]:
+                table.unify(lead[j], dim)
+            lead[j] = lead[j] or dim
+    lead = [d or table.fresh(s) for d, s in zip(lead, out_shape(node)[indexed[0]:] if indexed == list(
+        range(indexed[0], indexed[-1] + 1)) else out_shape(node))]
+    rest = [a[d] for d in range(n) if d not in indexed]
+    if indexed == list(range(indexed[0], indexed[-1] + 1)):
+        out = list(a[:indexed[0]]) + lead + list(a[indexed[-1] + 1:])
+    else:
+        out = lead + rest
+    return RuleOut([tuple(out)], mixed=tuple((x, d) for d in indexed))
