@@ -117,8 +117,13 @@ def find_sites(graph: fx.Graph, sd, forward: set) -> list[AttentionSite]:
 
 
 # Q·Kᵀ is a bmm, or a broadcast mul once Inductor's decomposition turns a head_dim-1 bmm into
-# an outer product.
-SCORE_OPS = (aten.bmm.default, aten.mm.default, aten.mul.Tensor)
+# an outer product, or a baddbmm that adds a bias to it (Bloom's ALiBi: bias + alpha · Q·Kᵀ).
+SCORE_OPS = (aten.bmm.default, aten.mm.default, aten.mul.Tensor, aten.baddbmm.default)
+
+
+def _operands(node: fx.Node) -> tuple:
+    """(queries, keysᵀ) of a score op."""
+    return tuple(node.args[1:3]) if node.target is aten.baddbmm.default else tuple(node.args[:2])
 
 
 def _self_similar(node: fx.Node, sd) -> bool:
@@ -130,7 +135,7 @@ def _self_similar(node: fx.Node, sd) -> bool:
     seq = sd.table.canon(axes[-1])
     if sd.table.canon(axes[-2]) != seq:
         return False
-    operands = node.args[:2]
+    operands = _operands(node)
     return all(isinstance(x, fx.Node) and x.meta["val"].is_floating_point()
                and any(d and sd.table.canon(d) == seq for d in (sd.axes.get(x) or [()])[0])
                for x in operands)
@@ -171,6 +176,6 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
             if x not in interior and xa and len(xa) >= 2 and xa[-1] and sd.table.canon(xa[-1]) == seq \
                     and xa[-2] and sd.table.canon(xa[-2]) == seq and x is not scores:
                 mask, mask_user = x, n
-    q, kt = scores.args[0], scores.args[1]
+    q, kt = _operands(scores)
     return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
                          frozenset(interior | {out}), False, mask, mask_user=mask_user)

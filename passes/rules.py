@@ -278,9 +278,23 @@ def matmul(node, table, ax):
     for i in range(len(a) - 2):
         table.unify(a[i], b[i])
     out = tuple(a[:-1]) + (b[-1],)
-    if off:
-        broadcast(node, table, lambda n: out if n is None else ax(n), [node.args[0]])
+    if off:  # the added input broadcasts against the product
+        bias = node.args[0]
+        for k, dim in enumerate(ax(bias)):
+            j = k + len(out) - len(shape(bias))
+            if dim and out[j]:
+                table.unify(dim, out[j])
     return RuleOut([out], reduced=((x, len(a) - 1), (y, len(b) - 2)))
+
+
+@register(aten.repeat.default)
+def repeat(node, table, ax):
+    """Tiling: a dim repeated once keeps its axis; a tiled dim or a new leading one is a new axis."""
+    x, reps = node.args[0], list(node.args[1])
+    a, shp = ax(x), out_shape(node)
+    lead = len(reps) - len(a)
+    out = [table.fresh(shp[k]) if k < lead or not same(reps[k], 1) else a[k - lead] for k in range(len(reps))]
+    return RuleOut([tuple(out)], mixed=tuple((x, k - lead) for k in range(lead, len(reps)) if not same(reps[k], 1)))
 
 
 # ---- lookups, creation, losses ---------------------------------------------------------------
