@@ -386,3 +386,18 @@ def index(node, table, ax):
     else:
         out = lead + rest
     return RuleOut([tuple(out)], mixed=tuple((x, d) for d in indexed))
+
+
+@register(aten.slice_scatter.default, aten.select_scatter.default)
+def slice_scatter(node, table, ax):
+    """``base`` with ``src`` written into a part of dim d (MLA assembles its keys this way): the
+    output has base's axes; src lines up with base off dim d; only dim d mixes positions."""
+    base, src = node.args[0], node.args[1]
+    a, b = ax(base), list(ax(src))
+    d = normalize_dim(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0), len(a))
+    if node.target is aten.select_scatter.default:
+        b.insert(d, ())
+    for k in range(len(a)):
+        if k != d and k < len(b):
+            table.unify(a[k], b[k])
+    return RuleOut([a], mixed=((base, d),))

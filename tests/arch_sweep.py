@@ -34,13 +34,14 @@ def _layer_count(model) -> int:
 def _grad_error(ref: torch.nn.Module, got: torch.nn.Module) -> float:
     """Max over parameters of max|g - g_ref| / max(max|g_ref|, 1e-3 * the model's largest
     max|g_ref|) (a gradient that is ~0 in truth is compared at the model's scale); inf for a
-    missing or non-finite gradient."""
+    missing or non-finite gradient. A zero gradient where eager leaves None counts as equal:
+    AOTAutograd (every torch.compile backend) gives an unused parameter zeros."""
     pairs = list(zip(ref.parameters(), got.parameters()))
     top = max((r.grad.abs().max().item() for r, _ in pairs if r.grad is not None), default=0.0)
     err = 0.0
     for r, g in pairs:
         if r.grad is None or g.grad is None:
-            if (r.grad is None) != (g.grad is None):
+            if (r.grad is None) != (g.grad is None) and bool((r.grad if g.grad is None else g.grad).any()):
                 return float("inf")
             continue
         if not torch.isfinite(g.grad).all():
@@ -106,6 +107,9 @@ def check(model_type: str, options: dict | None = None) -> dict:
     out["silent"] = 0 if out["warnings"] else max(out["layers"] - layers_streamed, 0)
     out["loss_err"] = abs(loss.item() - ref_loss.item()) / max(abs(ref_loss.item()), 1e-30)
     out["grad_err"] = _grad_error(ref, mine)
+    out["none_differs"] = [n for (n, r), g in zip(ref.named_parameters(), mine.parameters())
+                           if (r.grad is None) != (g.grad is None)
+                           and bool((r.grad if g.grad is None else g.grad).any())]
     out["seconds"] = time.perf_counter() - t0
     return out
 

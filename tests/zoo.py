@@ -534,3 +534,78 @@ def bloom():
 
 
 FORMS = {"sinks": sinks, "alibi": alibi, "chunked": chunked, "falcon": falcon, "bloom": bloom}
+
+
+class MLAAttention(nn.Module):
+    """DeepSeek-V3 multi-head latent attention: K/V come from a per-token latent (kv_lora_rank r)
+    plus one decoupled rotary key shared by the heads; the key is assembled per head by writing
+    the no-rope and rope parts into an empty tensor (``slice_scatter``), then SDPA."""
+
+    def __init__(self, d, n_head, r=8, dn=8, dr=4, dv=8):
+        super().__init__()
+        self.h, self.r, self.dn, self.dr, self.dv = n_head, r, dn, dr, dv
+        self.q_proj = nn.Linear(d, n_head * (dn + dr), bias=False)
+        self.kv_a = nn.Linear(d, r + dr, bias=False)
+        self.kv_norm = RMSNorm(r)
+        self.kv_b = nn.Linear(r, n_head * (dn + dv), bias=False)
+        self.o = nn.Linear(n_head * dv, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.h, self.dn + self.dr).transpose(1, 2)
+        q_pass, q_rot = q.split([self.dn, self.dr], -1)
+        latent, k_rot = self.kv_a(x).split([self.r, self.dr], -1)
+        kv = self.kv_b(self.kv_norm(latent)).view(B, T, self.h, self.dn + self.dv).transpose(1, 2)
+        k_pass, v = kv.split([self.dn, self.dv], -1)
+        k_rot = k_rot.view(B, 1, T, self.dr)
+        q_rot = q_rot * cos + rotate_half(q_rot) * sin
+        k_rot = k_rot * cos + rotate_half(k_rot) * sin
+        q = torch.cat([q_pass, q_rot], -1)
+        key = k_pass.new_empty(B, self.h, T, self.dn + self.dr)
+        key[..., : self.dn] = k_pass
+        key[..., self.dn:] = k_rot
+        y = F.scaled_dot_product_attention(q, key, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLABlock(nn.Module):
+    def __init__(self, d, n_head):
+        super().__init__()
+        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+        self.attn = MLAAttention(d, n_head)
+        self.mlp = SwiGLU(d, 2 * d)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.n1(x), cos, sin)
+        return x + self.mlp(self.n2(x))
+
+
+class MLALM(nn.Module):
+    def __init__(self, vocab=VOCAB, d=HIDDEN, n_head=HEADS, n_layer=LAYERS, dr=4, max_pos=MAX_POS):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(MLABlock(d, n_head) for _ in range(n_layer))
+        self.norm = RMSNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        inv = 1.0 / (10000.0 ** (torch.arange(0, dr, 2).float() / dr))
+        freqs = torch.outer(torch.arange(max_pos).float(), torch.cat([inv, inv]))
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.vocab = vocab
+
+    def forward(self, idx, labels=None):
+        B, T = idx.shape
+        x = self.embed(idx)
+        for layer in self.layers:
+            x = layer(x, self.cos[:T], self.sin[:T])
+        logits = self.lm_head(self.norm(x))
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        return F.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1), ignore_index=-100), logits
+
+
+def mla():
+    torch.manual_seed(0)
+    return MLALM().float().train(), _plain_inputs(VOCAB)
+
+
+FORMS["mla"] = mla
