@@ -5,6 +5,7 @@
   chunked   Llama 4 ``attention_chunk_size``: a chunk [s, e) reads keys [floor(s / C) * C, e)
   falcon    Falcon 7B: multi-query K/V read as ``qkv[..., [-2], :]`` (an index over heads: token-local)
   bloom     Hugging Face Bloom: ALiBi from the attention mask's cumulative sum, ``baddbmm`` scores
+  mla       DeepSeek-V3 latent attention: K/V from a per-token latent, keys assembled by slice_scatter
 """
 import contextlib
 
@@ -14,7 +15,7 @@ import torch
 import zoo
 from conftest import assert_grads_match, run_eager_and_compiled
 
-PLAIN = ("sinks", "alibi", "chunked")
+PLAIN = ("sinks", "alibi", "chunked", "mla")
 HF = ("falcon", "bloom")
 T = 16
 
