@@ -72,7 +72,7 @@ def pattern(allowed: torch.Tensor) -> tuple:
             return "sliding-window", width
         blind = (~allowed[:, 0]).nonzero()
         block = int(blind[0]) if len(blind) else T
-        if torch.equal(allowed, causal & ((pos // block).unsqueeze(1) == (pos // block).unsqueeze(0))):
+        if block > 0 and torch.equal(allowed, causal & ((pos // block).unsqueeze(1) == (pos // block).unsqueeze(0))):
             return "chunked", block
     return None, None
 
