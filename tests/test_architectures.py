@@ -37,13 +37,18 @@ def check(name, case, options, *, T=T):
     return run
 
 
-@pytest.mark.parametrize("chunk", [1, 5, T - 1, T, T + 7])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("chunk", [pytest.param(1, marks=SLOW), 5, pytest.param(T - 1, marks=SLOW),
+                                   pytest.param(T, marks=SLOW), pytest.param(T + 7, marks=SLOW)])
 @pytest.mark.parametrize("name", PLAIN)
 def test_forms_at_every_chunk_size(name, chunk):
     check(name, "prompt", {"chunk_size": chunk, "head_chunk_size": 4})
 
 
-@pytest.mark.parametrize("case", ["left_pad", "right_pad", "prompt", "odd13"])
+@pytest.mark.parametrize("case", ["left_pad", "prompt", pytest.param("right_pad", marks=SLOW),
+                                  pytest.param("odd13", marks=SLOW)])
 @pytest.mark.parametrize("name", HF)
 def test_hf_forms_with_padding_and_prompts(name, case):
     check(name, case, {"chunk_size": 5})
@@ -167,3 +172,65 @@ def test_a_pass_failure_runs_unstreamed_with_a_warning(monkeypatch):
     compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "strict": True})
     with pytest.raises(streamfx.StreamBPError, match="the streaming passes failed"):
         compiled(*inputs.args)
+
+
+@pytest.mark.parametrize("T", [1, 7, 16])
+def test_mask_patterns(T):
+    from streamfx.passes.masks import pattern
+
+    pos = torch.arange(T)
+    causal = pos[:, None] >= pos[None, :]
+    assert pattern(causal) == ("causal", None)
+    if T > 4:
+        assert pattern(causal & (pos[:, None] // 4 == pos[None, :] // 4)) == ("chunked", 4)
+        assert pattern(causal & (pos[:, None] - pos[None, :] < 3)) == ("sliding-window", 3)
+        assert pattern(causal & (pos[None, :] > 0)) == (None, None)   # the first row sees no key
+        assert pattern(torch.ones(T, T, dtype=torch.bool)) == (None, None)
+
+
+def _analyse(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from streamfx.passes import seq_dims
+
+    gm = make_fx(torch.func.functionalize(fn))(*args)
+    sd = seq_dims.infer_axes(gm.graph)
+    x = gm.graph.find_nodes(op="placeholder")[0]
+    sd.set_seq(sd.axes[x][0][1][0])  # the input's dim 1 is the sequence
+    return gm, sd
+
+
+def _by_target(gm, op):
+    return [n for n in gm.graph.nodes if n.target is op]
+
+
+def test_index_over_heads_is_token_local_and_over_tokens_mixes():
+    """Falcon's ``qkv[..., [-2], :]`` indexes heads: the sequence dim goes through; an index
+    over the sequence dim (a token gather) mixes tokens."""
+    from streamfx.passes.seq_dims import TOKEN_LOCAL, UNKNOWN_MIXING
+
+    aten = torch.ops.aten
+    x = torch.randn(2, 6, 6, 6)  # [B, T, heads, head_dim]: every size equal but B
+    idx = torch.tensor([-2])
+    gm, sd = _analyse(lambda x: x[..., idx, :] * 2.0, x)
+    node = _by_target(gm, aten.index.Tensor)[0]
+    assert sd.roles(node) == (None, "q", None, None) and sd.classify(node) == TOKEN_LOCAL
+    gm, sd = _analyse(lambda x: x[:, idx] * 2.0, x)
+    assert sd.classify(_by_target(gm, aten.index.Tensor)[0]) == UNKNOWN_MIXING
+
+
+def test_sliced_key_assembly_is_token_local():
+    """MLA writes the no-rope and rope parts of each head's key into an empty tensor."""
+    from streamfx.passes.seq_dims import TOKEN_LOCAL
+
+    aten = torch.ops.aten
+
+    def assemble(k_pass, k_rot):
+        key = k_pass.new_empty(2, 3, k_pass.shape[1], 7)
+        key[..., :4] = k_pass.transpose(1, 2)
+        key[..., 4:] = k_rot.transpose(1, 2)
+        return key * 1.0
+
+    gm, sd = _analyse(assemble, torch.randn(2, 5, 3, 4), torch.randn(2, 5, 1, 3))
+    for node in _by_target(gm, aten.slice_scatter.default):
+        assert sd.roles(node) == (None, None, "q", None) and sd.classify(node) == TOKEN_LOCAL, node.format_node()
