@@ -234,3 +234,22 @@ def test_sliced_key_assembly_is_token_local():
     gm, sd = _analyse(assemble, torch.randn(2, 5, 3, 4), torch.randn(2, 5, 1, 3))
     for node in _by_target(gm, aten.slice_scatter.default):
         assert sd.roles(node) == (None, None, "q", None) and sd.classify(node) == TOKEN_LOCAL, node.format_node()
+
+
+@pytest.mark.parametrize("part", ["forward", "backward"])
+def test_a_failing_chunk_schedule_runs_the_region_whole(monkeypatch, part):
+    """A streamed region that fails at run time (a chunk graph that does not run) runs whole for
+    that call: exact gradients and one warning naming the region and the failure."""
+    from streamfx.runtime import LayerProgram
+
+    def broken(self, *args):
+        raise RuntimeError("a chunk graph that does not run")
+
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")
+    monkeypatch.setattr(LayerProgram, part, broken)
+    model, make_inputs = zoo.tiny_llama()
+    run = run_eager_and_compiled(model, make_inputs("odd13"), {"chunk_size": 5})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    said = [w for w in run.warnings if "could not run chunk by chunk (RuntimeError: a chunk graph that does not run)" in w]
+    assert said and all("region 'layer." in w for w in said), run.warnings
