@@ -59,8 +59,9 @@ def source_line(node) -> str:
 
 def failure(err: Exception, step: str) -> CannotStream:
     """An unexpected exception of a pass as a refusal: the reason names the pass step, the
-    exception and the function that raised it; the node is the one the innermost pass frame was
-    working on (its op and source line go into the warning)."""
+    exception and the innermost pass function it passed through; the node is the one the
+    innermost frame holding a graph node was working on (its op and source line go into the
+    warning)."""
     import traceback
 
     import torch.fx as fx
@@ -71,7 +72,7 @@ def failure(err: Exception, step: str) -> CannotStream:
         tb = tb.tb_next
     ours = [f for f in frames if "/streamfx/" in f.f_code.co_filename or "/passes/" in f.f_code.co_filename]
     node = None
-    for frame in reversed(ours):
+    for frame in reversed(frames):  # the innermost frame working on a node (a pass, or torch under it)
         found = [v for k, v in frame.f_locals.items() if isinstance(v, fx.Node) and k in _NODE_NAMES]
         found = found or [v for v in frame.f_locals.values() if isinstance(v, fx.Node)]
         if found:
