@@ -40,6 +40,8 @@ class AxisTable:
         self.parent: dict[int, int] = {}
         self.size: dict[int, Any] = {}
         self.slices: list[tuple[int, int]] = []  # (atom of a slice's dim, atom of the dim it slices)
+        self.perms: dict = {}     # sort node -> (atoms of its sorted dim, atoms of the dim it permutes)
+        self.expand: dict = {}    # atom -> the product of atoms it was identified with
         self._ids = itertools.count()
 
     def fresh(self, size) -> tuple:
@@ -57,7 +59,36 @@ class AxisTable:
         return a
 
     def canon(self, dim: tuple) -> tuple:
-        return tuple(self.find(a) for a in dim)
+        """Root atoms of a dim, with atoms identified with a product replaced by its atoms."""
+        out: list = []
+        for a in dim:
+            r = self.find(a)
+            out.extend(self.canon(self.expand[r]) if r in self.expand else (r,))
+        return tuple(out)
+
+    def identify(self, dim: tuple, product: tuple) -> None:
+        """Make a one-atom dim (a flat ``empty(n)`` or ``arange(n)``) the product ``product`` of
+        the same size, where an op aligns the two (unify() only pairs dims atom by atom)."""
+        dim, product = self.canon(dim), self.canon(product)
+        if len(dim) == 1 and len(product) > 1 and dim[0] not in product:
+            whole = 1
+            for a in product:
+                whole = whole * self.size[a]
+            if same(self.size[dim[0]], whole):
+                self.expand[dim[0]] = product
+        else:
+            self.unify(dim, product)
+
+    def permuted(self, dim: tuple, node) -> tuple:
+        """Fresh atoms for ``dim`` in another order (a sort along it): the same sizes, recorded
+        as a permutation of ``dim`` (its rows are the same tokens, reordered)."""
+        new = tuple(self.fresh(self.size[self.find(a)])[0] for a in dim)
+        self.perms[node] = (new, tuple(dim))
+        return new
+
+    def perm_pairs(self) -> list:
+        """(atom, atom it permutes) of every sorted dim."""
+        return [(n, o) for new, old in self.perms.values() for n, o in zip(new, old)]
 
     def unify(self, x: tuple, y: tuple) -> None:
         """Make two dims the same axis; products unify atom by atom when their arity matches."""

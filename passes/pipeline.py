@@ -21,7 +21,8 @@ from .plan import plan_head, plan_layer
 from .record import NodeRecord, tag
 from .regions import find_regions
 from .rewrite import stream_joint
-from .seq_dims import SEQ_REDUCTION, UNKNOWN_MIXING, infer_axes, seed_from_embedding
+from .seq_dims import SEQ_REDUCTION, UNKNOWN_MIXING, infer_axes
+from .sources import seed_sequence
 
 MAX_MOVES = 4  # sequence slices moved in front of the head, at most
 
@@ -132,14 +133,14 @@ def analyze(graph: fx.Graph, num_fwd_outputs: int, constants: dict | None = None
     sites = attn.find_sites(graph, sd, set(fwd))
     # the sequence is the query axis of the attention (none when a sequence has one token)
     atoms = [sd.axes[s.query][0][-2] for s in sites]
-    sd.set_seq(atoms[0][-1] if atoms and atoms[0] else None if sites else seed_from_embedding(graph, sd))
+    sd.set_seq(atoms[0][-1] if atoms and atoms[0] else None if sites else seed_sequence(graph, sd))
     for s in sites:
         masks.classify(s, constants or {}, s.query.meta["val"].shape[-2])
     site_nodes = frozenset().union(*(s.nodes for s in sites)) if sites else frozenset()
     classes = {n: sd.classify(n, site_nodes) for n in graph.nodes if n.op in ("call_function", "placeholder", "get_attr")}
-    regions = find_regions(fwd, sd, sites, fwd_outs, classes)
-    analysis = Analysis(graph, num_fwd_outputs, fwd, bwd, sd, sites, classes, regions,
-                        requires_grad=differentiable(graph, num_fwd_outputs, fwd))
+    requires_grad = differentiable(graph, num_fwd_outputs, fwd)
+    regions = find_regions(fwd, sd, sites, fwd_outs, classes, requires_grad)
+    analysis = Analysis(graph, num_fwd_outputs, fwd, bwd, sd, sites, classes, regions, requires_grad=requires_grad)
     _record(analysis, site_nodes)
     verify.analysis(analysis)
     return analysis

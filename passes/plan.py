@@ -15,7 +15,7 @@ from streamfx.errors import CannotStream
 from .graphs import ALIASES, ancestors, per_token, same
 from .kv import kv_boundary
 from .schedule import auto_chunk
-from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_masks, pull_producers
+from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
 from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
 from .specs import SUM, WHOLE, Spec
 
@@ -177,10 +177,11 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
             raise CannotStream(f"{cls} op inside a layer", n)
     nodes, inputs, pulled = pull_masks(region, sd)
     nodes, inputs = pull_producers(nodes, inputs, pulled, sd, classes, requires_grad)
+    nodes, inputs = pull_created(nodes, inputs, sd)
     plan = _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad)
     if pulled.nodes:  # the rewrite uses this one if the masks do not rebuild per chunk
-        plan.unpulled = _layer_plan(region, sd, config, site, region.nodes, region.inputs, PulledMasks(),
-                                    requires_grad)
+        plan.unpulled = _layer_plan(region, sd, config, site, *pull_created(region.nodes, region.inputs, sd),
+                                    PulledMasks(), requires_grad)
     return plan
 
 
@@ -216,10 +217,14 @@ def _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad=N
     T = _one_length(lengths, "layer")
     kv_out = tuple(kv_boundary(x, inside, sd) for x in (site.key, site.value))
     kv = ancestors({b for b, _ in kv_out}, within=inside)
-    # mask inputs (token-by-token, or the per-token values a mask is built from) get no gradient
-    grad_inputs = [i for i, x in enumerate(inputs) if in_specs[i].kind in ("chunk", "whole")
-                   and x not in pulled.frontier and x.meta["val"].is_floating_point() and _nonempty(x)
+    # every input the joint differentiates gets its gradient, mask and score inputs included (a
+    # learned bias, slope or temperature): rows of the chunk, [rows, keys] blocks of a
+    # token-by-token input, or the whole input, accumulated over chunks
+    grad_inputs = [i for i, x in enumerate(inputs) if x.meta["val"].is_floating_point() and _nonempty(x)
                    and (requires_grad is None or x in requires_grad)]
+    for i in grad_inputs:
+        if in_specs[i].kind == "prefix":
+            raise CannotStream("a per-key input of the attention scores needs a gradient", inputs[i])
     return LayerPlan(region.name, "layer", nodes, inputs, outputs, [], in_specs, out_specs,
                      config.chunk_size, T, grad_inputs, sd, frozenset(pulled.nodes), site=site,
                      kv_nodes=[n for n in nodes if n in kv], kv_outputs=tuple(b for b, _ in kv_out),

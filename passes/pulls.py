@@ -4,7 +4,9 @@ Two pulls, both pure (they return node sets and specs; nothing in the graph chan
   ``pull_masks``      a token-by-token mask input ([.., T, T]) is replaced by the per-token values
                       it is built from, so each chunk builds its own [.., c, e] slice;
   ``pull_producers``  a cheap per-token input (rotary cos/sin) is recomputed per chunk from
-                      fewer bytes per token (the position ids).
+                      fewer bytes per token (the position ids);
+  ``pull_created``    a tensor made from sizes alone over the tokens merged with other dims
+                      (a flat ``arange(B*T*k)`` of a mixture-of-experts dispatch) is made per chunk.
 """
 from __future__ import annotations
 
@@ -194,3 +196,14 @@ def _per_token_role(f, sd):
     if d is None:
         return None
     return ("q", d) if sd.seq_is_atomic(f) else False
+
+
+def pull_created(nodes, inputs, sd):
+    """(nodes, inputs) with the inputs made from sizes alone (no tensor input: ``empty``,
+    ``arange``, ``iota``) whose sequence dim is merged with another dim made inside the layer,
+    at its chunk's sizes: such an input cannot be sliced per chunk."""
+    created = [x for x in inputs if x.op == "call_function" and not _tensor_inputs(x)
+               and sd.seq_dim(x) is not None and not sd.seq_is_atomic(x) and "k" not in sd.roles(x)]
+    if not created:
+        return nodes, inputs
+    return in_order(list(nodes) + created), [x for x in inputs if x not in created]

@@ -1,8 +1,9 @@
 """Regions of the forward graph: layer regions cut at the residual stream, and the head region.
 
 The residual stream is found with networkx: restrict the forward dataflow to the descendants
-of the token embedding (the hidden path), take the dominator chain of the loss (or of the last
-hidden-path output) from the embedding; each chain node is a tensor every later activation is
+of its source (the token embedding, or the hidden-state input of a graph piece: see
+``sources.residual_source``), take the dominator chain of the loss (or of the last hidden-path
+output) from the source; each chain node is a tensor every later activation is
 computed from. A layer region runs from the chain node that feeds an attention site's queries
 to the next such chain node. The head region is everything from the last hidden chain node
 (the narrowest one after the last attention site) to the sequence reductions that consume it.
@@ -17,6 +18,7 @@ import torch.fx as fx
 
 from .graphs import COPIES, order, per_token
 from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, seq_slice
+from .sources import residual_source
 
 aten = torch.ops.aten
 
@@ -48,17 +50,9 @@ def dataflow(nodes) -> nx.DiGraph:
     return g
 
 
-def embedding_node(fwd_nodes, sd):
-    """The first node that produces per-token activations from token indices (embedding)."""
-    for n in fwd_nodes:
-        if n.op == "call_function" and n.target is aten.embedding.default:
-            return n
-    return None
-
-
-def residual_chain(fwd_nodes, sd, sinks) -> list:
-    """Dominator chain from the embedding to the sinks over the hidden path."""
-    emb = embedding_node(fwd_nodes, sd)
+def residual_chain(fwd_nodes, sd, sinks, requires_grad=frozenset()) -> list:
+    """Dominator chain from the residual source to the sinks over the hidden path."""
+    emb = residual_source(fwd_nodes, sd, requires_grad)
     if emb is None or not sinks:
         return []
     g = dataflow(fwd_nodes)
@@ -81,8 +75,8 @@ def residual_chain(fwd_nodes, sd, sinks) -> list:
     return sorted((c for c in chain if sd.seq_dim(c) is not None), key=rank.__getitem__)
 
 
-def find_regions(fwd_nodes, sd, sites, sinks, classes) -> list[Region]:
-    chain = residual_chain(fwd_nodes, sd, sinks)
+def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()) -> list[Region]:
+    chain = residual_chain(fwd_nodes, sd, sinks, requires_grad)
     if not chain:
         return []
     rank = order(fwd_nodes)
@@ -106,9 +100,11 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes) -> list[Region]:
         end = bounds[i + 1] if i + 1 < len(bounds) else None
         nodes = _between(fwd_nodes, g, start, end, rank)
         regions.append(_make_region(f"layer.{i}", "layer", start, nodes, [site], rank, fwd_nodes))
-    if head_entry is not None:
-        reach = nx.descendants(g, head_entry)
-        red = [n for n in fwd_nodes if classes.get(n) == SEQ_REDUCTION and n in reach]
+    reach = nx.descendants(g, head_entry) if head_entry is not None else set()
+    red = [n for n in fwd_nodes if classes.get(n) == SEQ_REDUCTION and n in reach]
+    # a graph piece that starts at the residual stream and computes no loss has no head (a whole
+    # model without a loss keeps its head region, which then refuses: no loss in the graph)
+    if head_entry is not None and (red or chain[0].op != "placeholder"):
         anc = set()
         for r in red:
             anc |= nx.ancestors(g, r) | {r}

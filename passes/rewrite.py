@@ -23,8 +23,8 @@ from streamfx.chunks import ChunkGraph, Slot
 from streamfx.errors import CannotStream
 from streamfx.runtime import LayerProgram, MaskCheck, RegionProgram
 from . import reach, verify
-from .graphs import (ALIASES, COPIES, SIZE_ARG_OPS, bind, is_tangent, order, outputs as graph_outputs, primals,
-                     same, tangents)
+from .graphs import (ALIASES, COPIES, bind, is_tangent, order, outputs as graph_outputs, primals,
+                     tangents)
 from .record import made_by
 from .sizes import Sizes
 
@@ -236,11 +236,11 @@ def _grouped_kv_in_place(gm: fx.GraphModule) -> None:
     if node is None:
         return
     args = list(node.args)
-    for pos in (1, 2):
-        base = _head_repeat_base(args[pos])
-        if base is not None:
-            args[pos] = base
-    if args != list(node.args):
+    bases = [_head_repeat_base(args[pos]) for pos in (1, 2)]
+    # both or neither: K and V must keep one head count (a cast between K's repeat and the
+    # attention, as autocast writes it, keeps K repeated, and then V stays repeated too)
+    if all(b is not None for b in bases) and bases[0].meta["val"].shape[1] == bases[1].meta["val"].shape[1]:
+        args[1], args[2] = bases
         node.args = tuple(args)
         gm.graph.eliminate_dead_code()
         gm.recompile()
@@ -286,6 +286,7 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     fwd_outs, grad_outs = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
     ps, ts = primals(joint.graph), tangents(joint.graph)
     needs_grad = [g is not None for g in grad_outs]
+    primal_names = [p.name for p in ps]
     tangent_outputs = _tangent_outputs(joint, ts, num_fwd_outputs)
 
     # everything that can fail happens here, before any new graph exists
@@ -311,8 +312,10 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
             grads = torch.autograd.grad([o for o, _ in pairs], wrt, [t for _, t in pairs], allow_unused=True)
         it = iter(grads)
         all_grads = [next(it) if ng and p.requires_grad else None for p, ng in zip(ps, needs_grad)]
-        all_grads = [g if g is not None or not ng else torch.zeros_like(p)
-                     for g, p, ng in zip(all_grads, ps, needs_grad)]
+        lost = [i for i, (g, ng) in enumerate(zip(all_grads, needs_grad)) if ng and g is None]
+        if lost:  # never a made-up zero: a gradient the joint computes must come through the regions
+            raise CannotStream(f"the streamed graph does not reach the gradient of input(s) "
+                               f"{[primal_names[i] for i in lost]}")
         return outs + all_grads
 
     vals_p = [p.meta["val"] for p in ps]

@@ -7,6 +7,8 @@ reduced or mixed sequence dim means for the node's class.
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 
@@ -99,7 +101,7 @@ def reduction(node, table, ax):
 
 
 @register(aten._softmax.default, aten._log_softmax.default, aten._safe_softmax.default, aten.cumsum.default,
-          aten.cumprod.default, aten.sort.default, aten.topk.default, aten.flip.default,
+          aten.cumprod.default, aten.flip.default,
           aten.roll.default, aten.cummax.default, aten.cummin.default, aten.logcumsumexp.default)
 def along_dim(node, table, ax):
     """Ops that combine values along dims without removing them (softmax, cumsum, sort, flip...)."""
@@ -110,6 +112,18 @@ def along_dim(node, table, ax):
     dims = [normalize_dim(v, n) for v in (d if isinstance(d, (list, tuple)) else [d])] or list(range(n))
     n_out = len(node.meta["val"]) if isinstance(node.meta["val"], (tuple, list)) else 1
     return RuleOut([ax(x)] * n_out, mixed=tuple((x, k) for k in dims))
+
+
+@register(aten.topk.default)
+def topk(node, table, ax):
+    """The k largest along a dim: a new axis of k entries there."""
+    a, d = list(ax(node.args[0])), normalize_dim(bind(node)["dim"], len(shape(node.args[0])))
+    a[d] = table.fresh(out_shape_of(node, 0)[d])
+    return RuleOut([tuple(a)] * 2, mixed=((node.args[0], d),))
+
+
+def out_shape_of(node: fx.Node, i: int) -> tuple:
+    return tuple(node.meta["val"][i].shape)
 
 
 @register(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
@@ -345,6 +359,12 @@ def nll_loss_backward(node, table, ax):
     return RuleOut([ax(node.args[1])])
 
 
+@register(aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default)
+def size_query(node, table, ax):
+    """A size read from a tensor (a graph piece's symbolic length) mixes no positions."""
+    return RuleOut([None])
+
+
 @register(aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format,
           aten.arange.default, aten.arange.start, aten.arange.start_step, aten.scalar_tensor.default,
           aten.randn.default, aten.rand.default, aten.empty_strided.default, aten.new_zeros.default,
@@ -359,33 +379,189 @@ def creation(node, table, ax):
     return RuleOut([table.fresh_like(out_shape(node))])
 
 
+# ---- permutations of tokens (a mixture-of-experts dispatch) ----------------------------------
+# ``sort`` along a dim reorders its rows: the result is on a permuted copy of that axis
+# (``AxisTable.permuted``), the indices hold positions of the original. A gather by such an
+# index (``x[perm // k]``), a grouped matmul whose groups are counted from the sorted ids, and the
+# inverse permutation (``inv[perm] = arange``, ``y[inv]``) move rows between the two orders and
+# compute nothing across tokens: per chunk of tokens they permute that chunk's rows and back.
+# ``seq_dims._check_permutations`` refuses a permuted axis that meets its original order.
+@register(aten.sort.default, aten.sort.stable)
+def sort(node, table, ax):
+    x = node.args[0]
+    a = list(ax(x))
+    d = normalize_dim(bind(node).get("dim", -1), len(a))
+    a[d] = table.permuted(a[d], node)
+    return RuleOut([tuple(a)] * 2)
+
+
+VALUE_COPIES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.clone.default,
+                aten._to_copy.default, aten.alias.default, torch.ops.prims.convert_element_type.default)
+
+
+def index_target(x, table, ax):
+    """The atoms of the dim whose positions the integer tensor ``x`` holds, or None: a sort's
+    indices hold positions of the sorted dim, ``arange`` / ``iota`` those of its own dim, a floor
+    division by the size of trailing atoms those of the leading ones (``perm // top_k``: the token
+    of an expert slot), ``index_put(dst, [i], v)`` those ``v`` holds."""
+    if not isinstance(x, fx.Node) or x.op != "call_function":
+        return None
+    t = x.target
+    if t is operator.getitem and x.args[0].target in (aten.sort.default, aten.sort.stable) and x.args[1] == 1:
+        return table.canon(table.perms[x.args[0]][1]) if x.args[0] in table.perms else None
+    if t in (aten.arange.default, torch.ops.prims.iota.default) and len(shape(x)) == 1:
+        return table.canon(ax(x)[0])
+    if t in VALUE_COPIES and len(shape(x)) == len(shape(x.args[0])) == 1:
+        return index_target(x.args[0], table, ax)
+    if t is aten.div.Tensor_mode and x.kwargs.get("rounding_mode") == "floor" and isinstance(x.args[1], int):
+        atoms, c = index_target(x.args[0], table, ax), x.args[1]
+        while atoms and not same(c, 1):
+            size = table.size[atoms[-1]]
+            if not (isinstance(size, int) and c % size == 0):
+                return None
+            atoms, c = atoms[:-1], c // size
+        return atoms if atoms and same(c, 1) else None
+    if t is aten.index_put.default and len(x.args) > 2 and not (len(x.args) > 3 and x.args[3]):
+        return index_target(x.args[2], table, ax)
+    return None
+
+
+def _one_index(indices):
+    """(dim, index node) of an advanced index with one index tensor, or None."""
+    used = [(d, i) for d, i in enumerate(indices) if i is not None]
+    return used[0] if len(used) == 1 and isinstance(used[0][1], fx.Node) else None
+
+
+def _gathers_rows(x_dim, idx, table, ax) -> bool:
+    """True when ``idx`` holds positions of dim ``x_dim`` computed from the same tokens."""
+    target = index_target(idx, table, ax)
+    return target is not None and target == table.canon(x_dim)
+
+
+def _gather(node, table, ax, x, d, idx):
+    a = ax(x)
+    out = tuple(a[:d]) + tuple(ax(idx)) + tuple(a[d + 1:])
+    mixed = () if not a[d] or _gathers_rows(a[d], idx, table, ax) else ((x, d),)
+    return RuleOut([out], mixed=mixed)
+
+
 @register(aten.index.Tensor)
 def index(node, table, ax):
-    """``x[..., idx, ...]`` (advanced indexing): the indexed dims are replaced by the broadcast
-    dims of the index tensors (in place when the indexed dims are adjacent, first otherwise);
-    the other dims keep their axes. Only the indexed dims mix positions."""
-    x, indices = node.args[0], list(node.args[1])
-    a, n = ax(x), len(shape(x))
-    indexed = [d for d, i in enumerate(indices) if i is not None]
-    idx = [i for i in indices if i is not None]
-    if any(tensor_meta(i).dtype == torch.bool for i in idx):  # a boolean mask selects data-dependent rows
-        return RuleOut([table.fresh_like(out_shape(node))], mixed=tuple((x, d) for d in range(n)))
-    width = max(len(shape(i)) for i in idx)
-    lead = [()] * width
-    for i in idx:
-        for k, dim in enumerate(ax(i)):
-            j = k + width - len(shape(i))
-            if dim and lead[j]:
-                table.unify(lead[j], dim)
-            lead[j] = lead[j] or dim
-    lead = [d or table.fresh(s) for d, s in zip(lead, out_shape(node)[indexed[0]:] if indexed == list(
-        range(indexed[0], indexed[-1] + 1)) else out_shape(node))]
-    rest = [a[d] for d in range(n) if d not in indexed]
-    if indexed == list(range(indexed[0], indexed[-1] + 1)):
-        out = list(a[:indexed[0]]) + lead + list(a[indexed[-1] + 1:])
-    else:
-        out = lead + rest
-    return RuleOut([tuple(out)], mixed=tuple((x, d) for d in indexed))
+    """``x[idx]`` along one dim: a lookup where the dim holds no tokens (an expert's bias by its
+    id), a reordering of rows where ``idx`` holds positions of the same tokens, else mixing."""
+    x, indices = node.args[0], node.args[1]
+    one = _one_index(indices)
+    if one is None or len(shape(one[1])) != 1:
+        n = len(shape(x))
+        return RuleOut([table.fresh_like(out_shape(node))], mixed=tuple((x, k) for k in range(n)))
+    return _gather(node, table, ax, x, one[0], one[1])
+
+
+@register(aten.index_select.default)
+def index_select(node, table, ax):
+    x, d, idx = node.args[0], node.args[1], node.args[2]
+    return _gather(node, table, ax, x, normalize_dim(d, len(shape(x))), idx)
+
+
+@register(aten.index_put.default)
+def index_put(node, table, ax):
+    """``dst[i] = v`` with ``i`` a sort's indices (a permutation of dst's rows, each written
+    once): the inverse permutation ``inv[perm] = arange`` holds, per token, its sorted row."""
+    dst, indices, v = node.args[0], node.args[1], node.args[2]
+    accumulate = len(node.args) > 3 and node.args[3]
+    one = _one_index(indices)
+    n = len(shape(dst))
+    if one is None or one[0] != 0 or accumulate or len(shape(one[1])) != 1:
+        return RuleOut([ax(dst)], mixed=tuple((dst, k) for k in range(n)))
+    i = one[1]
+    target = index_target(i, table, ax)
+    if target is None or not i.op == "call_function" or i.target is not operator.getitem \
+            or not same(shape(dst)[0], shape(i)[0]):
+        return RuleOut([ax(dst)], mixed=((dst, 0),))
+    if not any(isinstance(tensor_meta(y), torch.Tensor) for y in dst.all_input_nodes):
+        table.identify(ax(dst)[0], target)  # a flat empty(n): made per chunk at the tokens' sizes
+    if shape(v) and len(shape(v)) == n:
+        table.identify(ax(v)[0], ax(i)[0])
+    return RuleOut([(target,) + tuple(ax(dst)[1:])])
+
+
+# by name: a library's custom op exists only once the library is imported
+GROUPED_MM = ("aten::_grouped_mm", "transformers::grouped_mm_fallback")
+GROUPED_MM_BACKWARD = ("transformers::grouped_mm_fallback_backward",)  # (input, weight, offs, grad)
+
+
+def op_name(target) -> str | None:
+    name = getattr(target, "name", None)
+    return name() if callable(name) and isinstance(target, torch._ops.OpOverload) else None
+
+
+def _group_offsets_of(offs, rows, table) -> bool:
+    """True when ``offs`` are the group ends of rows sorted by ``sort``: ``cumsum`` of a
+    ``histc`` / ``bincount`` of the sorted ids whose sorted dim is ``rows``."""
+    n = offs
+    while isinstance(n, fx.Node) and n.op == "call_function" and n.target in VALUE_COPIES + (aten.cumsum.default,):
+        n = n.args[0]
+    if not (isinstance(n, fx.Node) and n.target in (aten.histc.default, aten.bincount.default)):
+        return False
+    ids = n.args[0]
+    while isinstance(ids, fx.Node) and ids.op == "call_function" and ids.target in VALUE_COPIES:
+        ids = ids.args[0]
+    if not (isinstance(ids, fx.Node) and ids.target is operator.getitem and ids.args[1] == 0):
+        return False
+    sort_node = ids.args[0]
+    return sort_node in table.perms and table.canon(table.perms[sort_node][0]) == table.canon(rows)
+
+
+def grouped_mm(node, table, ax):
+    """Rows of ``x`` times the weight of their group (``offs``: the groups' ends): a matmul per
+    row when the groups are those of the sort that ordered the rows."""
+    x, w = node.args[0], node.args[1]
+    offs = node.args[2] if len(node.args) > 2 else node.kwargs.get("offs")
+    a, b = ax(x), ax(w)
+    table.unify(a[-1], b[-2])
+    rows_ok = len(shape(x)) == 2 and len(shape(w)) == 3 and _group_offsets_of(offs, a[0], table)
+    return RuleOut([(a[0], b[-1])], reduced=((x, 1), (w, 1)), mixed=() if rows_ok else ((x, 0),))
+
+
+NAMED_RULES = {name: grouped_mm for name in GROUPED_MM}
+
+
+def rule_for(target):
+    """The rule of an op: registered by overload, or by name (``namespace::op``)."""
+    return RULES.get(target) or NAMED_RULES.get(op_name(target))
+
+
+@register(aten.histc.default, aten.bincount.default)
+def histogram(node, table, ax):
+    """Counts over a dim: a sum over the sequence, except the group sizes of a grouped matmul
+    over rows sorted by the counted ids (counted per chunk, with that chunk's rows)."""
+    x = node.args[0]
+    reduced = tuple((x, k) for k in range(len(shape(x))))
+    if _only_group_offsets(node, table):
+        reduced = ()
+    return RuleOut([table.fresh_like(out_shape(node))], reduced=reduced)
+
+
+def _only_group_offsets(node, table) -> bool:
+    users, seen = list(node.users), set()
+    if not users:
+        return False
+    while users:
+        u = users.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.target in VALUE_COPIES + (aten.cumsum.default,):
+            users.extend(u.users)
+            if not u.users:
+                return False
+        elif op_name(u.target) in GROUPED_MM + GROUPED_MM_BACKWARD:
+            offs = u.args[2] if len(u.args) > 2 else u.kwargs.get("offs")
+            if offs is not node and offs not in seen:
+                return False
+        else:
+            return False
+    return True
 
 
 @register(aten.slice_scatter.default, aten.select_scatter.default)

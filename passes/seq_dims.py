@@ -24,7 +24,7 @@ import torch.fx as fx
 from . import verify
 from .axes import AxisTable, RuleOut
 from .graphs import is_tensor, node_inputs, same
-from .rules import RULES, is_pointwise, pointwise
+from .rules import is_pointwise, pointwise, rule_for
 
 TOKEN_LOCAL = "token-local"
 CAUSAL_MIXING = "causal-mixing"
@@ -48,13 +48,14 @@ class SeqDims:
         """Make ``atom`` the sequence axis. Static slices of it (``logits[:, :-1]``, a suffix
         ``hidden[:, -k:]``), and slices of those, are sequence axes too: their rows are tokens.
         The slice itself combines positions [a, b) of one axis into another (unknown-mixing),
-        so only a region whose every per-token tensor is on one axis streams along it."""
+        so only a region whose every per-token tensor is on one axis streams along it. A sort's
+        permuted dim is a sequence axis too (the same tokens, reordered)."""
         self.seq_atom = None if atom is None else self.table.find(atom)
         atoms = set() if atom is None else {self.seq_atom}
         grown = True
         while grown:
             grown = False
-            for out, src in self.table.slices:
+            for out, src in self.table.slices + self.table.perm_pairs():
                 if self.table.find(src) in atoms and self.table.find(out) not in atoms:
                     atoms.add(self.table.find(out))
                     grown = True
@@ -134,13 +135,35 @@ def infer_axes(graph: fx.Graph) -> SeqDims:
             result.axes[node] = [src_axes[i] if src_axes and i < len(src_axes) else None]
         elif node.op == "call_function":
             result.axes[node] = _apply_rule(node, table, ax, result)
+    _check_permutations(table, result)
+    if table.expand:  # flat dims identified with products: every dim written in root atoms
+        result.axes = {n: [None if a is None else tuple(table.canon(d) for d in a) for a in axes]
+                       for n, axes in result.axes.items()}
     return result
+
+
+def _check_permutations(table, result) -> None:
+    """A sorted dim is the same tokens in another order only while it never meets the order it
+    came from, nor another sort's order (an op that aligns them pairs different tokens): such a
+    sort mixes positions along its dim."""
+    roots = {}
+    for node, (new, old) in table.perms.items():
+        mine = set(table.canon(new))
+        if mine & set(table.canon(old)) or any(mine & other for other in roots.values()):
+            x = node.args[0]
+            result.mixed[node] = tuple(result.mixed.get(node, ())) + ((x, _sorted_dim(node)),)
+        roots[node] = mine
+
+
+def _sorted_dim(node) -> int:
+    d = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", -1)
+    return d + node.args[0].meta["val"].dim() if d < 0 else d
 
 
 def _apply_rule(node, table, ax, result) -> list:
     vals = node.meta.get("val")
     vals = list(vals) if isinstance(vals, (tuple, list)) else [vals]
-    rule = RULES.get(node.target)
+    rule = rule_for(node.target)
     if rule is None and is_pointwise(node.target) and all(is_tensor(v) for v in vals[:1]):
         rule = pointwise
     if rule is None:
@@ -158,16 +181,6 @@ def _apply_rule(node, table, ax, result) -> list:
     result.reduced[node] = tuple(out.reduced)
     result.mixed[node] = tuple(out.mixed)
     return [a if is_tensor(v) else None for a, v in zip(out.out, vals)]
-
-
-def seed_from_embedding(graph: fx.Graph, sd: SeqDims) -> int | None:
-    """Without attention, the sequence axis is the last dim of the token indices of an embedding."""
-    for node in graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.embedding.default:
-            idx_axes = sd.axes[node.args[1]][0]
-            if idx_axes and idx_axes[-1]:
-                return sd.table.find(idx_axes[-1][-1])
-    return None
 
 
 def seq_slice(node: fx.Node, sd: SeqDims):

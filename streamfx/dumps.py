@@ -2,6 +2,10 @@
 
 Nodes are coloured by class, labelled with their sequence-dim roles, and grouped in clusters by
 region; attention sites are outlined; nodes made by a streamfx pass are marked.
+
+Several processes may share one dump directory (the ranks of a distributed run): every name
+starts with the process (``rank<r>.pid<p>.``), and the .svg is rendered from the .dot written
+here, so no temporary file exists that another process could overwrite or delete.
 """
 from __future__ import annotations
 
@@ -69,10 +73,27 @@ def to_text(gm, analysis=None, programs=()) -> str:
     return "\n".join(lines)
 
 
+def process_tag() -> str:
+    """``rank<r>.pid<p>.``: the distributed rank (torch.distributed's, else the launcher's RANK;
+    left out in a single process) and the process id."""
+    rank = None
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank()
+    except Exception:  # a process group being torn down: fall back to the launcher's variable
+        rank = None
+    if rank is None and os.environ.get("RANK", "").isdigit():
+        rank = int(os.environ["RANK"])
+    return (f"rank{rank}." if rank is not None else "") + f"pid{os.getpid()}."
+
+
 def dump_graph(gm, analysis, directory: str, name: str, programs=()) -> list[str]:
-    """Write <name>.dot, <name>.svg (if graphviz's dot is installed) and <name>.txt; return paths."""
+    """Write <tag><name>.dot, .svg (if graphviz's dot is installed) and .txt, ``<tag>`` naming
+    the process (``process_tag``); return the paths."""
     os.makedirs(directory, exist_ok=True)
-    base = os.path.join(directory, name)
+    base = os.path.join(directory, process_tag() + name)
     dot = to_dot(gm, name)
     if programs:
         for plan, prog in programs:
@@ -89,6 +110,6 @@ def dump_graph(gm, analysis, directory: str, name: str, programs=()) -> list[str
     with open(base + ".txt", "w") as f:
         f.write(to_text(gm, analysis, programs))
     if shutil.which("dot"):
-        dot.render(base, format="svg", cleanup=True)
+        graphviz.render("dot", "svg", base + ".dot", outfile=base + ".svg")
         paths.append(base + ".svg")
     return paths

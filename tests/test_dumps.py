@@ -36,3 +36,23 @@ def test_dump_dir_from_environment(tmp_path, monkeypatch):
     idx = torch.randint(0, 16, (1, 6))
     torch.compile(model, backend="streambp", options={"codegen": "eager"})(idx, idx)
     assert any(p.name.endswith(".txt") for p in tmp_path.iterdir())
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot is not installed")
+def test_dump_names_carry_the_process(tmp_path, monkeypatch):
+    """Two processes (ranks) dumping the same graph into one directory write different files, and
+    rendering leaves every other file in place (no temporary source file is cleaned up)."""
+    import os
+
+    import streamfx.dumps as dumps
+
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+    other, other_dot = tmp_path / "rank1.pid1.graph0.0-joint", tmp_path / "rank1.pid1.graph0.0-joint.dot"
+    other.write_text("not mine")       # what another rank wrote for the same graph name
+    other_dot.write_text("digraph {}")
+    monkeypatch.setenv("RANK", "0")
+    paths = dumps.dump_graph(gm, None, str(tmp_path), "graph0.0-joint")
+    mine = f"rank0.pid{os.getpid()}.graph0.0-joint"
+    assert sorted(os.path.basename(p) for p in paths) == sorted(mine + ext for ext in (".dot", ".txt", ".svg"))
+    assert other.read_text() == "not mine" and other_dot.read_text() == "digraph {}"
+    assert not (tmp_path / mine).exists()  # no source file left behind

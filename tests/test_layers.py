@@ -89,7 +89,7 @@ def test_hf_masks_are_built_per_chunk(name, pad):
         assert plan.shared, f"{plan.name}: no mask node was moved into the layer"
         for x, spec in zip(plan.inputs, plan.in_specs):
             shape = tuple(x.meta["val"].shape)
-            assert spec.kind != "qk" and shape.count(T) <= 1, f"{plan.name} reads {x.name} {shape} ({kind})"
+            assert spec.kind != "qk" and shape.count(T) <= 1, f"{plan.name} reads {x.name} {shape}"
         for gm in (prog.chunk_gm, prog.kv_gm):
             for n in gm.graph.nodes:
                 v = n.meta.get("val")

@@ -187,6 +187,27 @@ def gpt2(attn: str = "sdpa"):
     return _hf(GPT2LMHeadModel, cfg, attn), _hf_inputs(VOCAB)
 
 
+EXPERTS = 4
+TOP_K = 2
+
+
+def qwen3_moe(attn: str = "sdpa", experts: int = EXPERTS, top_k: int = TOP_K, router_logits: bool = False):
+    """Qwen3-MoE: every layer a mixture of ``experts`` (top-``top_k`` routing, transformers'
+    grouped expert dispatch: a sort of token-expert pairs by expert, grouped matmuls, the inverse
+    permutation); ``router_logits``: the load-balancing auxiliary loss is added to the loss."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, moe_intermediate_size=16,
+                         num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
+                         head_dim=HEAD_DIM, num_experts=experts, num_experts_per_tok=top_k, decoder_sparse_step=1,
+                         mlp_only_layers=[], max_position_embeddings=MAX_POS, tie_word_embeddings=False,
+                         output_router_logits=router_logits, router_aux_loss_coef=0.01, pad_token_id=PAD_ID)
+    model = _hf(Qwen3MoeForCausalLM, cfg, attn)
+    assert model.config.num_experts == experts and model.config.num_experts_per_tok == top_k
+    assert model.config._experts_implementation == "grouped_mm", model.config._experts_implementation
+    return model, _hf_inputs(VOCAB)
+
+
 # ---- plain PyTorch: nanoGPT ----------------------------------------------------------------------
 class CausalSelfAttention(nn.Module):
     def __init__(self, d, n_head, block_size):
@@ -407,6 +428,7 @@ ZOO: dict[str, Callable] = {
     "mistral_sliding": mistral_sliding,
     "gemma3": gemma3,
     "gpt2": gpt2,
+    "qwen3_moe": qwen3_moe,
     "nanogpt": nanogpt,
     "tiny_llama": tiny_llama,
 }

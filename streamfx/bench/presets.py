@@ -41,6 +41,9 @@ class Preset:
     rope_theta: float = 1_000_000.0
     rms_norm_eps: float = 1e-6
     note: str = ""
+    experts: int = 0            # > 0: a Qwen3-MoE model, every layer a mixture of this many experts
+    top_k: int = 0
+    moe_intermediate_size: int = 0
 
     def floor_bytes_per_token(self, dtype_bytes: int) -> int:
         """Activation floor of exact BP: the (layers + 1) residual-stream boundaries, d values each."""
@@ -61,6 +64,9 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
            note="large vocabulary: the LM head and loss dominate"),
     _qwen3("qwen3-layers", 256, 768, 6, 4, 2, 64, 512, False, "float32", (512, 1024, 2048),
            note="small vocabulary: the decoder layers dominate"),
+    dataclasses.replace(_qwen3("qwen3-moe", 256, 768, 6, 4, 2, 64, 512, False, "float32", (512, 1024, 2048),
+                               note="Qwen3-MoE: 8 experts, top-2, every layer sparse"),
+                        experts=8, top_k=2, moe_intermediate_size=256),
     # Published Qwen3 configs (hidden, ffn, layers, heads, kv heads, head_dim, vocab, tied embeddings).
     _qwen3("qwen3-0.6b", 1024, 3072, 28, 16, 8, 128, 151936, True, "bfloat16", (4096, 8192, 16384),
            gpu=True, note="Qwen3-0.6B shape, random weights"),
@@ -87,10 +93,14 @@ def torch_dtype(name: str):
 
 
 def hf_config(preset: Preset, max_seq: int = 0):
-    """The transformers ``Qwen3Config`` of a preset (works with transformers 4.51 and 5.x)."""
-    from transformers import Qwen3Config
+    """The transformers ``Qwen3Config`` (``Qwen3MoeConfig`` for a preset with experts) of a preset
+    (works with transformers 4.51 and 5.x)."""
+    from transformers import Qwen3Config, Qwen3MoeConfig
 
-    return Qwen3Config(
+    moe = dict(num_experts=preset.experts, num_experts_per_tok=preset.top_k, decoder_sparse_step=1,
+               mlp_only_layers=[], moe_intermediate_size=preset.moe_intermediate_size)
+    return (Qwen3MoeConfig if preset.experts else Qwen3Config)(
+        **(moe if preset.experts else {}),
         vocab_size=preset.vocab_size,
         hidden_size=preset.hidden_size,
         intermediate_size=preset.intermediate_size,
@@ -125,12 +135,12 @@ def _default_dtype(dtype):
 def build_model(preset: Preset, dtype: str, device: str, seed: int = 0, max_seq: int = 0):
     """A train-mode Qwen3ForCausalLM with name-seeded random weights (see the module docstring)."""
     import torch
-    from transformers import Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM, Qwen3MoeForCausalLM
 
     dt = torch_dtype(dtype)
     config = hf_config(preset, max_seq)
     with _default_dtype(dt), torch.device(device):
-        model = Qwen3ForCausalLM(config)
+        model = (Qwen3MoeForCausalLM if preset.experts else Qwen3ForCausalLM)(config)
     model.to(device=device, dtype=dt)
     init_weights(model, seed)
     model.train()

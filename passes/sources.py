@@ -1,0 +1,61 @@
+"""Where a graph's tokens come from: the sequence axis without attention, and the residual source.
+
+A graph holding a whole model starts at the token embedding. A graph piece (a decoder layer
+compiled alone, what follows a graph break, DDP's last split) starts at the residual stream
+itself: a floating-point per-token graph input. Without an attention site the sequence axis is
+the last axis of the token indices: an embedding's indices, else the loss's target (the labels).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from .graphs import is_tensor, per_token, val
+
+aten = torch.ops.aten
+LOSS_OPS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
+
+
+def seed_sequence(graph: fx.Graph, sd) -> int | None:
+    """The sequence atom of a graph without attention: the last axis of the token indices of an
+    embedding, else of the target of a per-token loss (labels, shifted or not): ``nll_loss``'s
+    target, or the index of the ``gather`` that picks each token's log-probability (a decomposed
+    cross entropy)."""
+    for pick in (_embedding_indices, _loss_target):
+        for node in graph.nodes:
+            dims = pick(node, sd) if node.op == "call_function" else None
+            atoms = [a for d in dims or () for a in d]
+            if atoms:
+                return sd.table.find(atoms[-1])
+    return None
+
+
+def _embedding_indices(node, sd):
+    if node.target is aten.embedding.default:
+        return (sd.axes.get(node.args[1]) or [None])[0]
+    return None
+
+
+def _loss_target(node, sd):
+    """Axes of the token dims of a loss target (the gathered dim of a gather left out)."""
+    if node.target in LOSS_OPS:
+        return (sd.axes.get(node.args[1]) or [None])[0]
+    if node.target is aten.gather.default and val(node.args[0]).is_floating_point():
+        axes = (sd.axes.get(node.args[2]) or [None])[0] or ()
+        d = node.args[1] % len(axes) if axes else 0
+        return tuple(a for k, a in enumerate(axes) if k != d)
+    return None
+
+
+def residual_source(fwd_nodes, sd, requires_grad=frozenset()):
+    """The node the residual stream starts from: the token embedding, else the widest
+    floating-point per-token graph input (the hidden state handed to a graph piece; rotary
+    cos/sin are narrower), preferring one that gets a gradient. None when there is neither."""
+    for n in fwd_nodes:
+        if n.op == "call_function" and n.target is aten.embedding.default:
+            return n
+    inputs = [n for n in fwd_nodes if n.op == "placeholder" and is_tensor(val(n)) and val(n).is_floating_point()
+              and sd.seq_dim(n) is not None and sd.seq_is_atomic(n) and "k" not in sd.roles(n)]
+    if not inputs:
+        return None
+    return max(inputs, key=lambda n: (n in requires_grad, per_token(n, sd), -fwd_nodes.index(n)))

@@ -1,0 +1,172 @@
+"""Mixture-of-experts layers stream (issue 14): transformers' grouped expert dispatch (a sort of
+token-expert pairs by expert, a gather of their tokens, grouped matmuls whose groups are counted
+from the sorted ids, the inverse permutation and a sum over the top-k slots) is a permutation of
+a chunk's tokens and its inverse, so every layer streams with exact gradients."""
+import pytest
+import torch
+
+import streamfx
+from conftest import assert_grads_match, run_eager_and_compiled
+from streamfx.passes.seq_dims import TOKEN_LOCAL, UNKNOWN_MIXING, infer_axes
+
+import zoo
+
+T = 16
+DISPATCH_OPS = ("aten.sort", "aten.index", "aten.histc", "aten.index_put", "transformers.grouped_mm_fallback")
+
+
+def _parity(inputs, options, model=None):
+    model = model if model is not None else zoo.qwen3_moe()[0]
+    run = run_eager_and_compiled(model, inputs, options)
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    return run
+
+
+def _layers_streamed(run, chunk, length=T):
+    """Every layer region ran chunk by chunk, forward and backward, with ceil(T / chunk) chunks."""
+    n = -(-length // min(chunk, length))
+    layers = {name: runs for name, runs in run.schedules.items() if name.startswith("layer.")}
+    assert sorted(layers) == [f"layer.{i}" for i in range(zoo.LAYERS)], (run.schedules, run.warnings)
+    for name, runs in layers.items():
+        assert runs and set(runs) == {n}, (name, runs)
+    assert run.schedules.get("head"), (run.schedules, run.warnings)
+    assert not run.warnings, run.warnings
+
+
+@pytest.mark.parametrize("chunk", [1, 5, T - 1, T, T + 7])
+def test_every_layer_streams_per_chunk_size(chunk):
+    _, make_inputs = zoo.qwen3_moe()
+    run = _parity(make_inputs(zoo.Case("t", 2, T)), {"chunk_size": chunk, "head_chunk_size": 6})
+    _layers_streamed(run, chunk)
+
+
+@pytest.mark.parametrize("case", ["right_pad", "left_pad", "prompt", "odd13"])
+def test_padding_and_prompt_masks(case):
+    _, make_inputs = zoo.qwen3_moe()
+    inputs = make_inputs(case)
+    run = _parity(inputs, {"chunk_size": 5})
+    _layers_streamed(run, 5, inputs.T)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["left_pad", "prompt"])
+def test_inductor_codegen(case):
+    _, make_inputs = zoo.qwen3_moe()
+    inputs = make_inputs(case)
+    run = _parity(inputs, {"chunk_size": 5, "codegen": "inductor"})
+    _layers_streamed(run, 5, inputs.T)
+    assert run.counters["chunk_compile_failures"] == 0
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_other_top_k(top_k):
+    model, make_inputs = zoo.qwen3_moe(top_k=top_k)
+    run = _parity(make_inputs("right_pad"), {"chunk_size": 5}, model)
+    _layers_streamed(run, 5)
+
+
+def test_dispatch_is_classed_token_local():
+    """The dispatch ops are token-local in the analysis (not merely unstreamed without a word)."""
+    model, make_inputs = zoo.qwen3_moe()
+    inputs = make_inputs("b1")
+    report = streamfx.explain(model, *inputs.args, options={"chunk_size": 5, "codegen": "eager"}, **inputs.kwargs)
+    a = report.analyses[0]
+    seen = set()
+    for n in a.fwd_nodes:
+        name = str(n.target)
+        if any(name.startswith(op) for op in DISPATCH_OPS) and "integrations/moe.py" in (n.meta.get("stack_trace") or ""):
+            seen.add(name.split(".")[0] + "." + name.split(".")[1])
+            assert a.classes[n] in (TOKEN_LOCAL, "sequence-free"), (n.format_node(), a.classes[n])
+    assert {"aten.sort", "aten.index", "aten.histc", "aten.index_put"} <= seen, seen
+    assert sorted(p.name for p in report.plan) == ["head", "layer.0", "layer.1"]
+
+
+def _sort_graph(fn, *shapes):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(fn)(*[torch.randn(s) for s in shapes])
+    sd = infer_axes(gm.graph)
+    x = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    sd.set_seq(sd.axes[x][0][0][0])
+    return gm, sd
+
+
+def _classes(gm, sd):
+    return {n.name: sd.classify(n) for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def test_sorted_rows_that_meet_their_original_order_mix_tokens():
+    """x + sort(x) pairs token t with another token: the sort is unknown-mixing."""
+    gm, sd = _sort_graph(lambda x: x + torch.sort(x, dim=0).values, (8, 4))
+    assert UNKNOWN_MIXING in _classes(gm, sd).values()
+
+
+def test_a_permutation_and_its_inverse_are_token_local():
+    def f(x):
+        ids = x.sum(-1)
+        _, perm = torch.sort(ids)
+        y = x[perm] * 2
+        inv = torch.empty_like(perm).index_put((perm,), torch.arange(perm.size(0)))
+        return y[inv]
+
+    gm, sd = _sort_graph(f, (8, 4))
+    classes = _classes(gm, sd)
+    assert UNKNOWN_MIXING not in classes.values(), classes
+
+
+def test_gather_by_an_index_of_other_tokens_mixes():
+    """x[perm] where perm sorts a different axis (not this sequence's tokens) is not a reordering of
+    the chunk's rows."""
+    def f(x):
+        _, perm = torch.sort(x[:, 0])
+        return x[perm.flip(0)]
+
+    gm, sd = _sort_graph(f, (8, 4))
+    assert UNKNOWN_MIXING in _classes(gm, sd).values()
+
+
+def test_router_aux_loss_is_exact():
+    """The load-balancing loss reads every layer's router logits: exact gradients, and every region
+    that does not stream says why."""
+    model, make_inputs = zoo.qwen3_moe(router_logits=True)
+    inputs = make_inputs("right_pad")
+    run = _parity(inputs, {"chunk_size": 5}, model)
+    assert run.schedules.get("layer.0"), run.schedules
+    streamed = set(run.schedules)
+    for name in [f"layer.{i}" for i in range(zoo.LAYERS)]:
+        if name not in streamed:
+            assert any(name in w and "router_logits" in w for w in run.warnings), run.warnings
+
+
+def _tiny(config_cls, model_cls, **kw):
+    cfg = config_cls(vocab_size=zoo.VOCAB, hidden_size=zoo.HIDDEN, intermediate_size=64, num_hidden_layers=zoo.LAYERS,
+                     num_attention_heads=zoo.HEADS, num_key_value_heads=zoo.KV_HEADS, max_position_embeddings=zoo.MAX_POS,
+                     tie_word_embeddings=False, pad_token_id=zoo.PAD_ID, **kw)
+    return zoo._hf(model_cls, cfg, "sdpa")
+
+
+def mixtral():
+    from transformers import MixtralConfig, MixtralForCausalLM
+    return _tiny(MixtralConfig, MixtralForCausalLM, head_dim=zoo.HEAD_DIM, num_local_experts=4, num_experts_per_tok=2)
+
+
+def olmoe():
+    from transformers import OlmoeConfig, OlmoeForCausalLM
+    return _tiny(OlmoeConfig, OlmoeForCausalLM, num_experts=4, num_experts_per_tok=2)
+
+
+def qwen2_moe():
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+    return _tiny(Qwen2MoeConfig, Qwen2MoeForCausalLM, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                 shared_expert_intermediate_size=16, decoder_sparse_step=1, mlp_only_layers=[])
+
+
+@pytest.mark.parametrize("family", [mixtral, olmoe, qwen2_moe])
+def test_other_moe_families_are_exact(family):
+    """Mixtral, OLMoE and Qwen2-MoE (a shared expert with a sigmoid gate): exact gradients, every
+    layer and the head stream."""
+    model = family()
+    inputs = zoo._hf_inputs(zoo.VOCAB)("left_pad")
+    run = _parity(inputs, {"chunk_size": 5}, model)
+    _layers_streamed(run, 5)

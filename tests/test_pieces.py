@@ -1,0 +1,154 @@
+"""Graph pieces: a decoder layer compiled alone, the head and loss alone, a graph break inside a
+block. Each piece streams what it holds (layers between residual-stream graph inputs and outputs,
+a head whose sequence axis comes from the labels), with gradients equal to eager autograd's."""
+import copy
+import warnings
+
+import pytest
+import torch
+
+import streamfx
+import zoo
+from conftest import assert_grads_match, grads_of
+from streamfx.runtime import COUNTERS
+
+OPTIONS = {"codegen": "eager", "chunk_size": 5, "head_chunk_size": 4}
+
+
+def step(model, inputs):
+    """Loss and gradients of one forward + backward; runtime counters and streamfx warnings."""
+    model.zero_grad(set_to_none=True)
+    before = dict(COUNTERS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = inputs.loss_of(model(*inputs.args, **inputs.kwargs))
+        loss.backward()
+    ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
+    grads = {k.removeprefix("_orig_mod."): g for k, g in grads_of(model).items()}
+    return loss.detach(), grads, ran, [str(w.message) for w in caught if "streamfx" in str(w.message)]
+
+
+def compare(ref, model, inputs):
+    ref_loss, ref_grads, _, _ = step(ref, inputs)
+    loss, grads, ran, messages = step(model, inputs)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(ref_grads, grads, rtol=1e-5)
+    return ran, messages
+
+
+@pytest.mark.parametrize("case", ["odd17", "right_pad"])
+def test_decoder_layers_compiled_alone(case):
+    """``layer.compile`` on each Qwen3 decoder layer: one graph per layer, whose input and output
+    are the residual stream; rotary cos/sin arrive as graph inputs, and with padding the 4-D mask
+    built outside the layers too (read per chunk). Every layer streams (several chunks)."""
+    model, make_inputs = zoo.qwen3()
+    ref = copy.deepcopy(model)
+    for layer in model.model.layers:
+        layer.compile(backend="streambp", options=OPTIONS)
+    ran, messages = compare(ref, model, make_inputs(case))
+    assert not messages, messages
+    assert ran["region_forward"] == zoo.LAYERS and ran["region_backward"] == zoo.LAYERS, ran
+    assert ran["chunks_backward"] >= zoo.LAYERS * 3, ran  # T >= 16 in chunks of 5
+
+
+def test_explain_decoder_layer_alone():
+    model, make_inputs = zoo.qwen3()
+    inputs = make_inputs("odd17")
+    layer, captured = model.model.layers[0], {}
+    handle = layer.register_forward_pre_hook(lambda m, a, kw: captured.update(args=a, kwargs=kw), with_kwargs=True)
+    model(**inputs.kwargs)
+    handle.remove()
+    hidden = captured["args"][0].detach().requires_grad_(True)
+    report = streamfx.explain(layer, hidden, **captured["kwargs"], options=OPTIONS)
+    assert [p.name for p in report.plan] == ["layer.0"], str(report)
+    assert not report.not_streamed, str(report)
+    assert "layer.0: 4 chunk(s) of 5 tokens (T=17)" in str(report)
+
+
+def head_loss(model):
+    def head(hidden, labels):
+        logits = model.lm_head(model.model.norm(hidden))
+        return model.loss_function(logits, labels, model.config.vocab_size)
+    return head
+
+
+@pytest.mark.parametrize("case", ["prompt", "odd13"])
+def test_head_only_graph(case):
+    """A graph holding only the final norm, the LM head and the loss (what follows a graph break,
+    or DDP's last piece): no attention, no embedding; the sequence axis comes from the labels."""
+    model, make_inputs = zoo.qwen3()
+    inputs = make_inputs(case)
+    hidden = model.model(input_ids=inputs.kwargs["input_ids"]).last_hidden_state.detach()
+    labels = inputs.kwargs["labels"]
+    ref_h, h = hidden.clone().requires_grad_(True), hidden.clone().requires_grad_(True)
+    ref_loss = head_loss(model)(ref_h, labels)
+    ref_loss.backward()
+    ref_grads = grads_of(model)
+    model.zero_grad(set_to_none=True)
+    before = dict(COUNTERS)
+    loss = torch.compile(head_loss(model), backend="streambp", options=OPTIONS)(h, labels)
+    loss.backward()
+    ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(ref_grads, grads_of(model), rtol=1e-5)
+    assert_grads_match({"hidden": ref_h.grad}, {"hidden": h.grad}, rtol=1e-5)
+    T = labels.shape[1]
+    assert ran["region_forward"] == 1 and ran["chunks_backward"] == -(-T // 4), ran
+    torch._dynamo.reset()
+    report = streamfx.explain(head_loss(model), h, labels, options=OPTIONS)
+    assert [p.name for p in report.plan] == ["head"], str(report)
+
+
+class BreakingBlock(zoo.LlamaBlock):
+    """A plain-PyTorch block with a graph break between its attention and its MLP."""
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        torch._dynamo.graph_break()
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def test_graph_break_inside_block():
+    """A graph break in the middle of block 1 of 3 (plain PyTorch). Dynamo then compiles each
+    block's forward as a frame of its own: block 0 (reused by block 2, the same code), block 1's
+    attention half and its MLP half; the norm, the head and the loss run as Dynamo leaves them.
+    Block 0, block 2 and block 1's attention half (a region ending at the graph output) stream."""
+    torch.manual_seed(0)
+    model = zoo.TinyLlama(n_layer=3).train()
+    broken = BreakingBlock(zoo.HIDDEN, zoo.HEADS, zoo.KV_HEADS, zoo.HIDDEN // zoo.HEADS, 64)
+    broken.load_state_dict(model.layers[1].state_dict())
+    model.layers[1] = broken
+    ref = copy.deepcopy(model)
+    inputs = zoo._plain_inputs(zoo.VOCAB)("odd17")
+    compiled = torch.compile(model, backend="streambp", options=OPTIONS)
+    ref_loss, ref_grads, _, _ = step(ref, inputs)
+    loss, grads, ran, messages = step(compiled, inputs)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(ref_grads, grads, rtol=1e-5)
+    assert not messages, messages
+    assert ran["region_forward"] == 3 and ran["region_backward"] == 3, ran
+    assert ran["chunks_backward"] == 3 * 4, ran  # T=17 in chunks of 5
+
+
+def test_graph_break_inside_hf_layer(monkeypatch):
+    """A graph break inside decoder layer 1's MLP (of 3) of a Hugging Face Qwen3: Dynamo compiles
+    each decoder layer as a frame of its own, and the causal-LM forward after the model as a graph
+    holding the head and the loss. Layers 0 and 2 stream, layer 1's attention half streams, and
+    the head streams (its sequence axis comes from the labels)."""
+    monkeypatch.setattr(zoo, "LAYERS", 3)
+    model, make_inputs = zoo.qwen3()
+    mlp = model.model.layers[1].mlp
+    forward = mlp.forward
+
+    def breaking(x):
+        torch._dynamo.graph_break()
+        return forward(x)
+
+    ref = copy.deepcopy(model)
+    mlp.forward = breaking
+    compiled = torch.compile(model, backend="streambp", options=OPTIONS)
+    ran, messages = compare(ref, compiled, make_inputs("odd17"))
+    assert not messages, messages
+    # layers 0 and 2, layer 1's attention half (T=17 in 4 chunks of 5), the head (5 chunks of 4)
+    assert ran["region_forward"] == 4 and ran["region_backward"] == 4, ran
+    assert ran["chunks_backward"] == 3 * 4 + 5, ran
