@@ -82,7 +82,7 @@ class AttentionSite:
     is_causal: bool
     mask: fx.Node | None
     mask_kind: str = "none"          # the mask's pattern, see masks.classify
-    window: int | None = None        # W of a sliding window (a query at t sees keys (t - W, t])
+    window: int | None = None        # W of a sliding window (a query at t sees keys (t - W, t]), C of chunked attention
     data: tuple = ()                 # the data inputs the mask is computed from (read per call)
     scale: float | None = None
     mask_user: fx.Node | None = None   # the node that applies the mask to the scores (unfused)
@@ -117,8 +117,13 @@ def find_sites(graph: fx.Graph, sd, forward: set) -> list[AttentionSite]:
 
 
 # Q·Kᵀ is a bmm, or a broadcast mul once Inductor's decomposition turns a head_dim-1 bmm into
-# an outer product.
-SCORE_OPS = (aten.bmm.default, aten.mm.default, aten.mul.Tensor)
+# an outer product, or a baddbmm that adds a bias to it (Bloom's ALiBi: bias + alpha · Q·Kᵀ).
+SCORE_OPS = (aten.bmm.default, aten.mm.default, aten.mul.Tensor, aten.baddbmm.default)
+
+
+def _operands(node: fx.Node) -> tuple:
+    """(queries, keysᵀ) of a score op."""
+    return tuple(node.args[1:3]) if node.target is aten.baddbmm.default else tuple(node.args[:2])
 
 
 def _self_similar(node: fx.Node, sd) -> bool:
@@ -130,15 +135,29 @@ def _self_similar(node: fx.Node, sd) -> bool:
     seq = sd.table.canon(axes[-1])
     if sd.table.canon(axes[-2]) != seq:
         return False
-    operands = node.args[:2]
+    operands = _operands(node)
     return all(isinstance(x, fx.Node) and x.meta["val"].is_floating_point()
                and any(d and sd.table.canon(d) == seq for d in (sd.axes.get(x) or [()])[0])
                for x in operands)
 
 
+def _sink_cat(node: fx.Node, scores: fx.Node, sd, seq) -> bool:
+    """Attention sinks (gpt-oss): ``cat([scores, sink], -1)`` appends logits that are the same for
+    every key (a learned per-head logit, no key axis) to the scores' key axis; the softmax then
+    runs over keys and sinks, and a slice drops the sink columns before the product with V."""
+    if node.target is not aten.cat.default or node.args[0][0] is not scores:
+        return False
+    ndim = len(node.meta["val"].shape)
+    if (node.args[1] if len(node.args) > 1 else 0) not in (-1, ndim - 1):
+        return False
+    return all(not (sd.axes.get(x) or [None])[0] or not (sd.axes[x][0][-1])
+               or sd.table.canon(sd.axes[x][0][-1]) != seq for x in node.args[0][1:])
+
+
 def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
     """Walk from Q·Kᵀ through the nodes that keep both sequence dims to the matmul with V."""
     seq = sd.table.canon(sd.axes[scores][0][-1])
+    keys = {seq}   # the scores' key axis, and the key axis extended by sink logits
     interior, frontier, out, mask = {scores}, [scores], None, None
     while frontier:
         n = frontier.pop()
@@ -149,7 +168,9 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
                 out = user
                 continue
             ua = (sd.axes.get(user) or [None])[0]
-            if ua and len(ua) >= 2 and sd.table.canon(ua[-1]) == seq:
+            if _sink_cat(user, n, sd, seq):
+                keys.add(sd.table.canon(ua[-1]))
+            if ua and len(ua) >= 2 and sd.table.canon(ua[-1]) in keys:
                 interior.add(user)
                 frontier.append(user)
     if out is None:
@@ -171,6 +192,6 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
             if x not in interior and xa and len(xa) >= 2 and xa[-1] and sd.table.canon(xa[-1]) == seq \
                     and xa[-2] and sd.table.canon(xa[-2]) == seq and x is not scores:
                 mask, mask_user = x, n
-    q, kt = scores.args[0], scores.args[1]
+    q, kt = _operands(scores)
     return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
                          frozenset(interior | {out}), False, mask, mask_user=mask_user)

@@ -57,9 +57,12 @@ def classify(site, constants: dict, length) -> None:
 
 
 def pattern(allowed: torch.Tensor) -> tuple:
-    """("causal", None), ("sliding-window", W), or (None, None) for a [T, T] allowed matrix."""
+    """("causal", None), ("sliding-window", W), ("chunked", C) (a query sees the earlier keys of
+    its own C-token block: Llama 4's ``attention_chunk_size``; chunk [s, e) reads keys
+    [floor(s / C) * C, e)), or (None, None) for a [T, T] allowed matrix."""
     T = allowed.shape[-1]
-    diff = torch.arange(T).unsqueeze(1) - torch.arange(T).unsqueeze(0)
+    pos = torch.arange(T)
+    diff = pos.unsqueeze(1) - pos.unsqueeze(0)
     causal = diff >= 0
     if torch.equal(allowed, causal):
         return "causal", None
@@ -67,6 +70,10 @@ def pattern(allowed: torch.Tensor) -> tuple:
         width = int((diff * allowed).max().item()) + 1
         if torch.equal(allowed, causal & (diff < width)):
             return "sliding-window", width
+        blind = (~allowed[:, 0]).nonzero()
+        block = int(blind[0]) if len(blind) else T
+        if block > 0 and torch.equal(allowed, causal & ((pos // block).unsqueeze(1) == (pos // block).unsqueeze(0))):
+            return "chunked", block
     return None, None
 
 

@@ -207,8 +207,10 @@ def _coverage(a: Analysis) -> None:
                 "attention outside every layer region (no residual stream found around it)", s.output)))
     mixing = a.unknown_mixing()
     if not a.sites and mixing:
+        head = any(p.kind == "head" for p in a.plans)
         a.refusals.append(("layers", CannotStream(
-            "no causal attention found: the layers run unstreamed (the head streams if it can)", mixing[0])))
+            "no causal attention found: layers run unstreamed" + ("; the head streams" if head else "")
+            + "; token mixing without attention (recurrences, convolutions) cannot stream", mixing[0])))
     sums = [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"]
     if sums and not any(r.kind == "head" for r in a.regions):
         a.refusals.append(("head", CannotStream("a sum over the sequence outside a head region", sums[0])))

@@ -15,7 +15,7 @@ from streamfx.errors import CannotStream
 from .graphs import ALIASES, ancestors, per_token, same
 from .kv import kv_boundary
 from .schedule import auto_chunk
-from .pulls import RANDOM_OPS, PulledMasks, pull_created, pull_masks, pull_producers
+from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
 from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
 from .specs import SUM, WHOLE, Spec
 
@@ -220,6 +220,10 @@ def _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad=N
             spec = pulled.frontier[x]
         elif "k" in roles:
             spec = Spec.qk(roles.index("q"), roles.index("k"))
+        elif "q" in roles and keys_only(x, inside, sd):
+            if requires_grad is not None and x in requires_grad:
+                raise CannotStream("a per-key input of the attention scores needs a gradient", x)
+            spec = Spec.prefix(roles.index("q"))
         elif "q" in roles:
             if not sd.seq_is_atomic(x):
                 raise CannotStream("an input of the layer merges the sequence with another dim", x)

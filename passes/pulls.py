@@ -54,7 +54,7 @@ def pull_masks(region, sd):
             return pullable[n]
         ok = (n.op == "call_function" and "k" in sd.roles(n)
               and (n.target in MASK_VIEW_OPS or is_pointwise(n.target))
-              and all(_frontier_role(x, n, sd) is not False or can_pull(x) for x in _tensor_inputs(n)))
+              and all(frontier_role(x, n, sd) is not False or can_pull(x) for x in _tensor_inputs(n)))
         pullable[n] = ok
         return ok
 
@@ -71,7 +71,7 @@ def pull_masks(region, sd):
             if "k" in sd.roles(x) and can_pull(x):
                 stack.append(x)
             else:
-                pulled.frontier.setdefault(x, _frontier_spec(_frontier_role(x, n, sd)))
+                pulled.frontier.setdefault(x, _frontier_spec(frontier_role(x, n, sd)))
     pulled.nodes = in_order(chosen)
     nodes = in_order(set(region.nodes) | chosen)
     inputs = [x for x in region.inputs if x not in chosen]
@@ -79,7 +79,7 @@ def pull_masks(region, sd):
     return nodes, inputs, pulled
 
 
-def _frontier_role(x, user, sd):
+def frontier_role(x, user, sd):
     """How an input ``x`` of a pulled mask node ``user`` is sliced per chunk: None (whole: no
     sequence dim), ("q", d) (rows [s, e) along dim d), ("k", d) (the key prefix [0, e) along d),
     or False when it cannot be sliced (it has both sequence dims itself, or a sequence dim that
@@ -100,6 +100,15 @@ def _frontier_role(x, user, sd):
     if j < 0 or out_roles[j] not in ("q", "k"):
         return False
     return out_roles[j], seq[0]
+
+
+def keys_only(x, inside, sd) -> bool:
+    """Whether an input's one sequence dim is a key position wherever the layer reads it: every
+    user is token-by-token and lines that dim up with its key dim (a per-key bias such as
+    ALiBi's, added to the scores). Such an input is read per chunk over the chunk's keys."""
+    users = [u for u in x.users if u in inside]
+    roles = [frontier_role(x, u, sd) for u in users]
+    return bool(users) and all(r not in (None, False) and r[0] == "k" for r in roles)
 
 
 def _tensor_inputs(n) -> list:
@@ -133,7 +142,8 @@ def pull_producers(nodes, inputs, pulled: PulledMasks, sd, classes, requires_gra
     for x in inputs:
         v = x.meta.get("val")
         if (x in pulled.frontier or x.op != "call_function" or not isinstance(v, torch.Tensor)
-                or x in requires_grad or "k" in sd.roles(x) or sd.seq_dim(x) is None):
+                or x in requires_grad or "k" in sd.roles(x) or sd.seq_dim(x) is None
+                or keys_only(x, set(nodes), sd)):
             continue
         chosen, frontier, stack = set(), {}, [x]
         while stack and len(chosen) <= PULL_LIMIT:

@@ -100,7 +100,7 @@ def reduction(node, table, ax):
     return RuleOut([out] * n_out, reduced=tuple((x, k) for k in dims))
 
 
-@register(aten._softmax.default, aten._log_softmax.default, aten.cumsum.default,
+@register(aten._softmax.default, aten._log_softmax.default, aten._safe_softmax.default, aten.cumsum.default,
           aten.cumprod.default, aten.flip.default,
           aten.roll.default, aten.cummax.default, aten.cummin.default, aten.logcumsumexp.default)
 def along_dim(node, table, ax):
@@ -292,9 +292,23 @@ def matmul(node, table, ax):
     for i in range(len(a) - 2):
         table.unify(a[i], b[i])
     out = tuple(a[:-1]) + (b[-1],)
-    if off:
-        broadcast(node, table, lambda n: out if n is None else ax(n), [node.args[0]])
+    if off:  # the added input broadcasts against the product
+        bias = node.args[0]
+        for k, dim in enumerate(ax(bias)):
+            j = k + len(out) - len(shape(bias))
+            if dim and out[j]:
+                table.unify(dim, out[j])
     return RuleOut([out], reduced=((x, len(a) - 1), (y, len(b) - 2)))
+
+
+@register(aten.repeat.default)
+def repeat(node, table, ax):
+    """Tiling: a dim repeated once keeps its axis; a tiled dim or a new leading one is a new axis."""
+    x, reps = node.args[0], list(node.args[1])
+    a, shp = ax(x), out_shape(node)
+    lead = len(reps) - len(a)
+    out = [table.fresh(shp[k]) if k < lead or not same(reps[k], 1) else a[k - lead] for k in range(len(reps))]
+    return RuleOut([tuple(out)], mixed=tuple((x, k - lead) for k in range(lead, len(reps)) if not same(reps[k], 1)))
 
 
 # ---- lookups, creation, losses ---------------------------------------------------------------
@@ -548,3 +562,18 @@ def _only_group_offsets(node, table) -> bool:
         else:
             return False
     return True
+
+
+@register(aten.slice_scatter.default, aten.select_scatter.default)
+def slice_scatter(node, table, ax):
+    """``base`` with ``src`` written into a part of dim d (MLA assembles its keys this way): the
+    output has base's axes; src lines up with base off dim d; only dim d mixes positions."""
+    base, src = node.args[0], node.args[1]
+    a, b = ax(base), list(ax(src))
+    d = normalize_dim(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0), len(a))
+    if node.target is aten.select_scatter.default:
+        b.insert(d, ())
+    for k in range(len(a)):
+        if k != d and k < len(b):
+            table.unify(a[k], b[k])
+    return RuleOut([a], mixed=((base, d),))

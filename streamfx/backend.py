@@ -16,7 +16,8 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from torch._inductor.decomposition import select_decomp_table
 
 from .config import StreamConfig
-from .errors import StreamBPError
+from .errors import StreamBPError, failure
+from .passes import verify
 from .session import DetachOutputs, Session
 
 
@@ -64,10 +65,20 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
     session = session or Session(config)
     session.begin_graph(gm, example_inputs)
     try:
+        try:
+            return _compile(gm, example_inputs, config, session)
+        except DetachOutputs as restart:
+            session.detached = restart.indices
+            return _compile(detach_outputs(gm, restart.indices), example_inputs, config, session)
+    except (StreamBPError, DetachOutputs):
+        raise
+    except Exception as err:  # noqa: BLE001 - compiling the streamed graph failed: compile it unstreamed
+        if session.unstreamed or verify.enabled():
+            raise
+        session.refuse("graph", failure(err, "compiling the streamed graph"))
+        session.unstreamed = True
+        session.dropped_user_outputs = []
         return _compile(gm, example_inputs, config, session)
-    except DetachOutputs as restart:
-        session.detached = restart.indices
-        return _compile(detach_outputs(gm, restart.indices), example_inputs, config, session)
 
 
 def detach_outputs(gm, indices):
@@ -89,14 +100,25 @@ def _compile(gm, example_inputs, config, session):
             compiled = aot_autograd(
                 fw_compiler=_boxed_nop, bw_compiler=_boxed_nop, inference_compiler=_boxed_nop,
                 partition_fn=lambda gm_, ins, **kw: session.partition(gm_, ins, default_partition, **kw),
-                decompositions=select_decomp_table(), keep_inference_input_mutations=True,
+                decompositions=decompositions(), keep_inference_input_mutations=True,
             )(gm, example_inputs)
         else:
             from torch._inductor.compile_fx import compile_fx
 
             with inductor_config.patch(custom_partitioner_fn=_Partitioner(session)):
-                compiled = compile_fx(gm, example_inputs)
+                compiled = compile_fx(gm, example_inputs, decompositions=decompositions())
     return session.wrap(compiled)
+
+
+# Ops kept whole in the joint graph: the streamed joint differentiates the forward graph again,
+# and these ops' own derivatives are exact where their decompositions' are not (``_safe_softmax``
+# of a row whose keys are all masked is 0; differentiating its decomposition gives 0 * nan).
+KEPT_WHOLE = (torch.ops.aten._safe_softmax.default,)
+
+
+def decompositions() -> dict:
+    """Inductor's decomposition table without the ops in ``KEPT_WHOLE``."""
+    return {op: fn for op, fn in select_decomp_table().items() if op not in KEPT_WHOLE}
 
 
 def _boxed_nop(gm, example_inputs):

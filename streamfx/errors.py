@@ -55,3 +55,35 @@ def source_line(node) -> str:
     except ValueError:
         where = loc
     return f" at {where}" + (f" ({code})" if code else "")
+
+
+def failure(err: Exception, step: str) -> CannotStream:
+    """An unexpected exception of a pass as a refusal: the reason names the pass step, the
+    exception and the innermost pass function it passed through; the node is the one the
+    innermost frame holding a graph node was working on (its op and source line go into the
+    warning)."""
+    import traceback
+
+    import torch.fx as fx
+
+    frames, tb = [], err.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    ours = [f for f in frames if "/streamfx/" in f.f_code.co_filename or "/passes/" in f.f_code.co_filename]
+    node = None
+    for frame in reversed(frames):  # the innermost frame working on a node (a pass, or torch under it)
+        found = [v for k, v in frame.f_locals.items() if isinstance(v, fx.Node) and k in _NODE_NAMES]
+        found = found or [v for v in frame.f_locals.values() if isinstance(v, fx.Node)]
+        if found:
+            node = found[0]
+            break
+    where = ""
+    if ours:
+        summary = traceback.extract_tb(err.__traceback__)[frames.index(ours[-1])]
+        where = f" in {summary.filename.rsplit('/', 2)[-2]}/{summary.filename.rsplit('/', 1)[-1]}:{summary.lineno} {summary.name}"
+    text = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+    return CannotStream(f"{step} failed ({type(err).__name__}: {text}{where})", node)
+
+
+_NODE_NAMES = ("node", "n", "user", "x", "site", "out")

@@ -354,7 +354,42 @@ def _acc_dtype(x: torch.Tensor) -> torch.dtype:
 @torch.library.custom_op("streamfx::region", mutates_args=())
 def region(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run a streamed region forward, chunk by chunk."""
-    return _PROGRAMS[key].forward(list(inputs))
+    prog = _PROGRAMS[key]
+    try:
+        return prog.forward(list(inputs))
+    except Exception as err:  # noqa: BLE001 - a failing chunk schedule runs the region whole
+        _run_whole(prog, err)
+        with torch.no_grad():
+            return [o.clone() for o in prog.full.fn("eager", train=False)(*inputs)]
+
+
+def _run_whole(prog: RegionProgram, err: Exception) -> None:
+    """A region whose chunk schedule failed at run time runs whole for this call (exact, not
+    streamed), with a warning; under ``STREAMFX_VERIFY`` (tests) the failure is raised."""
+    import warnings
+
+    from streamfx.passes import verify
+    from streamfx.session import _warned
+
+    if verify.enabled():
+        raise err
+    text = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+    message = (f"streamfx: region '{prog.name}' could not run chunk by chunk ({type(err).__name__}: {text}); "
+               f"it runs without streaming")
+    if message not in _warned:  # warned once, as the compile-time refusals
+        _warned.add(message)
+        warnings.warn(message, stacklevel=3)
+
+
+def _backward_whole(prog: RegionProgram, inputs: list, grads: list) -> list:
+    """The gradients of ``backward`` from the whole region graph (no chunks)."""
+    with autograd_inside_op(), torch.enable_grad():
+        xs = prog._leaves(inputs)
+        outs = prog.full.fn("eager", train=True)(*xs)
+        pairs = [(o, g.to(o.dtype)) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
+        got = torch.autograd.grad([o for o, _ in pairs], [xs[i] for i in prog.grad_inputs],
+                                  [g for _, g in pairs], allow_unused=True) if pairs else [None] * len(prog.grad_inputs)
+    return [g if g is not None else torch.zeros_like(inputs[i]) for i, g in zip(prog.grad_inputs, got)]
 
 
 @region.register_fake
@@ -370,7 +405,11 @@ def region_backward(key: int, inputs: list[torch.Tensor], grads: list[torch.Tens
     ``present[j]`` is False where output j got no gradient (its entry in ``grads`` is a placeholder)."""
     prog = _PROGRAMS[key]
     grads = [g if p else None for g, p in zip(grads, present)]
-    return prog.backward(list(inputs), grads)
+    try:
+        return prog.backward(list(inputs), grads)
+    except Exception as err:  # noqa: BLE001 - a failing chunk schedule runs the region whole
+        _run_whole(prog, err)
+        return _backward_whole(prog, list(inputs), grads)
 
 
 @region_backward.register_fake

@@ -6,11 +6,11 @@ import warnings
 
 import torch
 
-from streamfx.passes import pipeline
+from streamfx.passes import pipeline, verify
 from streamfx.passes.graphs import primals
 
 from .config import StreamConfig
-from .errors import CannotStream, StreamBPError
+from .errors import CannotStream, StreamBPError, failure
 
 _graph_ids = itertools.count()
 
@@ -36,6 +36,7 @@ class Session:
         self.graph_id = None
         self.detached: list[int] = []
         self.warned: set = set()   # refusals warned for this graph (a retrace warns nothing twice)
+        self.unstreamed = False    # compile without the passes (after a failure of a streamed compile)
 
     def begin_graph(self, gm, example_inputs) -> None:
         self.graph_id = next(_graph_ids)
@@ -49,9 +50,19 @@ class Session:
     # -- the partition hook -------------------------------------------------------------------
     def partition(self, joint, joint_inputs, base_partition, **kwargs):
         nfwd = kwargs["num_fwd_outputs"]
-        joint, analysis = pipeline.run(joint, nfwd, self.config, self._constants(joint), self._dumper())
+        if self.unstreamed:
+            return base_partition(joint, joint_inputs, **kwargs)
+        try:
+            joint, analysis = pipeline.run(joint, nfwd, self.config, self._constants(joint), self._dumper())
+        except (StreamBPError, DetachOutputs):
+            raise
+        except Exception as err:  # noqa: BLE001 - a pass bug must not reach the user: run unstreamed
+            if verify.enabled():
+                raise
+            self.refuse("graph", failure(err, "the streaming passes"))
+            return base_partition(joint, joint_inputs, **kwargs)
         for region, err in analysis.refusals:
-            self._refuse(region, err)
+            self.refuse(region, err)
         if analysis.programs and nfwd == self.n_user_outputs:
             self.dropped_user_outputs = sorted(analysis.dropped)
             if set(analysis.dropped) - set(self.detached):
@@ -84,7 +95,7 @@ class Session:
                 if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.FakeTensor)
                 and isinstance(p.meta.get("val"), torch.Tensor) and tuple(p.meta["val"].shape) == tuple(x.shape)}
 
-    def _refuse(self, region: str, err: CannotStream) -> None:
+    def refuse(self, region: str, err: CannotStream) -> None:
         """Warn once per compiled graph and refusal (each new compile that does not fully stream
         warns again; the graph number tells the compiles apart), or raise with ``strict``."""
         cause = f"streamfx: region '{region}' is not streamed: {err.describe()}"

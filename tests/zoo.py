@@ -433,3 +433,201 @@ ZOO: dict[str, Callable] = {
     "tiny_llama": tiny_llama,
 }
 HF_MODELS = ("qwen3_sdpa", "qwen3_eager", "llama_tied", "mistral_sliding", "gemma3", "gpt2")
+
+
+# ---- attention forms (issue 14): sinks, ALiBi, chunked attention, MLA ------------------------------
+class FormAttention(nn.Module):
+    """Eager attention over per-head Q, K, V with one of the attention forms of ``FormLM``."""
+
+    def __init__(self, d, n_head, form, chunk=4):
+        super().__init__()
+        self.n_head, self.hd, self.form, self.chunk = n_head, d // n_head, form, chunk
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.o = nn.Linear(d, d, bias=False)
+        if form == "sinks":  # gpt-oss: a learned logit per head in every row's softmax denominator
+            self.sinks = nn.Parameter(torch.randn(n_head))
+
+    def forward(self, x, bias):
+        B, T, d = x.shape
+        q, k, v = (t.view(B, T, self.n_head, self.hd).transpose(1, 2) for t in self.qkv(x).split(d, -1))
+        scale = 1.0 / math.sqrt(self.hd)
+        if self.form == "chunked":  # Llama 4: bias is a boolean [T, T] mask (causal, within C-token blocks)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        elif self.form == "alibi":  # Bloom: the per-key bias is baddbmm's input, [B*H, 1, T]
+            s = torch.baddbmm(bias, q.reshape(B * self.n_head, T, self.hd),
+                              k.reshape(B * self.n_head, T, self.hd).transpose(1, 2), beta=1.0, alpha=scale)
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            s = s.view(B, self.n_head, T, T).masked_fill(~causal, torch.finfo(s.dtype).min)
+            y = torch.softmax(s, -1) @ v
+        else:  # sinks
+            s = (q @ k.transpose(-2, -1)) * scale + bias
+            sink = self.sinks.view(1, -1, 1, 1).expand(B, -1, T, -1)
+            s = torch.cat([s, sink], dim=-1)
+            s = s - s.max(dim=-1, keepdim=True).values
+            p = torch.softmax(s, dim=-1)[..., :-1]
+            y = p @ v
+        return self.o(y.transpose(1, 2).reshape(B, T, d))
+
+
+class FormBlock(nn.Module):
+    def __init__(self, d, n_head, form):
+        super().__init__()
+        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+        self.attn = FormAttention(d, n_head, form)
+        self.mlp = SwiGLU(d, 2 * d)
+
+    def forward(self, x, bias):
+        x = x + self.attn(self.n1(x), bias)
+        return x + self.mlp(self.n2(x))
+
+
+class FormLM(nn.Module):
+    """A small causal LM whose layers use one attention form: "sinks" (gpt-oss), "alibi" (Bloom:
+    a per-key linear bias from baddbmm), "chunked" (Llama 4: queries see earlier keys of their own
+    ``chunk``-token block). ``forward(idx, labels)`` returns ``(loss, logits)``, labels shifted
+    inside as in ``TinyLlama``."""
+
+    def __init__(self, form, vocab=VOCAB, d=HIDDEN, n_head=HEADS, n_layer=LAYERS, chunk=4):
+        super().__init__()
+        self.form, self.n_head, self.chunk, self.vocab = form, n_head, chunk, vocab
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(FormBlock(d, n_head, form) for _ in range(n_layer))
+        self.norm = RMSNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.register_buffer("slopes", 2.0 ** (-8.0 * torch.arange(1, n_head + 1) / n_head), persistent=False)
+
+    def bias(self, B, T, device):
+        pos = torch.arange(T, device=device)
+        if self.form == "chunked":
+            return (pos[None, :] <= pos[:, None]) & (pos[None, :] // self.chunk == pos[:, None] // self.chunk)
+        if self.form == "alibi":
+            return (self.slopes[:, None, None] * pos.float()[None, None, :]).repeat(B, 1, 1)
+        causal = pos[None, :] <= pos[:, None]
+        return torch.zeros(T, T, device=device).masked_fill(~causal, float("-inf"))
+
+    def forward(self, idx, labels=None):
+        B, T = idx.shape
+        x = self.embed(idx)
+        bias = self.bias(B, T, idx.device)
+        for layer in self.layers:
+            x = layer(x, bias)
+        logits = self.lm_head(self.norm(x))
+        loss = None
+        if labels is not None:
+            shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+            loss = F.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1), ignore_index=-100)
+        return loss, logits
+
+
+def form_lm(form):
+    torch.manual_seed(0)
+    return FormLM(form).float().train(), _plain_inputs(VOCAB)
+
+
+def sinks():
+    return form_lm("sinks")
+
+
+def alibi():
+    return form_lm("alibi")
+
+
+def chunked():
+    return form_lm("chunked")
+
+
+def falcon(attn: str = "sdpa"):
+    """Falcon 7B layout: multi-query attention read as ``qkv[..., [-2], :]``, parallel attention."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    cfg = FalconConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                       multi_query=True, new_decoder_architecture=False, parallel_attn=True, alibi=False,
+                       bias=False, max_position_embeddings=MAX_POS, pad_token_id=PAD_ID)
+    return _hf(FalconForCausalLM, cfg, attn), _hf_inputs(VOCAB)
+
+
+def bloom():
+    """Bloom: ALiBi from the attention mask's cumulative sum, scores by ``baddbmm``."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    cfg = BloomConfig(vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=LAYERS, n_head=HEADS, pad_token_id=PAD_ID,
+                      hidden_dropout=0.0, attention_dropout=0.0)
+    return _hf(BloomForCausalLM, cfg, "eager"), _hf_inputs(VOCAB)
+
+
+FORMS = {"sinks": sinks, "alibi": alibi, "chunked": chunked, "falcon": falcon, "bloom": bloom}
+
+
+class MLAAttention(nn.Module):
+    """DeepSeek-V3 multi-head latent attention: K/V come from a per-token latent (kv_lora_rank r)
+    plus one decoupled rotary key shared by the heads; the key is assembled per head by writing
+    the no-rope and rope parts into an empty tensor (``slice_scatter``), then SDPA."""
+
+    def __init__(self, d, n_head, r=8, dn=8, dr=4, dv=8):
+        super().__init__()
+        self.h, self.r, self.dn, self.dr, self.dv = n_head, r, dn, dr, dv
+        self.q_proj = nn.Linear(d, n_head * (dn + dr), bias=False)
+        self.kv_a = nn.Linear(d, r + dr, bias=False)
+        self.kv_norm = RMSNorm(r)
+        self.kv_b = nn.Linear(r, n_head * (dn + dv), bias=False)
+        self.o = nn.Linear(n_head * dv, d, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.h, self.dn + self.dr).transpose(1, 2)
+        q_pass, q_rot = q.split([self.dn, self.dr], -1)
+        latent, k_rot = self.kv_a(x).split([self.r, self.dr], -1)
+        kv = self.kv_b(self.kv_norm(latent)).view(B, T, self.h, self.dn + self.dv).transpose(1, 2)
+        k_pass, v = kv.split([self.dn, self.dv], -1)
+        k_rot = k_rot.view(B, 1, T, self.dr)
+        q_rot = q_rot * cos + rotate_half(q_rot) * sin
+        k_rot = k_rot * cos + rotate_half(k_rot) * sin
+        q = torch.cat([q_pass, q_rot], -1)
+        key = k_pass.new_empty(B, self.h, T, self.dn + self.dr)
+        key[..., : self.dn] = k_pass
+        key[..., self.dn:] = k_rot
+        y = F.scaled_dot_product_attention(q, key, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLABlock(nn.Module):
+    def __init__(self, d, n_head):
+        super().__init__()
+        self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
+        self.attn = MLAAttention(d, n_head)
+        self.mlp = SwiGLU(d, 2 * d)
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.n1(x), cos, sin)
+        return x + self.mlp(self.n2(x))
+
+
+class MLALM(nn.Module):
+    def __init__(self, vocab=VOCAB, d=HIDDEN, n_head=HEADS, n_layer=LAYERS, dr=4, max_pos=MAX_POS):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(MLABlock(d, n_head) for _ in range(n_layer))
+        self.norm = RMSNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        inv = 1.0 / (10000.0 ** (torch.arange(0, dr, 2).float() / dr))
+        freqs = torch.outer(torch.arange(max_pos).float(), torch.cat([inv, inv]))
+        self.register_buffer("cos", freqs.cos(), persistent=False)
+        self.register_buffer("sin", freqs.sin(), persistent=False)
+        self.vocab = vocab
+
+    def forward(self, idx, labels=None):
+        B, T = idx.shape
+        x = self.embed(idx)
+        for layer in self.layers:
+            x = layer(x, self.cos[:T], self.sin[:T])
+        logits = self.lm_head(self.norm(x))
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        return F.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1), ignore_index=-100), logits
+
+
+def mla():
+    torch.manual_seed(0)
+    return MLALM().float().train(), _plain_inputs(VOCAB)
+
+
+FORMS["mla"] = mla

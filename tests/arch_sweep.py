@@ -1,0 +1,124 @@
+"""One family of the architecture sweep: build the tiny model, run eager autograd and streambp
+(eager codegen) on the same batch, compare, and say what streamed and what was said about the rest.
+
+    PYTHONPATH=tests python tests/arch_sweep.py MODEL_TYPE...   # one JSON line per family
+
+``check(model_type)`` returns a dict: ``status`` ("ok", "skip" with ``reason``, "eager-fails"),
+``error`` (an exception that reached the user: none is allowed), ``loss_err`` and ``grad_err``
+(relative, against eager autograd), ``layers`` (the model's layer count), ``streamed`` (names of
+the regions that streamed), ``warnings`` (streamfx's), ``silent`` (layers that did not stream
+while streamfx said nothing).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+import traceback
+import warnings
+
+import torch
+
+import arch_configs
+
+T, B, CHUNK = 12, 2, 5
+
+
+def _layer_count(model) -> int:
+    """The length of the longest ModuleList of the model (its decoder layers)."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    return max((len(m) for m in lists), default=0)
+
+
+def _grad_error(ref: torch.nn.Module, got: torch.nn.Module) -> float:
+    """Max over parameters of max|g - g_ref| / max(max|g_ref|, 1e-3 * the model's largest
+    max|g_ref|) (a gradient that is ~0 in truth is compared at the model's scale); inf for a
+    missing or non-finite gradient. A zero gradient where eager leaves None counts as equal:
+    AOTAutograd (every torch.compile backend) gives an unused parameter zeros."""
+    pairs = list(zip(ref.parameters(), got.parameters()))
+    top = max((r.grad.abs().max().item() for r, _ in pairs if r.grad is not None), default=0.0)
+    err = 0.0
+    for r, g in pairs:
+        if r.grad is None or g.grad is None:
+            if (r.grad is None) != (g.grad is None) and bool((r.grad if g.grad is None else g.grad).any()):
+                return float("inf")
+            continue
+        if not torch.isfinite(g.grad).all():
+            return float("inf")
+        scale = max(r.grad.abs().max().item(), 1e-3 * top, 1e-30)
+        err = max(err, (g.grad.double() - r.grad.double()).abs().max().item() / scale)
+    return err
+
+
+def build(model_type: str):
+    """(model, attn) with sdpa attention where the family supports it, else eager."""
+    try:
+        return arch_configs.build(model_type, "sdpa"), "sdpa"
+    except arch_configs.Skip as e:
+        if "attn_implementation" not in str(e) and "attention implementation" not in str(e):
+            raise
+    return arch_configs.build(model_type, "eager"), "eager"
+
+
+def check(model_type: str, options: dict | None = None) -> dict:
+    from streamfx.backend import compile_graph
+    from streamfx.config import StreamConfig
+    from streamfx.session import Session
+
+    out = dict(model_type=model_type, status="ok", error=None, warnings=[], streamed=[], silent=0)
+    t0 = time.perf_counter()
+    try:
+        model, out["attn"] = build(model_type)
+    except arch_configs.Skip as e:
+        return dict(out, status="skip", reason=str(e))
+    out["layers"] = _layer_count(model)
+    batch = arch_configs.inputs(model, B=B, T=T, seed=0, pad="left")
+    ref = copy.deepcopy(model)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref_loss = ref(**batch).loss
+            ref_loss.backward()
+    except Exception as e:  # noqa: BLE001 - transformers itself fails on the tiny input
+        return dict(out, status="eager-fails", reason=f"{type(e).__name__}: {str(e)[:200]}")
+    config = StreamConfig.from_options({"codegen": "eager", "chunk_size": CHUNK, **(options or {})})
+    analyses: list = []
+
+    def backend(gm, example_inputs):
+        return compile_graph(gm, example_inputs, config, Session(config, collect=analyses))
+
+    torch._dynamo.reset()
+    import streamfx.session
+    streamfx.session._warned.clear()
+    mine = copy.deepcopy(model)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss = torch.compile(mine, backend=backend)(**batch).loss
+            loss.backward()
+    except Exception as e:  # noqa: BLE001 - recorded: the test fails on it
+        tb = traceback.extract_tb(e.__traceback__)
+        ours = [f"{f.filename.split('/')[-1]}:{f.lineno}" for f in tb if "streamfx" in f.filename or "/passes/" in f.filename]
+        return dict(out, error=f"{type(e).__name__}: {str(e)[:400]}", where=ours[-3:], seconds=time.perf_counter() - t0)
+    out["warnings"] = sorted({str(w.message) for w in caught if str(w.message).startswith("streamfx")})
+    out["streamed"] = [p.name for a in analyses for p in a.plans]
+    layers_streamed = sum(1 for a in analyses for p in a.plans if p.kind == "layer")
+    out["silent"] = 0 if out["warnings"] else max(out["layers"] - layers_streamed, 0)
+    out["loss_err"] = abs(loss.item() - ref_loss.item()) / max(abs(ref_loss.item()), 1e-30)
+    out["grad_err"] = _grad_error(ref, mine)
+    out["none_differs"] = [n for (n, r), g in zip(ref.named_parameters(), mine.parameters())
+                           if (r.grad is None) != (g.grad is None)
+                           and bool((r.grad if g.grad is None else g.grad).any())]
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    for name in sys.argv[1:]:
+        try:
+            result = check(name)
+        except Exception as e:  # noqa: BLE001
+            result = dict(model_type=name, error=f"harness: {type(e).__name__}: {e}")
+        print(json.dumps(result, default=str), flush=True)

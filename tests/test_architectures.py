@@ -1,0 +1,255 @@
+"""Attention forms beyond causal softmax attention (issue 14): every layer streams, exactly.
+
+  sinks     gpt-oss: a learned per-head logit in every row's softmax denominator (cat + slice)
+  alibi     Bloom-style: a per-key linear bias, the input of ``baddbmm`` (read over each chunk's keys)
+  chunked   Llama 4 ``attention_chunk_size``: a chunk [s, e) reads keys [floor(s / C) * C, e)
+  falcon    Falcon 7B: multi-query K/V read as ``qkv[..., [-2], :]`` (an index over heads: token-local)
+  bloom     Hugging Face Bloom: ALiBi from the attention mask's cumulative sum, ``baddbmm`` scores
+  mla       DeepSeek-V3 latent attention: K/V from a per-token latent, keys assembled by slice_scatter
+"""
+import contextlib
+
+import pytest
+import torch
+
+import zoo
+from conftest import assert_grads_match, run_eager_and_compiled
+
+PLAIN = ("sinks", "alibi", "chunked", "mla")
+HF = ("falcon", "bloom")
+T = 16
+
+
+def check(name, case, options, *, T=T):
+    model, make_inputs = zoo.FORMS[name]()
+    inputs = make_inputs(case)
+    run = run_eager_and_compiled(model, inputs, options)
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert not run.warnings, run.warnings
+    layers = {p.name for p in run.programs if p.name.startswith("layer")}
+    assert layers == {f"layer.{i}" for i in range(zoo.LAYERS)}, (sorted(layers), run.warnings)
+    chunk = options.get("chunk_size")
+    if chunk is not None:
+        n = -(-inputs.T // chunk)
+        for name_ in layers:  # forward, then the backward's recomputation: every run in n chunks
+            assert run.schedules[name_] and set(run.schedules[name_]) == {n}, (name_, run.schedules)
+    return run
+
+
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("chunk", [pytest.param(1, marks=SLOW), 5, pytest.param(T - 1, marks=SLOW),
+                                   pytest.param(T, marks=SLOW), pytest.param(T + 7, marks=SLOW)])
+@pytest.mark.parametrize("name", PLAIN)
+def test_forms_at_every_chunk_size(name, chunk):
+    check(name, "prompt", {"chunk_size": chunk, "head_chunk_size": 4})
+
+
+@pytest.mark.parametrize("case", ["left_pad", "prompt", pytest.param("right_pad", marks=SLOW),
+                                  pytest.param("odd13", marks=SLOW)])
+@pytest.mark.parametrize("name", HF)
+def test_hf_forms_with_padding_and_prompts(name, case):
+    check(name, case, {"chunk_size": 5})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunk", [1, T - 1, T + 7])
+@pytest.mark.parametrize("name", HF)
+def test_hf_forms_at_every_chunk_size(name, chunk):
+    check(name, "left_pad", {"chunk_size": chunk})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PLAIN + HF)
+def test_forms_inductor(name):
+    check(name, "left_pad" if name in HF else "odd13", {"codegen": "inductor", "chunk_size": 5})
+
+
+@contextlib.contextmanager
+def recorded_key_ranges():
+    from streamfx.runtime import LayerProgram
+
+    seen, original = [], LayerProgram.key_ranges
+
+    def key_ranges(self, inputs, bounds):
+        result = original(self, inputs, bounds)
+        seen.append((list(bounds), list(result)))
+        return result
+
+    LayerProgram.key_ranges = key_ranges
+    try:
+        yield seen
+    finally:
+        LayerProgram.key_ranges = original
+
+
+def test_chunked_attention_reads_keys_from_its_block_start():
+    """Blocks of C=4 tokens, chunks of 5: chunk [s, e) reads keys [floor(s / 4) * 4, e), not [0, e)."""
+    model, make_inputs = zoo.chunked()
+    assert model.chunk == 4
+    with recorded_key_ranges() as seen:
+        run_eager_and_compiled(model, make_inputs("prompt"), {"chunk_size": 5})
+    assert seen
+    for bounds, ranges in seen:
+        assert ranges == [(s // 4 * 4, e) for s, e in bounds], (bounds, ranges)
+
+
+def test_sink_gradient_is_streamed():
+    """The sinks' gradient (a sum over every query of the sink's share of the softmax) leaves the
+    streamed layer, equal to eager's."""
+    run = check("sinks", "b1", {"chunk_size": 3})
+    names = [n for n in run.grads if n.endswith("sinks")]
+    assert len(names) == zoo.LAYERS and all(run.grads[n].abs().max() > 0 for n in names)
+
+
+def test_explain_names_the_forms():
+    import streamfx
+
+    model, make_inputs = zoo.chunked()
+    inputs = make_inputs("b1")
+    text = str(streamfx.explain(model, *inputs.args, options={"chunk_size": 5}, dynamic=False))
+    assert "mask=chunked(4)" in text, text
+
+
+class ConvLM(torch.nn.Module):
+    """No attention: a causal depthwise convolution mixes tokens (Mamba's short convolution)."""
+
+    def __init__(self, vocab=zoo.VOCAB, d=zoo.HIDDEN, k=3):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.conv = torch.nn.Conv1d(d, d, k, groups=d, padding=k - 1)
+        self.lm_head = torch.nn.Linear(d, vocab, bias=False)
+        self.vocab = vocab
+
+    def forward(self, idx, labels):
+        x = self.embed(idx)
+        x = x + self.conv(x.transpose(1, 2))[..., : idx.shape[1]].transpose(1, 2)
+        logits = self.lm_head(x)
+        shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1)), logits
+
+
+def test_no_attention_warns_once_and_the_head_streams():
+    import streamfx
+
+    torch.manual_seed(0)
+    model = ConvLM()
+    inputs = zoo._plain_inputs(zoo.VOCAB)("odd13")
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    assert_grads_match(run.ref_grads, run.grads)
+    said = [w for w in run.warnings if "no causal attention found: layers run unstreamed; the head streams" in w]
+    assert len(said) == 1 and "aten.convolution" in said[0] and "test_architectures.py" in said[0], run.warnings
+    assert [p.name for p in run.programs] and {p.name for p in run.programs} == {"head"}
+    text = str(streamfx.explain(model, *inputs.args, options={"chunk_size": 5}, dynamic=False))
+    assert "no causal attention found: layers run unstreamed; the head streams" in text, text
+
+
+def _broken_regions(fwd_nodes, sd, sites, sinks, classes):
+    node = sites[0].output  # the pass was looking at this node when it failed
+    raise RuntimeError(f"an analysis bug at {node.name}")
+
+
+def test_a_pass_failure_runs_unstreamed_with_a_warning(monkeypatch):
+    """A bug in a pass never reaches the user: the graph runs exactly, unstreamed, and the warning
+    names the failure, the op the pass was working on and its source line; strict=True raises."""
+    import streamfx
+    from streamfx.passes import pipeline
+
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")
+    monkeypatch.setattr(pipeline, "find_regions", _broken_regions)
+    model, make_inputs = zoo.tiny_llama()
+    inputs = make_inputs("odd13")
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5})
+    assert_grads_match(run.ref_grads, run.grads)
+    assert not run.programs
+    assert len(run.warnings) == 1, run.warnings
+    w = run.warnings[0]
+    assert "the streaming passes failed (RuntimeError: an analysis bug" in w and "scaled_dot_product" in w \
+        and "zoo.py" in w and "runs without streaming" in w, w
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "strict": True})
+    with pytest.raises(streamfx.StreamBPError, match="the streaming passes failed"):
+        compiled(*inputs.args)
+
+
+@pytest.mark.parametrize("T", [1, 7, 16])
+def test_mask_patterns(T):
+    from streamfx.passes.masks import pattern
+
+    pos = torch.arange(T)
+    causal = pos[:, None] >= pos[None, :]
+    assert pattern(causal) == ("causal", None)
+    if T > 4:
+        assert pattern(causal & (pos[:, None] // 4 == pos[None, :] // 4)) == ("chunked", 4)
+        assert pattern(causal & (pos[:, None] - pos[None, :] < 3)) == ("sliding-window", 3)
+        assert pattern(causal & (pos[None, :] > 0)) == (None, None)   # the first row sees no key
+        assert pattern(torch.ones(T, T, dtype=torch.bool)) == (None, None)
+
+
+def _analyse(fn, *args):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from streamfx.passes import seq_dims
+
+    gm = make_fx(torch.func.functionalize(fn))(*args)
+    sd = seq_dims.infer_axes(gm.graph)
+    x = gm.graph.find_nodes(op="placeholder")[0]
+    sd.set_seq(sd.axes[x][0][1][0])  # the input's dim 1 is the sequence
+    return gm, sd
+
+
+def _by_target(gm, op):
+    return [n for n in gm.graph.nodes if n.target is op]
+
+
+def test_index_over_heads_is_token_local_and_over_tokens_mixes():
+    """Falcon's ``qkv[..., [-2], :]`` indexes heads: the sequence dim goes through; an index
+    over the sequence dim (a token gather) mixes tokens."""
+    from streamfx.passes.seq_dims import TOKEN_LOCAL, UNKNOWN_MIXING
+
+    aten = torch.ops.aten
+    x = torch.randn(2, 6, 6, 6)  # [B, T, heads, head_dim]: every size equal but B
+    idx = torch.tensor([-2])
+    gm, sd = _analyse(lambda x: x[..., idx, :] * 2.0, x)
+    node = _by_target(gm, aten.index.Tensor)[0]
+    assert sd.roles(node) == (None, "q", None, None) and sd.classify(node) == TOKEN_LOCAL
+    gm, sd = _analyse(lambda x: x[:, idx] * 2.0, x)
+    assert sd.classify(_by_target(gm, aten.index.Tensor)[0]) == UNKNOWN_MIXING
+
+
+def test_sliced_key_assembly_is_token_local():
+    """MLA writes the no-rope and rope parts of each head's key into an empty tensor."""
+    from streamfx.passes.seq_dims import TOKEN_LOCAL
+
+    aten = torch.ops.aten
+
+    def assemble(k_pass, k_rot):
+        key = k_pass.new_empty(2, 3, k_pass.shape[1], 7)
+        key[..., :4] = k_pass.transpose(1, 2)
+        key[..., 4:] = k_rot.transpose(1, 2)
+        return key * 1.0
+
+    gm, sd = _analyse(assemble, torch.randn(2, 5, 3, 4), torch.randn(2, 5, 1, 3))
+    for node in _by_target(gm, aten.slice_scatter.default):
+        assert sd.roles(node) == (None, None, "q", None) and sd.classify(node) == TOKEN_LOCAL, node.format_node()
+
+
+@pytest.mark.parametrize("part", ["forward", "backward"])
+def test_a_failing_chunk_schedule_runs_the_region_whole(monkeypatch, part):
+    """A streamed region that fails at run time (a chunk graph that does not run) runs whole for
+    that call: exact gradients and one warning naming the region and the failure."""
+    from streamfx.runtime import LayerProgram
+
+    def broken(self, *args):
+        raise RuntimeError("a chunk graph that does not run")
+
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")
+    monkeypatch.setattr(LayerProgram, part, broken)
+    model, make_inputs = zoo.tiny_llama()
+    run = run_eager_and_compiled(model, make_inputs("odd13"), {"chunk_size": 5})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    said = [w for w in run.warnings if "could not run chunk by chunk (RuntimeError: a chunk graph that does not run)" in w]
+    assert said and all("region 'layer." in w for w in said), run.warnings
