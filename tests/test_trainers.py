@@ -27,6 +27,7 @@ pytest.importorskip("peft")
 pytest.importorskip("accelerate")
 
 import streamfx  # noqa: E402
+from conftest import at_chunk_size  # noqa: E402
 from streamfx import trainers as sfx_trainers  # noqa: E402  (importing it installs accelerate's hint)
 from streamfx.runtime import COUNTERS, LayerProgram, RegionProgram, _PROGRAMS  # noqa: E402
 
@@ -115,7 +116,7 @@ class Record:
 @contextlib.contextmanager
 def recording(monkeypatch):
     """Record region calls per step (patched RegionProgram/LayerProgram forward and backward) and
-    every joint graph the rewrite produced (patched ``stream_joint``)."""
+    every joint graph the rewrite produced (patched ``pipeline.stream_joint``)."""
     import streamfx.session as session
 
     rec = Record()
@@ -129,17 +130,17 @@ def recording(monkeypatch):
                 return _original(self, *args, **kwargs)
 
             monkeypatch.setattr(cls, kind, spy)
-    stream_joint = session.stream_joint
+    from streamfx.passes import pipeline
+
+    stream_joint = pipeline.stream_joint
 
     def capture(*args, **kwargs):
         out = stream_joint(*args, **kwargs)
-        rec.joints.append(out[0])
-        for item in out[1]:  # (plan, program) pairs
-            rec.program_keys.update(x.key for x in (item if isinstance(item, tuple) else (item,))
-                                    if isinstance(x, RegionProgram))
+        rec.joints.append(out.joint)
+        rec.program_keys.update(prog.key for _, prog in out.programs if isinstance(prog, RegionProgram))
         return out
 
-    monkeypatch.setattr(session, "stream_joint", capture)
+    monkeypatch.setattr(pipeline, "stream_joint", capture)
     partition = session.Session.partition
 
     def partition_spy(self, *args, **kwargs):  # a joint dropped for a retrace (logits detached) never runs
@@ -228,18 +229,33 @@ def assert_no_whole_logits(rec, max_rows):
     """No value of the graphs that run (the rewritten joints and every chunk graph) is
     vocabulary-wide with more than ``max_rows`` x head_chunk_size rows, parameters aside."""
     assert rec.joints, "the rewrite produced no graph"
-    graphs = [j.graph for j in rec.joints] + [p.chunk_gm.graph for p in rec.programs()]
-    graphs += [p.kv_gm.graph for p in rec.programs() if getattr(p, "kv_gm", None) is not None]
-    assert any(p.name == "head" for p in rec.programs()), [p.name for p in rec.programs()]
+    programs = rec.programs()
+    assert any(p.name == "head" for p in programs), [p.name for p in programs]
+    # chunk graphs have symbolic chunk lengths: their values at the head's chunk size (layer
+    # graphs at theirs); a symbolic joint is read at the sizes it was first run with (hints)
+    graphs = [j.graph for j in rec.joints]
+    graphs += [at_chunk_size(p.chunk, HEAD_CHUNK if p.name == "head" else LAYER_CHUNK).graph for p in programs]
+    graphs += [at_chunk_size(p.kv, LAYER_CHUNK).graph for p in programs if getattr(p, "kv", None) is not None]
     checked = 0
     for graph in graphs:
         for n in graph.nodes:
             vals = n.meta.get("val")
             for v in vals if isinstance(vals, (tuple, list)) else [vals]:
-                if isinstance(v, torch.Tensor) and V in v.shape and tuple(v.shape) not in ((V, D), (D, V), (V,)):
-                    assert v.numel() <= max_rows * HEAD_CHUNK * V, (n.name, n.target, tuple(v.shape))
+                if not isinstance(v, torch.Tensor):
+                    continue
+                shape = tuple(_hint(s) for s in v.shape)
+                if V in shape and shape not in ((V, D), (D, V), (V,)):
+                    numel = 1
+                    for s in shape:
+                        numel *= s
+                    assert numel <= max_rows * HEAD_CHUNK * V, (n.name, n.target, shape)
                     checked += 1
     assert checked, "no vocabulary-wide value was found: the check checked nothing"
+
+
+def _hint(size) -> int:
+    """A size as a number: a symbolic size's value in the run it was traced for."""
+    return size if isinstance(size, int) else size.node.hint
 
 
 def state(trainer):
