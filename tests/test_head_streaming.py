@@ -546,3 +546,28 @@ def test_bf16_against_fp32_reference():
         base = relative_error(dict(eager_bf16.named_parameters())[name].grad.float(), ref)
         assert err <= 5e-2, (name, err)
         assert err <= 2 * base + 1e-2, (name, err, base)
+
+
+class HiddenSliceLlama(zoo.TinyLlama):
+    """The head on ``hidden[:, :-1]`` (the shift applied to the hidden state, not the logits)."""
+
+    def forward(self, idx, labels):
+        B, T = idx.shape
+        x = self.embed(idx)
+        for layer in self.layers:
+            x = layer(x, self.cos[:T], self.sin[:T])
+        logits = self.lm_head(self.norm(x)[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, self.vocab), labels[:, 1:].reshape(-1))
+
+
+def test_hidden_slice_streams_the_last_layer():
+    """With one row, ``hidden[:, :-1]`` reaches the head through a view, not a copy (the slice of
+    a single row flattens without one): the last layer still ends at the hidden state, every
+    layer and the head stream over their own axes, gradients match eager."""
+    B = 1
+    torch.manual_seed(0)
+    model = HiddenSliceLlama().float()
+    ids = torch.randint(0, zoo.VOCAB, (B, 16), generator=torch.Generator().manual_seed(5))
+    run = parity(model, PlainInputs((ids, ids), B, 16), head_chunk_size=4, T=15)
+    assert not [w for w in run.warnings if "not streamed" in w], run.warnings
+    assert {p.name for p in run.programs} >= {"layer.0", "layer.1", "head"}, [p.name for p in run.programs]
