@@ -571,3 +571,32 @@ def test_hidden_slice_streams_the_last_layer():
     run = parity(model, PlainInputs((ids, ids), B, 16), head_chunk_size=4, T=15)
     assert not [w for w in run.warnings if "not streamed" in w], run.warnings
     assert {p.name for p in run.programs} >= {"layer.0", "layer.1", "head"}, [p.name for p in run.programs]
+
+
+class LossAndLogps(nn.Module):
+    """Returns the loss, the per-token log-probs ([B, T]) and the logits ([B, T, V])."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids, labels):
+        _, logits = self.lm(ids)
+        logp, mask = per_token_logps(logits, labels)
+        return -logp.sum() / mask.sum(), logp, logits
+
+
+def test_per_token_outputs_kept_logits_dropped():
+    """With return_logits=False only the vocabulary-wide output is dropped (returned as None):
+    the per-token log-probs that leave the head as a graph output are kept, and equal eager's."""
+    lm, _ = zoo.tiny_llama()
+    ids, _, labels = zoo.tokens(zoo.Case("completion", 2, 16, ignore=(0, 6), seed=21))
+    model = LossAndLogps(lm)
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp", options={**EAGER, "head_chunk_size": 4})
+    loss, logp, logits = compiled(ids, labels)
+    ref_loss, ref_logp, _ = ref(ids, labels)
+    assert logits is None
+    assert logp is not None and logp.shape == ref_logp.shape
+    torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
