@@ -16,6 +16,8 @@ aten = torch.ops.aten
 # ops that return their input as it is (a view of all of it, or a copy)
 ALIASES = frozenset({aten.alias.default, aten.detach.default})
 COPIES = frozenset({aten.clone.default, aten.alias.default})
+# reshapes that keep a per-token value per token when its sequence dim stays whole
+SEQ_VIEWS = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
 # ops with a size list argument, and its position
 SIZE_ARG_OPS = {aten.view.default: 1, aten._unsafe_view.default: 1, aten.reshape.default: 1,
                 aten.expand.default: 1, aten.full.default: 0, aten.zeros.default: 0,

@@ -118,7 +118,9 @@ def differentiable(graph: fx.Graph, num_fwd_outputs: int, fwd: list) -> frozense
     out = {p for p, g in zip(ps, grads) if g is not None}
     for n in fwd:
         v = n.meta.get("val")
-        if n.op == "call_function" and isinstance(v, torch.Tensor) and v.is_floating_point() \
+        # (an op with several outputs, fused attention, has a tuple value: its getitems follow)
+        vals = v if isinstance(v, (tuple, list)) else [v]
+        if n.op == "call_function" and any(isinstance(t, torch.Tensor) and t.is_floating_point() for t in vals) \
                 and any(x in out for x in n.all_input_nodes):
             out.add(n)
     return frozenset(out)

@@ -96,6 +96,11 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
     if not reductions:
         raise CannotStream("the head computes no reduction over the sequence (no loss in the graph)")
     outputs, out_specs, dropped = [], [], []
+    width = per_token(region.entry, sd)
+
+    def wide(n):
+        return per_token(n, sd) > width
+
     for o in region.outputs:
         if classes[o] == SEQ_REDUCTION:
             outputs.append(o)
@@ -104,7 +109,9 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
         d = sd.seq_dim(o)
         if d is None or "k" in sd.roles(o):
             raise CannotStream("a value leaves the head region without a sequence dim", o)
-        if _reaches_only_outputs(o, fwd, inside) and not config.return_logits:
+        # logits-like outputs (wider per token than the hidden state the head starts from) are
+        # dropped; per-token results (log-probs, entropy) stay outputs
+        if _reaches_only_outputs(o, fwd, inside) and not config.return_logits and wide(o):
             dropped.append(o)
             continue
         outputs.append(o)

@@ -16,7 +16,7 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from .graphs import COPIES, order, per_token
+from .graphs import COPIES, SEQ_VIEWS, order, per_token
 from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, seq_slice
 from .sources import residual_source
 
@@ -152,7 +152,9 @@ def _through_slice(entry, g, sd, classes):
     ends at the hidden state and the head starts at the slice, so each streams along its own
     sequence axis. The slice must be the head's only way to its sequence reductions."""
     base, sliced = entry, False
-    while base.op == "call_function" and (seq_slice(base, sd) is not None or base.target in COPIES):
+    # (the slice's consumer may be a view of it: with one row, hidden[:, :-1].view(-1, D) copies nothing)
+    while base.op == "call_function" and (seq_slice(base, sd) is not None or base.target in COPIES
+                                          or (base.target in SEQ_VIEWS and sd.seq_is_atomic(base))):
         sliced = sliced or seq_slice(base, sd) is not None
         base = base.args[0]
     if sliced:  # the slices and copies between the two are computed outside both regions

@@ -286,9 +286,14 @@ class LayerProgram(RegionProgram):
             with autograd_inside_op(), torch.enable_grad():
                 xs = self._leaves(sliced if sliced is not None else self.chunk_inputs(inputs, s, e))
                 k, v = fn_kv(*xs)
-                got = torch.autograd.grad([k, v], [xs[i] for i in self.grad_inputs],
-                                          [dK.narrow(dk, s, e - s).to(k.dtype), dV.narrow(dv, s, e - s).to(v.dtype)],
-                                          allow_unused=True)
+                # K or V may depend on nothing trainable (LoRA on q/v only: K comes from frozen
+                # weights and, in the first layer, from an input that needs no gradient)
+                pairs = [(t, g.narrow(d, s, e - s).to(t.dtype))
+                         for t, g, d in ((k, dK, dk), (v, dV, dv)) if t.requires_grad]
+                if not pairs:
+                    continue
+                got = torch.autograd.grad([p[0] for p in pairs], [xs[i] for i in self.grad_inputs],
+                                          [p[1] for p in pairs], allow_unused=True)
             self._accumulate(acc, got, s, e)
         return [acc[i].to(inputs[i].dtype) for i in self.grad_inputs]
 

@@ -546,3 +546,57 @@ def test_bf16_against_fp32_reference():
         base = relative_error(dict(eager_bf16.named_parameters())[name].grad.float(), ref)
         assert err <= 5e-2, (name, err)
         assert err <= 2 * base + 1e-2, (name, err, base)
+
+
+class HiddenSliceLlama(zoo.TinyLlama):
+    """The head on ``hidden[:, :-1]`` (the shift applied to the hidden state, not the logits)."""
+
+    def forward(self, idx, labels):
+        B, T = idx.shape
+        x = self.embed(idx)
+        for layer in self.layers:
+            x = layer(x, self.cos[:T], self.sin[:T])
+        logits = self.lm_head(self.norm(x)[:, :-1])
+        return F.cross_entropy(logits.reshape(-1, self.vocab), labels[:, 1:].reshape(-1))
+
+
+def test_hidden_slice_streams_the_last_layer():
+    """With one row, ``hidden[:, :-1]`` reaches the head through a view, not a copy (the slice of
+    a single row flattens without one): the last layer still ends at the hidden state, every
+    layer and the head stream over their own axes, gradients match eager."""
+    B = 1
+    torch.manual_seed(0)
+    model = HiddenSliceLlama().float()
+    ids = torch.randint(0, zoo.VOCAB, (B, 16), generator=torch.Generator().manual_seed(5))
+    run = parity(model, PlainInputs((ids, ids), B, 16), head_chunk_size=4, T=15)
+    assert not [w for w in run.warnings if "not streamed" in w], run.warnings
+    assert {p.name for p in run.programs} >= {"layer.0", "layer.1", "head"}, [p.name for p in run.programs]
+
+
+class LossAndLogps(nn.Module):
+    """Returns the loss, the per-token log-probs ([B, T]) and the logits ([B, T, V])."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids, labels):
+        _, logits = self.lm(ids)
+        logp, mask = per_token_logps(logits, labels)
+        return -logp.sum() / mask.sum(), logp, logits
+
+
+def test_per_token_outputs_kept_logits_dropped():
+    """With return_logits=False only the vocabulary-wide output is dropped (returned as None):
+    the per-token log-probs that leave the head as a graph output are kept, and equal eager's."""
+    lm, _ = zoo.tiny_llama()
+    ids, _, labels = zoo.tokens(zoo.Case("completion", 2, 16, ignore=(0, 6), seed=21))
+    model = LossAndLogps(lm)
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp", options={**EAGER, "head_chunk_size": 4})
+    loss, logp, logits = compiled(ids, labels)
+    ref_loss, ref_logp, _ = ref(ids, labels)
+    assert logits is None
+    assert logp is not None and logp.shape == ref_logp.shape
+    torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
