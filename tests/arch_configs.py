@@ -160,10 +160,6 @@ OVERRIDES: dict[str, dict] = {
     # Reformer: axial position shape must multiply to the padded length; local attention only.
     "reformer": {"axial_pos_shape": [16, 16], "axial_pos_embds_dim": [32, 32], "attn_layers": ["local", "local"],
                  "local_attn_chunk_length": 8, "lsh_attn_chunk_length": 8, "num_buckets": 4},
-    # Qwen4-exp text: the sparse-attention indexer has no default budget.
-    "qwen4_exp_text": {"indexer_budget": 16, "indexer_compress_ratio": 4},
-    # GPT-Neo: attention_types is [[pattern, repeats]]; attention_layers is derived from it.
-    "gpt_neo": {"attention_types": [[["global", "local"], 1]], "attention_layers": ["global", "local"]},
     # LFM2: the FFN width is rounded up to block_multiple_of unless auto-adjust is off.
     "lfm2": {"block_multiple_of": 16, "block_auto_adjust_ff_dim": False},
     # Marian: the decoder has its own vocabulary size.
@@ -173,7 +169,8 @@ OVERRIDES: dict[str, dict] = {
     "dots1": {"n_routed_experts": EXPERTS, "num_experts_per_tok": TOP_K, "n_shared_experts": 1},
     # dots3: the sliding-window layers use plain heads of qk_nope + qk_rope dims.
     "dots3_note_text": {"head_dim": 16, "swa_head_dim": 16},
-    # GPT-Neo: num_layers must match the derived attention_layers.
+    # GPT-Neo: attention_types is [[pattern, repeats]]; attention_layers is derived from it and
+    # num_layers must match it.
     "gpt_neo": {"attention_types": [[["global", "local"], 1]], "attention_layers": ["global", "local"], "num_layers": 2},
     # LFM2-MoE: layer_types defaults to None (the default config does not build a model).
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},

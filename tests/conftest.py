@@ -16,6 +16,17 @@ import torch
 os.environ.setdefault("STREAMFX_VERIFY", "1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The architecture sweep runs only when asked for by name (``-m sweep``): it takes over an
+    hour, and ``-m "not slow"`` must not select it."""
+    if "sweep" in (config.option.markexpr or ""):
+        return
+    kept = [item for item in items if item.get_closest_marker("sweep") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("sweep")])
+        items[:] = kept
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Every test compiles from scratch: no cached graphs or guards from an earlier test."""

@@ -1,7 +1,7 @@
 """Every causal-LM class of the installed transformers, built from a tiny config on CPU, through
 ``streambp`` (eager codegen, B=2, T=12, the last row left-padded, chunks of 5): no exception
 reaches the user, gradients equal eager autograd's, and every layer that did not stream was
-warned about. Families run in shards (``SHARDS``); ``pytest -m slow tests/test_arch_sweep.py``.
+warned about. Families run in shards (``SHARDS``); ``pytest -m sweep``.
 
 The user's contract is tested: ``STREAMFX_VERIFY`` is off, so a pass failure becomes an
 unstreamed run with a warning (as for users) rather than an error.
@@ -49,7 +49,7 @@ def failures(result: dict) -> list:
     return bad
 
 
-@pytest.mark.slow
+@pytest.mark.sweep
 @pytest.mark.parametrize("shard", range(SHARDS))
 def test_arch_sweep(shard, monkeypatch, capsys):
     monkeypatch.setenv("STREAMFX_VERIFY", "0")
