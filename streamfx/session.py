@@ -14,6 +14,10 @@ from .errors import CannotStream, StreamBPError
 
 _graph_ids = itertools.count()
 _warned: set = set()
+DDP_CUT = ("the graph is a piece of one that Dynamo's DDPOptimizer cut where a DDP gradient bucket filled, "
+           "which can separate a layer's attention from its query/key/value producers; set "
+           "`torch._dynamo.config.optimize_ddp = False` (one graph, no overlap of the all-reduce with "
+           "the backward) or raise DDP's `bucket_cap_mb` so that each bucket holds whole decoder layers")
 
 
 class DetachOutputs(Exception):
@@ -36,9 +40,13 @@ class Session:
         self.real_inputs: list = []
         self.graph_id = None
         self.detached: list[int] = []
+        self.ddp_piece = False
+
 
     def begin_graph(self, gm, example_inputs) -> None:
         self.graph_id = next(_graph_ids)
+        # DDPOptimizer marks each piece it compiles with the reason of its intentional graph break
+        self.ddp_piece = "DDPOptimizer" in str(getattr(gm, "compile_subgraph_reason", ""))
         out = gm.graph.find_nodes(op="output")[0].args[0]
         self.n_user_outputs = len(out) if isinstance(out, (tuple, list)) else 1
         # parameters and buffers (real tensors) are constants of the graph; every other input is data
@@ -50,6 +58,8 @@ class Session:
     def partition(self, joint, joint_inputs, base_partition, **kwargs):
         nfwd = kwargs["num_fwd_outputs"]
         joint, analysis = pipeline.run(joint, nfwd, self.config, self._constants(joint), self._dumper())
+        if self.ddp_piece:
+            analysis.refusals = _ddp_refusals(analysis)
         for region, err in analysis.refusals:
             self._refuse(region, err)
         if analysis.programs and nfwd == self.n_user_outputs:
@@ -106,6 +116,18 @@ class Session:
             return type(outs)(seq) if isinstance(outs, tuple) else seq
 
         return run
+
+
+def _ddp_refusals(a) -> list:
+    """The refusals of a DDPOptimizer piece, each naming the cut as its cause. A piece that streams
+    nothing though it holds part of a layer (projections or an MLP without their attention, the
+    attention without its producers) is refused at its first operation: it runs unstreamed."""
+    refusals = [(region, CannotStream(f"{err.reason} ({DDP_CUT})", err.node)) for region, err in a.refusals]
+    if not a.plans and not refusals:
+        first = next((n for n in a.fwd_nodes if n.op == "call_function" and n.meta.get("stack_trace")), None)
+        if first is not None:
+            refusals.append(("piece", CannotStream(f"no whole decoder layer or head in this graph ({DDP_CUT})", first)))
+    return refusals
 
 
 def _is_constant(placeholder) -> bool:
