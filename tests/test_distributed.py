@@ -92,9 +92,9 @@ def _worker(rank, port, mode, out):
         dist.destroy_process_group()
 
 
-def launch(mode, tmp_path) -> list:
-    """Run ``_worker`` on 2 ranks; each rank's saved results."""
-    ctx = mp.start_processes(_worker, args=(_free_port(), mode, str(tmp_path)), nprocs=WORLD, join=False,
+def launch(mode, tmp_path, worker=None) -> list:
+    """Run ``worker(rank, port, mode, out)`` (``_worker`` by default) on 2 ranks; each rank's saved results."""
+    ctx = mp.start_processes(worker or _worker, args=(_free_port(), mode, str(tmp_path)), nprocs=WORLD, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
     while not ctx.join(timeout=5):

@@ -195,3 +195,26 @@ def test_ddp_piece_cut_inside_layer(tmp_path):
     assert len(cut) == 1, messages
     assert "DDPOptimizer" in cut[0] and "torch._dynamo.config.optimize_ddp = False" in cut[0], cut
     assert "bucket_cap_mb" in cut[0] and "zoo.py" in cut[0], cut  # the remedy and the source line
+
+
+def test_head_symbolic_slice_names_cause():
+    """A head graph compiled with dynamic=True, whose hidden state is sliced by an int that becomes
+    a symbol (``hidden[:, -logits_to_keep:]``): the labels' sequence axis cannot be matched with
+    the hidden state's, so the head runs unstreamed, exactly, and the warning names the slice and
+    the remedy (dynamic=None keeps an unchanging int constant)."""
+    model, make_inputs = zoo.qwen3()
+    inputs = make_inputs("odd13")
+    hidden = model.model(input_ids=inputs.kwargs["input_ids"]).last_hidden_state.detach()
+    labels = inputs.kwargs["labels"]
+
+    def head(hidden, labels, keep):
+        return head_loss(model)(hidden[:, -keep:], labels[:, -keep:])
+
+    ref = head(hidden, labels, 11)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = torch.compile(head, backend="streambp", options=OPTIONS, dynamic=True)(hidden, labels, 11)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    messages = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    assert len(messages) == 1 and "sliced along the sequence with a symbolic bound" in messages[0], messages
+    assert "dynamic=None" in messages[0] and "test_pieces.py" in messages[0], messages
