@@ -215,7 +215,28 @@ def _coverage(a: Analysis) -> None:
             + "; token mixing without attention (recurrences, convolutions) cannot stream", mixing[0])))
     sums = [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"]
     if sums and not any(r.kind == "head" for r in a.regions):
-        a.refusals.append(("head", CannotStream("a sum over the sequence outside a head region", sums[0])))
+        cut = _symbolic_slice(sums)
+        a.refusals.append(("head", CannotStream(
+            "a sum over the sequence outside a head region: its input is sliced along the sequence with a "
+            "symbolic bound (`hidden[:, -logits_to_keep:]` with `logits_to_keep` traced as a symbolic int, as "
+            "under dynamic=True), so the labels' sequence axis cannot be matched with the hidden state's; "
+            "compile with dynamic=None (torch.compile's default: an int that never changes stays a constant)",
+            cut) if cut is not None else CannotStream("a sum over the sequence outside a head region", sums[0])))
+
+
+def _symbolic_slice(nodes):
+    """A slice with a symbolic start or stop that one of ``nodes`` is computed from, or None."""
+    seen, stack = set(nodes), list(nodes)
+    while stack:
+        n = stack.pop()
+        if n.op == "call_function" and n.target is torch.ops.aten.slice.Tensor \
+                and any(isinstance(b, fx.Node) for b in n.args[2:4]):
+            return n
+        for x in n.all_input_nodes:
+            if x not in seen:
+                seen.add(x)
+                stack.append(x)
+    return None
 
 
 def move_slices(joint: fx.GraphModule, a: Analysis, config, constants: dict | None = None):

@@ -13,6 +13,10 @@ from .config import StreamConfig
 from .errors import CannotStream, StreamBPError, failure
 
 _graph_ids = itertools.count()
+DDP_CUT = ("the graph is a piece of one that Dynamo's DDPOptimizer cut where a DDP gradient bucket filled, "
+           "which can separate a layer's attention from its query/key/value producers; set "
+           "`torch._dynamo.config.optimize_ddp = False` (one graph, no overlap of the all-reduce with "
+           "the backward) or raise DDP's `bucket_cap_mb` so that each bucket holds whole decoder layers")
 
 
 class DetachOutputs(Exception):
@@ -37,9 +41,12 @@ class Session:
         self.detached: list[int] = []
         self.warned: set = set()   # refusals warned for this graph (a retrace warns nothing twice)
         self.unstreamed = False    # compile without the passes (after a failure of a streamed compile)
+        self.ddp_piece = False     # a piece of a graph that DDPOptimizer cut at gradient buckets
 
     def begin_graph(self, gm, example_inputs) -> None:
         self.graph_id = next(_graph_ids)
+        # DDPOptimizer marks each piece it compiles with the reason of its intentional graph break
+        self.ddp_piece = "DDPOptimizer" in str(getattr(gm, "compile_subgraph_reason", ""))
         out = gm.graph.find_nodes(op="output")[0].args[0]
         self.n_user_outputs = len(out) if isinstance(out, (tuple, list)) else 1
         # parameters and buffers (real tensors) are constants of the graph; every other input is data
@@ -61,6 +68,8 @@ class Session:
                 raise
             self.refuse("graph", failure(err, "the streaming passes"))
             return base_partition(joint, joint_inputs, **kwargs)
+        if self.ddp_piece:
+            analysis.refusals = _ddp_refusals(analysis)
         for region, err in analysis.refusals:
             self.refuse(region, err)
         if analysis.programs and nfwd == self.n_user_outputs:
@@ -120,6 +129,18 @@ class Session:
             return type(outs)(seq) if isinstance(outs, tuple) else seq
 
         return run
+
+
+def _ddp_refusals(a) -> list:
+    """The refusals of a DDPOptimizer piece, each naming the cut as its cause. A piece that streams
+    nothing though it holds part of a layer (projections or an MLP without their attention, the
+    attention without its producers) is refused at its first operation: it runs unstreamed."""
+    refusals = [(region, CannotStream(f"{err.reason} ({DDP_CUT})", err.node)) for region, err in a.refusals]
+    if not a.plans and not refusals:
+        first = next((n for n in a.fwd_nodes if n.op == "call_function" and n.meta.get("stack_trace")), None)
+        if first is not None:
+            refusals.append(("piece", CannotStream(f"no whole decoder layer or head in this graph ({DDP_CUT})", first)))
+    return refusals
 
 
 def _is_constant(placeholder) -> bool:

@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -51,6 +52,9 @@ def _worker(rank, port, mode, out):
 
             names = {p: n for n, p in model.named_parameters()}
             bucket = {"ddp": 25, "ddp_small_bucket": 0.005}[mode]
+            # DDPOptimizer asserts its first bucket (1 MiB by default) is no larger than the others;
+            # DDP itself uses ``bucket_cap_mb`` for every bucket when it is given
+            dist._DEFAULT_FIRST_BUCKET_BYTES = min(dist._DEFAULT_FIRST_BUCKET_BYTES, int(bucket * 1024 * 1024))
             wrapped = DDP(model, bucket_cap_mb=bucket)
 
             def counting(state, bucket):
@@ -72,22 +76,25 @@ def _worker(rank, port, mode, out):
             else:
                 run = torch.compile(model, backend="streambp", options=OPTIONS)
         before = dict(COUNTERS)
-        loss = run(ids, labels)[0]
-        loss.backward()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss = run(ids, labels)[0]
+            loss.backward()
+        messages = [str(w.message) for w in caught if "streamfx" in str(w.message)]
         ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
         grads = {}
         for n, p in model.named_parameters():
             g = p.grad
             g = g.full_tensor() if hasattr(g, "full_tensor") else g
             grads[n.removeprefix("module.")] = g.detach().clone()
-        torch.save({"ran": ran, "grads": grads, "reduced": reduced, "loss": loss.detach()}, f"{out}/rank{rank}.pt")
+        torch.save({"ran": ran, "grads": grads, "reduced": reduced, "messages": messages, "loss": loss.detach()}, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def launch(mode, tmp_path) -> list:
-    """Run ``_worker`` on 2 ranks; each rank's saved results."""
-    ctx = mp.start_processes(_worker, args=(_free_port(), mode, str(tmp_path)), nprocs=WORLD, join=False,
+def launch(mode, tmp_path, worker=None) -> list:
+    """Run ``worker(rank, port, mode, out)`` (``_worker`` by default) on 2 ranks; each rank's saved results."""
+    ctx = mp.start_processes(worker or _worker, args=(_free_port(), mode, str(tmp_path)), nprocs=WORLD, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
     while not ctx.join(timeout=5):
@@ -123,6 +130,25 @@ def test_ddp(tmp_path):
     names = sorted(eager_grads())
     for res in results:
         assert sorted(res["reduced"]) == names, res["reduced"]  # each parameter once
+
+
+@pytest.mark.slow
+def test_ddp_bucket_cuts_layers(tmp_path):
+    """DDP with buckets of 5 KB: DDPOptimizer cuts every decoder layer, separating each attention
+    from its query/key/value producers. Those pieces run unstreamed, exactly, and the warning says
+    to set ``optimize_ddp = False`` or raise ``bucket_cap_mb``; the last piece (the LM head and the
+    loss) streams. Each parameter is still reduced once."""
+    results = launch("ddp_small_bucket", tmp_path)
+    ref = eager_grads()
+    names = sorted(ref)
+    for res in results:
+        assert_grads_match(ref, res["grads"], rtol=1e-5)
+        assert sorted(res["reduced"]) == names, res["reduced"]  # each parameter once
+        ran = res["ran"]
+        assert ran["region_forward"] == 1 and ran["chunks_backward"] == 3, ran  # the head, T=24 in chunks of 8
+        cut = [m for m in res["messages"] if "attention outside every layer region" in m]
+        assert cut and "torch._dynamo.config.optimize_ddp = False" in cut[0] and "bucket_cap_mb" in cut[0], \
+            res["messages"]
 
 
 @pytest.mark.slow

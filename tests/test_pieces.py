@@ -152,3 +152,69 @@ def test_graph_break_inside_hf_layer(monkeypatch):
     # layers 0 and 2, layer 1's attention half (T=17 in 4 chunks of 5), the head (5 chunks of 4)
     assert ran["region_forward"] == 4 and ran["region_backward"] == 4, ran
     assert ran["chunks_backward"] == 3 * 4 + 5, ran
+
+
+def test_ddp_piece_cut_inside_layer(tmp_path):
+    """One-rank DDP with 5 KB buckets: Dynamo's DDPOptimizer cuts each decoder layer where a bucket
+    fills, so a piece holds the attention without its query/key producers (and others the
+    projections or the MLP alone). Those pieces run unstreamed, exactly, and warn with the cause
+    and the remedy; the last piece, the LM head and the loss, streams. Each parameter is reduced
+    once (a comm hook counts them)."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch._dynamo.reset()
+    model, make_inputs = zoo.tiny_llama()
+    ref = copy.deepcopy(model)
+    inputs = make_inputs("odd17")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    first_bucket = dist._DEFAULT_FIRST_BUCKET_BYTES
+    try:
+        # DDPOptimizer asserts that its first bucket (1 MiB by default) is no larger than the others
+        dist._DEFAULT_FIRST_BUCKET_BYTES = 5000
+        wrapped, names, reduced = DDP(model, bucket_cap_mb=5000 / 2 ** 20), {p: n for n, p in model.named_parameters()}, []
+
+        def counting(state, bucket):
+            reduced.extend(names[p] for p in bucket.parameters())
+            return allreduce_hook(state, bucket)
+
+        wrapped.register_comm_hook(None, counting)
+        compiled = torch.compile(wrapped, backend="streambp", options=OPTIONS)
+        ref_loss, ref_grads, _, _ = step(ref, inputs)
+        loss, grads, ran, messages = step(compiled, inputs)
+    finally:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = first_bucket
+        dist.destroy_process_group()
+        torch._dynamo.reset()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(ref_grads, {k.removeprefix("module."): g for k, g in grads.items()}, rtol=1e-5)
+    assert sorted(reduced) == sorted(ref_grads), reduced
+    assert ran["region_forward"] == 1 and ran["chunks_backward"] == 5, ran  # the head: T=17 in chunks of 4
+    cut = [m for m in messages if "attention outside every layer region" in m]
+    assert len(cut) == 1, messages
+    assert "DDPOptimizer" in cut[0] and "torch._dynamo.config.optimize_ddp = False" in cut[0], cut
+    assert "bucket_cap_mb" in cut[0] and "zoo.py" in cut[0], cut  # the remedy and the source line
+
+
+def test_head_symbolic_slice_names_cause():
+    """A head graph compiled with dynamic=True, whose hidden state is sliced by an int that becomes
+    a symbol (``hidden[:, -logits_to_keep:]``): the labels' sequence axis cannot be matched with
+    the hidden state's, so the head runs unstreamed, exactly, and the warning names the slice and
+    the remedy (dynamic=None keeps an unchanging int constant)."""
+    model, make_inputs = zoo.qwen3()
+    inputs = make_inputs("odd13")
+    hidden = model.model(input_ids=inputs.kwargs["input_ids"]).last_hidden_state.detach()
+    labels = inputs.kwargs["labels"]
+
+    def head(hidden, labels, keep):
+        return head_loss(model)(hidden[:, -keep:], labels[:, -keep:])
+
+    ref = head(hidden, labels, 11)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = torch.compile(head, backend="streambp", options=OPTIONS, dynamic=True)(hidden, labels, 11)
+    torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
+    messages = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    assert len(messages) == 1 and "sliced along the sequence with a symbolic bound" in messages[0], messages
+    assert "dynamic=None" in messages[0] and "test_pieces.py" in messages[0], messages
