@@ -189,8 +189,11 @@ def _coverage(a: Analysis) -> None:
         a.refusals.append(("layers", CannotStream(
             "no causal attention found: the layers run unstreamed (the head streams if it can)", mixing[0])))
     sums = [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"]
-    if sums and not any(r.kind == "head" for r in a.regions):
-        a.refusals.append(("head", CannotStream("a sum over the sequence outside a head region", sums[0])))
+    # a loss whose head does not stream always says why: the head's own refusal, or this one
+    if sums and not any(p.kind == "head" for p in a.plans) and not any(name == "head" for name, _ in a.refusals):
+        a.refusals.append(("head", CannotStream(
+            "a sum over the sequence (a loss) outside a head region: the loss runs unstreamed; a head "
+            "streams when the loss is a sum of per-token terms of the last layer's hidden state", sums[0])))
 
 
 def move_slices(joint: fx.GraphModule, a: Analysis, config, constants: dict | None = None):
