@@ -198,3 +198,20 @@ def test_other_moe_families_are_exact(family):
     inputs = zoo._hf_inputs(zoo.VOCAB)("left_pad")
     run = _parity(inputs, {"chunk_size": 5}, model)
     _layers_streamed(run, 5)
+
+
+def test_eager_expert_loop_is_exact():
+    """transformers' eager expert loop (``experts_implementation="eager"``: a Python loop over the
+    experts hit, ``torch.where`` of each expert's tokens, ``index_add_``) iterates over data, so
+    Dynamo splits the model at it: exact gradients, no internal error, and the attention layers of
+    every graph piece stream."""
+    model, make_inputs = zoo.qwen3_moe()
+    model.config._experts_implementation = "eager"
+    assert model.model.layers[0].mlp.experts.config._experts_implementation == "eager"
+    run = _parity(make_inputs("right_pad"), {"chunk_size": 5}, model)
+    n = -(-T // 5)
+    assert run.schedules.get("layer.0") and set(run.schedules["layer.0"]) == {n}, run.schedules
+    # one layer region per graph piece (the loop splits the model inside each layer's MoE block),
+    # each asked for its schedule four times over a forward and backward, as in a one-graph model
+    assert len(run.schedules["layer.0"]) == 4 * zoo.LAYERS, run.schedules
+    assert run.schedules.get("head"), run.schedules
