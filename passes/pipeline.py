@@ -214,14 +214,17 @@ def _coverage(a: Analysis) -> None:
             "no causal attention found: layers run unstreamed" + ("; the head streams" if head else "")
             + "; token mixing without attention (recurrences, convolutions) cannot stream", mixing[0])))
     sums = [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"]
-    if sums and not any(r.kind == "head" for r in a.regions):
+    # a loss whose head does not stream always says why: the head's own refusal, or this one
+    if sums and not any(p.kind == "head" for p in a.plans) and not any(name == "head" for name, _ in a.refusals):
         cut = _symbolic_slice(sums)
         a.refusals.append(("head", CannotStream(
             "a sum over the sequence outside a head region: its input is sliced along the sequence with a "
             "symbolic bound (`hidden[:, -logits_to_keep:]` with `logits_to_keep` traced as a symbolic int, as "
             "under dynamic=True), so the labels' sequence axis cannot be matched with the hidden state's; "
             "compile with dynamic=None (torch.compile's default: an int that never changes stays a constant)",
-            cut) if cut is not None else CannotStream("a sum over the sequence outside a head region", sums[0])))
+            cut) if cut is not None else CannotStream(
+            "a sum over the sequence (a loss) outside a head region: the loss runs unstreamed; a head "
+            "streams when the loss is a sum of per-token terms of the last layer's hidden state", sums[0])))
 
 
 def _symbolic_slice(nodes):

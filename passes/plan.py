@@ -165,6 +165,19 @@ def _one_length(lengths: list, what: str):
     return first
 
 
+def _merged(node, sd) -> str | None:
+    """None for a plain sequence dim; "inner" for a dim that merges other axes in front of the
+    sequence ([B*T]: rows of one batch element together), "outer" for one that merges them
+    behind it ([T*B]); "none" where the sequence sits between two (not written per chunk)."""
+    if sd.seq_is_atomic(node):
+        return None
+    atoms = sd.axes[node][0][sd.seq_dim(node)]
+    where = [i for i, a in enumerate(atoms) if sd.has_seq((a,))]
+    if len(where) != 1:
+        return "none"
+    return "inner" if where[0] == len(atoms) - 1 else "outer" if where[0] == 0 else "none"
+
+
 def _nonempty(x) -> bool:
     return not same(x.meta["val"].numel(), 0)
 
@@ -215,10 +228,12 @@ def _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad=N
     outputs, out_specs = [], []
     for o in region.outputs:
         d = sd.seq_dim(o)
-        if d is None or not sd.seq_is_atomic(o):
-            raise CannotStream("a value leaves the layer without a plain sequence dim", o)
+        merged = _merged(o, sd) if d is not None else "none"
+        if merged == "none":
+            raise CannotStream("a value leaves the layer without a plain sequence dim (nor one that "
+                               "merges the sequence with one other dim)", o)
         outputs.append(o)
-        out_specs.append(Spec.cat(d))
+        out_specs.append(Spec.cat(d, merged))
     in_specs, lengths = [], []
     for x in inputs:
         v = x.meta.get("val")

@@ -58,21 +58,27 @@ def residual_chain(fwd_nodes, sd, sinks, requires_grad=frozenset()) -> list:
     g = dataflow(fwd_nodes)
     hidden = nx.descendants(g, emb) | {emb}
     sub = g.subgraph(hidden).copy()
-    sink = "__sink__"
-    sub.add_node(sink)
-    for s in sinks:
-        if s in hidden:
-            sub.add_edge(s, sink)
-    if sub.in_degree(sink) == 0:
+    ends = [s for s in sinks if s in hidden]
+    if not ends:
         return []
     idom = nx.immediate_dominators(sub, emb)
-    chain, n = [], idom[sink]
-    while n != emb:
-        chain.append(n)
-        n = idom[n]
-    chain.append(emb)
     rank = order(fwd_nodes)
-    return sorted((c for c in chain if sd.seq_dim(c) is not None), key=rank.__getitem__)
+    chains = [[c for c in _dominators(idom, s, emb) if sd.seq_dim(c) is not None] for s in ends]
+    # the chain that reaches furthest along the sequence path: a side output that branches off
+    # inside a layer (MoE router logits, an auxiliary loss over them) does not end the residual
+    # stream there. It holds every node that dominates all sinks.
+    reach = max(rank[c[0]] for c in chains)
+    chain = set.intersection(*(set(c) for c in chains if rank[c[0]] == reach))
+    return sorted(chain, key=rank.__getitem__)
+
+
+def _dominators(idom, node, root) -> list:
+    """``node`` and the nodes that dominate it, up to ``root``."""
+    chain = [node]
+    while node != root:
+        node = idom[node]
+        chain.append(node)
+    return chain
 
 
 def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()) -> list[Region]:
@@ -103,8 +109,9 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
     reach = nx.descendants(g, head_entry) if head_entry is not None else set()
     red = [n for n in fwd_nodes if classes.get(n) == SEQ_REDUCTION and n in reach]
     # a graph piece that starts at the residual stream and computes no loss has no head (a whole
-    # model without a loss keeps its head region, which then refuses: no loss in the graph)
-    if head_entry is not None and (red or chain[0].op != "placeholder"):
+    # model without a loss keeps its head region, which then refuses: no loss in the graph); nor
+    # has a graph that ends at the head's entry (a model body whose head and loss a later graph runs)
+    if head_entry is not None and reach and (red or chain[0].op != "placeholder"):
         anc = set()
         for r in red:
             anc |= nx.ancestors(g, r) | {r}

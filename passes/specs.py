@@ -9,6 +9,9 @@ queries see keys [lo, ke) (lo = 0 and ke = e for causal attention):
            qk(dq, dk)    rows [s, e) along dq and keys [lo, ke) along dk (a token-by-token mask)
            WHOLE         as it is (parameters, sequence-free values)
   outputs  cat(d)        chunk results written to rows [s, e) along dim d
+           cat(d, merged) dim d merges the sequence with another dim (batch and tokens as one
+                         [B*T] dim: merged "inner"; [T*B]: "outer"); a chunk's rows are
+                         [s, e) of the sequence within it, for each index of the other dim
            SUM           chunk results summed (in fp32)
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ class Spec:
     kind: str
     dim: int | None = None
     kdim: int | None = None
+    merged: str | None = None    # cat: where the sequence sits in a merged dim ("inner", "outer")
 
     # inputs ------------------------------------------------------------------------------
     @staticmethod
@@ -39,8 +43,30 @@ class Spec:
 
     # outputs -----------------------------------------------------------------------------
     @staticmethod
-    def cat(d: int) -> "Spec":
-        return Spec("cat", d)
+    def cat(d: int, merged: str | None = None) -> "Spec":
+        return Spec("cat", d, merged=merged)
+
+    def rows(self, full: torch.Tensor, s: int, e: int, T: int) -> torch.Tensor:
+        """The view of a cat output's full-length ``full`` (or its gradient) that holds a chunk's
+        rows [s, e), with a merged dim split in two (see ``split``)."""
+        if self.merged is None:
+            return full.narrow(self.dim, s, e - s)
+        seq = self.dim + (1 if self.merged == "inner" else 0)
+        return self.split(full.contiguous(), T).narrow(seq, s, e - s)
+
+    def split(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """``x`` with a merged dim split into (other, n) ("inner") or (n, other) ("outer");
+        ``x`` as it is for a plain cat."""
+        if self.merged is None:
+            return x
+        other = x.shape[self.dim] // n
+        return x.unflatten(self.dim, (other, n) if self.merged == "inner" else (n, other))
+
+    def full_length(self, x: torch.Tensor, n: int, T: int) -> list:
+        """The shape of the full output of which ``x`` holds a chunk of ``n`` tokens."""
+        shape = list(x.shape)
+        shape[self.dim] = shape[self.dim] // n * T
+        return shape
 
     @property
     def sliced(self) -> bool:
@@ -76,6 +102,8 @@ class Spec:
     def __str__(self) -> str:
         if self.kind == "qk":
             return f"qk({self.dim},{self.kdim})"
+        if self.merged:
+            return f"{self.kind}({self.dim},{self.merged})"
         return self.kind if self.dim is None else f"{self.kind}({self.dim})"
 
 

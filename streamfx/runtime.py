@@ -90,7 +90,7 @@ class RegionProgram:
                 outs = fn(*self.chunk_inputs(inputs, s, e))
                 for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
                     if spec.kind == "cat":
-                        _put_rows(result, j, o, spec.dim, s, e, T)
+                        _put_rows(result, j, o, spec, s, e, T)
                     elif result[j] is None:
                         result[j] = o.float()
                     else:
@@ -104,14 +104,14 @@ class RegionProgram:
 
     def backward(self, inputs: list[torch.Tensor], grads: list) -> list[torch.Tensor]:
         COUNTERS["region_backward"] += 1
-        fn = self.fn()
+        fn, T = self.fn(), self.length(inputs)
         acc = self._grad_buffers(inputs)
         for s, e in reversed(self.bounds(inputs)):
             COUNTERS["chunks_backward"] += 1
             with autograd_inside_op(), torch.enable_grad():
                 xs = self._leaves(self.chunk_inputs(inputs, s, e))
                 outs = fn(*xs)
-                pairs = [(o, g.narrow(spec.dim, s, e - s) if spec.kind == "cat" else g.to(o.dtype))
+                pairs = [(o, spec.rows(g, s, e, T).reshape(o.shape) if spec.kind == "cat" else g.to(o.dtype))
                          for o, g, spec in zip(outs, grads, self.out_specs)
                          if g is not None and o.requires_grad]
                 if not pairs:
@@ -147,11 +147,11 @@ class RegionProgram:
                 acc[i].add_(g)
 
 
-def _put_rows(result: list, j: int, o: torch.Tensor, d: int, s: int, e: int, T: int) -> None:
+def _put_rows(result: list, j: int, o: torch.Tensor, spec, s: int, e: int, T: int) -> None:
     """Write a chunk's rows [s, e) of output j into its full-length buffer (made on first use)."""
     if result[j] is None:
-        result[j] = _full_like_along(o, d, T)
-    result[j].narrow(d, s, e - s).copy_(o)
+        result[j] = o.new_empty(spec.full_length(o, e - s, T))
+    spec.rows(result[j], s, e, T).copy_(spec.split(o, e - s))
 
 
 _RANGE_CACHES: dict = {}
@@ -257,7 +257,7 @@ class LayerProgram(RegionProgram):
                 chunk = self.chunk_inputs(inputs, s, e, lo, hi, reuse=xs if done == e else None)
                 outs = fn(*chunk, *self.prefix(K, V, lo, hi))
                 for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
-                    _put_rows(result, j, o, spec.dim, s, e, T)
+                    _put_rows(result, j, o, spec, s, e, T)
             written_up_to(T)  # (a generator left unfinished would hold its buffers)
         return result
 
@@ -305,7 +305,8 @@ class LayerProgram(RegionProgram):
             xs = self._leaves(sliced)
             Kp, Vp = (t.detach().requires_grad_(True) for t in self.prefix(K, V, lo, hi))
             outs = fn(*xs, Kp, Vp)
-            pairs = [(o, g.narrow(spec.dim, s, e - s)) for o, g, spec in zip(outs, grads, self.out_specs)
+            T = self.length(inputs)
+            pairs = [(o, spec.rows(g, s, e, T).reshape(o.shape)) for o, g, spec in zip(outs, grads, self.out_specs)
                      if g is not None and o.requires_grad]
             if not pairs:
                 return sliced
@@ -322,12 +323,6 @@ class LayerProgram(RegionProgram):
         # the query graph's last two inputs are the K/V prefix: with train, they get gradients
         grads = list(self.grad_inputs) + ([len(self.in_specs), len(self.in_specs) + 1] if graph is self.chunk else [])
         return graph.fn(self.codegen, train, grads)
-
-
-def _full_like_along(t: torch.Tensor, d: int, length: int) -> torch.Tensor:
-    shape = list(t.shape)
-    shape[d] = length
-    return t.new_empty(shape)
 
 
 def seq_major_empty(t: torch.Tensor, d: int, length: int) -> torch.Tensor:

@@ -126,17 +126,45 @@ def test_gather_by_an_index_of_other_tokens_mixes():
     assert UNKNOWN_MIXING in _classes(gm, sd).values()
 
 
-def test_router_aux_loss_is_exact():
-    """The load-balancing loss reads every layer's router logits: exact gradients, and every region
-    that does not stream says why."""
+@pytest.mark.parametrize("case", ["right_pad", "t", "b1"])
+def test_router_aux_loss_streams(case):
+    """The load-balancing loss reads every layer's router logits ([B*T, E]: batch and tokens in
+    one dim): the residual stream goes on past them, each layer streams and writes its chunk's
+    rows of the router logits, the head streams the cross-entropy, and the aux loss (sums over the
+    router logits) is exact; nothing warns."""
     model, make_inputs = zoo.qwen3_moe(router_logits=True)
-    inputs = make_inputs("right_pad")
-    run = _parity(inputs, {"chunk_size": 5}, model)
-    assert run.schedules.get("layer.0"), run.schedules
-    streamed = set(run.schedules)
-    for name in [f"layer.{i}" for i in range(zoo.LAYERS)]:
-        if name not in streamed:
-            assert any(name in w and "router_logits" in w for w in run.warnings), run.warnings
+    inputs = make_inputs(zoo.Case("t", 2, T)) if case == "t" else make_inputs(case)
+    run = _parity(inputs, {"chunk_size": 5, "head_chunk_size": 6}, model)
+    _layers_streamed(run, 5, inputs.T)
+    assert set(run.schedules["head"]) == {-(-inputs.T // 6)}, run.schedules
+    for got, ref in zip(run.out.router_logits, run.ref_out.router_logits, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(run.out.aux_loss, run.ref_out.aux_loss, rtol=1e-5, atol=1e-7)
+
+
+def test_a_loss_outside_every_head_warns():
+    """A graph with a loss whose head does not stream says so, naming the sum and its source line
+    and what to change (here the loss reads a layer's inside and the last hidden state through a
+    cumsum); gradients stay exact."""
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.qkv, self.o = torch.nn.Embedding(50, 8), torch.nn.Linear(8, 24), torch.nn.Linear(8, 8)
+
+        def layer(self, h):
+            q, k, v = self.qkv(h).unsqueeze(1).chunk(3, -1)
+            return h + self.o(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).squeeze(1))
+
+        def forward(self, ids):
+            h1 = self.layer(self.emb(ids))
+            return (self.layer(h1).cumsum(1) ** 2).sum() + h1.pow(2).sum()
+
+    inputs = zoo.Inputs((torch.randint(0, 50, (2, 12)),), {}, zoo.Case("t", 2, 12), lambda out: out, lambda out: None, 50)
+    run = run_eager_and_compiled(Model(), inputs, {"chunk_size": 5})
+    assert_grads_match(run.ref_grads, run.grads)
+    assert "head" not in run.schedules
+    head = [w for w in run.warnings if "region 'head'" in w]
+    assert head and "aten.sum" in head[0] and "test_moe.py" in head[0] and "per-token terms" in head[0], run.warnings
 
 
 def _tiny(config_cls, model_cls, **kw):
@@ -170,3 +198,20 @@ def test_other_moe_families_are_exact(family):
     inputs = zoo._hf_inputs(zoo.VOCAB)("left_pad")
     run = _parity(inputs, {"chunk_size": 5}, model)
     _layers_streamed(run, 5)
+
+
+def test_eager_expert_loop_is_exact():
+    """transformers' eager expert loop (``experts_implementation="eager"``: a Python loop over the
+    experts hit, ``torch.where`` of each expert's tokens, ``index_add_``) iterates over data, so
+    Dynamo splits the model at it: exact gradients, no internal error, and the attention layers of
+    every graph piece stream."""
+    model, make_inputs = zoo.qwen3_moe()
+    model.config._experts_implementation = "eager"
+    assert model.model.layers[0].mlp.experts.config._experts_implementation == "eager"
+    run = _parity(make_inputs("right_pad"), {"chunk_size": 5}, model)
+    n = -(-T // 5)
+    assert run.schedules.get("layer.0") and set(run.schedules["layer.0"]) == {n}, run.schedules
+    # one layer region per graph piece (the loop splits the model inside each layer's MoE block),
+    # each asked for its schedule four times over a forward and backward, as in a one-graph model
+    assert len(run.schedules["layer.0"]) == 4 * zoo.LAYERS, run.schedules
+    assert run.schedules.get("head"), run.schedules
