@@ -369,15 +369,15 @@ def _run_whole(prog: RegionProgram, err: Exception) -> None:
     import warnings
 
     from streamfx.passes import verify
-    from streamfx.session import _warned
 
     if verify.enabled():
         raise err
     text = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
     message = (f"streamfx: region '{prog.name}' could not run chunk by chunk ({type(err).__name__}: {text}); "
                f"it runs without streaming")
-    if message not in _warned:  # warned once, as the compile-time refusals
-        _warned.add(message)
+    warned = prog.__dict__.setdefault("_warned_whole", set())
+    if message not in warned:  # once per region program and cause, as the compile-time refusals
+        warned.add(message)
         warnings.warn(message, stacklevel=3)
 
 

@@ -89,8 +89,6 @@ def check(model_type: str, options: dict | None = None) -> dict:
         return compile_graph(gm, example_inputs, config, Session(config, collect=analyses))
 
     torch._dynamo.reset()
-    import streamfx.session
-    streamfx.session._warned.clear()
     mine = copy.deepcopy(model)
     try:
         with warnings.catch_warnings(record=True) as caught:

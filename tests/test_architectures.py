@@ -61,8 +61,13 @@ def test_hf_forms_at_every_chunk_size(name, chunk):
     check(name, "left_pad", {"chunk_size": chunk})
 
 
+INDUCTOR_FALCON = pytest.mark.xfail(strict=True, reason=(
+    "Inductor on CPU (torch 2.13.0) miscompiles Falcon's backward: plain torch.compile(backend='inductor') "
+    "without streamfx gives a 1.8e-2 gradient error against eager too; streambp with codegen='eager' is exact"))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", PLAIN + HF)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=INDUCTOR_FALCON) if n == "falcon" else n for n in PLAIN + HF])
 def test_forms_inductor(name):
     check(name, "left_pad" if name in HF else "odd13", {"codegen": "inductor", "chunk_size": 5})
 
@@ -146,7 +151,7 @@ def test_no_attention_warns_once_and_the_head_streams():
     assert "no causal attention found: layers run unstreamed; the head streams" in text, text
 
 
-def _broken_regions(fwd_nodes, sd, sites, sinks, classes):
+def _broken_regions(fwd_nodes, sd, sites, *rest):
     node = sites[0].output  # the pass was looking at this node when it failed
     raise RuntimeError(f"an analysis bug at {node.name}")
 
