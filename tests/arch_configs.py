@@ -1,4 +1,4 @@
-"""Tiny CPU configs for every causal-LM architecture of the installed transformers (issue 14).
+"""Tiny CPU configs for every causal-LM architecture of the installed transformers.
 
     for model_type, config_cls, model_cls in causal_lm_classes(): ...
     config = tiny_config("qwen3_moe")            # a shrunk config, not yet a model

@@ -1,4 +1,4 @@
-"""Attention forms beyond causal softmax attention (issue 14): every layer streams, exactly.
+"""Attention forms beyond causal softmax attention: every layer streams, exactly.
 
   sinks     gpt-oss: a learned per-head logit in every row's softmax denominator (cat + slice)
   alibi     Bloom-style: a per-key linear bias, the input of ``baddbmm`` (read over each chunk's keys)

@@ -1,4 +1,4 @@
-"""Mixture-of-experts layers stream (issue 14): transformers' grouped expert dispatch (a sort of
+"""Mixture-of-experts layers stream: transformers' grouped expert dispatch (a sort of
 token-expert pairs by expert, a gather of their tokens, grouped matmuls whose groups are counted
 from the sorted ids, the inverse permutation and a sum over the top-k slots) is a permutation of
 a chunk's tokens and its inverse, so every layer streams with exact gradients."""

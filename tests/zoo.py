@@ -435,7 +435,7 @@ ZOO: dict[str, Callable] = {
 HF_MODELS = ("qwen3_sdpa", "qwen3_eager", "llama_tied", "mistral_sliding", "gemma3", "gpt2")
 
 
-# ---- attention forms (issue 14): sinks, ALiBi, chunked attention, MLA ------------------------------
+# ---- attention forms: sinks, ALiBi, chunked attention, MLA ------------------------------
 class FormAttention(nn.Module):
     """Eager attention over per-head Q, K, V with one of the attention forms of ``FormLM``."""
 

@@ -1,4 +1,4 @@
-"""Symbolic sequence length: compile times and step time against ``dynamic=False`` (issue #12).
+"""Symbolic sequence length: compile times and step time against ``dynamic=False``.
 
     python -m streamfx.bench.dynamic [--model qwen3-layers] [--t1 1024] [--t2 2048] [--reps 7]
                                      [--processes 1] [--codegen inductor]
