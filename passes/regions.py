@@ -64,6 +64,9 @@ def residual_chain(fwd_nodes, sd, sinks, requires_grad=frozenset()) -> list:
     idom = nx.immediate_dominators(sub, emb)
     rank = order(fwd_nodes)
     chains = [[c for c in _dominators(idom, s, emb) if sd.seq_dim(c) is not None] for s in ends]
+    chains = [c for c in chains if c]  # (none with a sequence of one token)
+    if not chains:
+        return []
     # the chain that reaches furthest along the sequence path: a side output that branches off
     # inside a layer (MoE router logits, an auxiliary loss over them) does not end the residual
     # stream there. It holds every node that dominates all sinks.
