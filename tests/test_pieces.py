@@ -192,7 +192,9 @@ def test_ddp_piece_cut_inside_layer(tmp_path):
     assert sorted(reduced) == sorted(ref_grads), reduced
     assert ran["region_forward"] == 1 and ran["chunks_backward"] == 5, ran  # the head: T=17 in chunks of 4
     cut = [m for m in messages if "attention outside every layer region" in m]
-    assert len(cut) == 1, messages
+    # one warning per cut piece that holds an attention (warnings are per compiled graph)
+    graphs = {m.rsplit("(compiled graph ", 1)[-1] for m in cut}
+    assert len(cut) == len(graphs) == len(model.layers), messages
     assert "DDPOptimizer" in cut[0] and "torch._dynamo.config.optimize_ddp = False" in cut[0], cut
     assert "bucket_cap_mb" in cut[0] and "zoo.py" in cut[0], cut  # the remedy and the source line
 
