@@ -14,9 +14,8 @@ cases (the head tests in test_head_streaming.py add more cases on nanoGPT, Qwen3
 import pytest
 import torch
 
-import streamfx
 import zoo
-from conftest import (assert_grads_match, assert_head_not_streamed, assert_streamed, head_plans,
+from conftest import (assert_grads_match, assert_head_not_streamed, assert_streamed,
                       run_eager_and_compiled)
 
 HEAD_CHUNK = 4  # T = 13..17 -> 4 or 5 head chunks, partial last chunk for odd T
@@ -67,28 +66,21 @@ def test_parity_eager_codegen(name, case):
 def test_every_case_and_model_covered():
     cases = {c for cs in EAGER_MATRIX.values() for c in cs}
     assert cases == set(zoo.CASES)
-    assert set(zoo.ZOO) - {"gpt2"} <= set(EAGER_MATRIX)
+    assert set(zoo.ZOO) - {"gpt2", "qwen3_moe"} <= set(EAGER_MATRIX)  # (MoE: tests/test_moe.py)
     for c in zoo.CASES:
         assert sum(c in cs for cs in EAGER_MATRIX.values()) >= 2, c
 
 
-def test_gpt2_default_graph_break_head_not_streamed():
-    """Current behaviour, recorded on purpose: stock GPT2LMHeadModel does NOT stream its head.
-
-    ``PreTrainedModel.loss_function`` calls ``logger.warning_once("`loss_type=None` was set in the
-    config but it is unrecognized...")`` for GPT2LMHeadModel (its class name does not name a loss
-    type); Dynamo graph-breaks on logging, so graph 1 ends at the logits and graph 2 computes the
-    loss from them. Neither graph has an LM head followed by a loss, and streamfx refuses with "the
-    head computes no reduction over the sequence". Gradients are still exact. Workaround:
-    ``model.loss_type = "ForCausalLM"`` (``gpt2_loss_type`` in the matrix above streams)."""
+def test_gpt2_default_graph_break_head_streams_in_its_own_graph():
+    """Stock GPT2LMHeadModel graph-breaks before its loss (``PreTrainedModel.loss_function`` logs a
+    ``warning_once`` for a class name that names no loss type): graph 1 ends at the logits and
+    graph 2 computes the loss from them. Graph 2 is a head-only graph: its sequence axis comes from
+    the labels, and it streams. Gradients are exact."""
     model, make_inputs = zoo.gpt2()
     inputs = make_inputs("b1")
-    assert_exact_and_head_not_streamed(model, inputs)  # nothing dropped: the logits leave graph 1
-    torch._dynamo.reset()
-    report = streamfx.explain(model, *inputs.args, options={"head_chunk_size": HEAD_CHUNK}, **inputs.kwargs)
-    assert head_plans(report) == []
-    assert len(report.seq_dim) == 2  # two graphs: the graph break
-    assert ("head", "the head computes no reduction over the sequence (no loss in the graph)") in report.not_streamed
+    run = run_eager_and_compiled(model, inputs, {"head_chunk_size": HEAD_CHUNK})
+    assert_grads_match(run.ref_grads, run.grads)
+    assert [p.name for p in run.programs if p.name == "head"] == ["head"], [p.name for p in run.programs]
 
 
 def assert_exact_and_head_not_streamed(model, inputs):
