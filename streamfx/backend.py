@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.exc import RestartAnalysis
 from torch._functorch import config as functorch_config
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import default_partition
@@ -70,7 +71,7 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
         except DetachOutputs as restart:
             session.detached = restart.indices
             return _compile(detach_outputs(gm, restart.indices), example_inputs, config, session)
-    except (StreamBPError, DetachOutputs):
+    except (StreamBPError, DetachOutputs, RestartAnalysis):  # (Dynamo's restart is control flow, not a failure)
         raise
     except Exception as err:  # noqa: BLE001 - compiling the streamed graph failed: compile it unstreamed
         if session.unstreamed or verify.enabled():

@@ -106,10 +106,6 @@ def explain(model, *args, options=_UNSET, dynamic=_UNSET, **kwargs) -> Report:
         def later():
             try:
                 r = _explain_once(model, args, kwargs, options, True, state)
-                if not r.analyses:  # Dynamo served the call from the compile above (same inputs)
-                    r.not_streamed.append(("compile", "not examined: Dynamo reused the first compile for "
-                                                      "these inputs; streamfx.explain(..., dynamic=True) "
-                                                      "shows the symbolic compile"))
             except Exception as e:  # noqa: BLE001 - reported, not raised: the first report stands
                 r = build_report([])
                 r.not_streamed.append(("compile", f"compiling with symbolic sizes failed: {type(e).__name__}: "

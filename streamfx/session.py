@@ -5,6 +5,7 @@ import itertools
 import warnings
 
 import torch
+from torch._dynamo.exc import RestartAnalysis
 
 from streamfx.passes import pipeline, verify
 from streamfx.passes.graphs import primals
@@ -61,7 +62,7 @@ class Session:
             return base_partition(joint, joint_inputs, **kwargs)
         try:
             joint, analysis = pipeline.run(joint, nfwd, self.config, self._constants(joint), self._dumper())
-        except (StreamBPError, DetachOutputs):
+        except (StreamBPError, DetachOutputs, RestartAnalysis):  # (Dynamo's restart: control flow)
             raise
         except Exception as err:  # noqa: BLE001 - a pass bug must not reach the user: run unstreamed
             if verify.enabled():
