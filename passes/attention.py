@@ -86,6 +86,7 @@ class AttentionSite:
     data: tuple = ()                 # the data inputs the mask is computed from (read per call)
     scale: float | None = None
     mask_user: fx.Node | None = None   # the node that applies the mask to the scores (unfused)
+    conflict: str | None = None        # why the scores' terms leave the keys a chunk reads unknown
 
     def describe(self) -> str:
         mask = self.mask_kind + (f"({self.window})" if self.window else "")
@@ -185,13 +186,96 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
                         and any(u in interior for u in user.users):
                     interior.add(user)
                     grown = True
-    mask_user = None
-    for n in list(interior):
+    # token-by-token terms entering the scores: the mask, and score terms (a learned bias)
+    candidates = []
+    for n in _in_graph_order(interior):
         for x in n.all_input_nodes:
             xa = (sd.axes.get(x) or [None])[0]
             if x not in interior and xa and len(xa) >= 2 and xa[-1] and sd.table.canon(xa[-1]) == seq \
-                    and xa[-2] and sd.table.canon(xa[-2]) == seq and x is not scores:
-                mask, mask_user = x, n
+                    and xa[-2] and sd.table.canon(xa[-2]) == seq and x is not scores \
+                    and all(c[0] is not x for c in candidates):
+                candidates.append((x, n))
+    mask, mask_user, conflict = _choose_mask(candidates)
     q, kt = _operands(scores)
     return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
-                         frozenset(interior | {out}), False, mask, mask_user=mask_user)
+                         frozenset(interior | {out}), False, mask, mask_user=mask_user, conflict=conflict)
+
+
+MASKING_OPS = (aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.where.self)
+
+
+def _in_graph_order(nodes) -> list:
+    order = {n: i for i, n in enumerate(next(iter(nodes)).graph.nodes)} if nodes else {}
+    return sorted(nodes, key=order.__getitem__)
+
+
+def _hides(x: fx.Node, user: fx.Node) -> bool:
+    """Whether ``x`` is the condition of a masking op (``masked_fill``, ``where``) on the scores."""
+    return user.target in MASKING_OPS and user.args[1 if user.target is not aten.where.self else 0] is x
+
+
+def _choose_mask(candidates: list) -> tuple:
+    """(mask, the node applying it, conflict) among the token-by-token terms entering the scores.
+
+    A term that is the condition of a masking op is the mask; a term added to the scores is a
+    score term (a learned bias, ALiBi distances) that the chunk graphs take sliced like any
+    other input, or the mask when nothing masks the scores otherwise. The keys a chunk reads
+    come from the mask alone: exact as long as no other term hides keys, so a second masking
+    condition, an additive term beside a masking op that is computed from per-token data (a
+    padding mask), or two additive masks, is a conflict the layer plan refuses (``conflict``:
+    the message)."""
+    if not candidates:
+        return None, None, None
+    hiding = [c for c in candidates if _hides(*c)]
+    mask, user = hiding[-1] if hiding else candidates[-1]
+    others = [x for x, _ in candidates if x is not mask]
+    if len(hiding) > 1:
+        return mask, user, f"the scores are masked twice ({', '.join(x.name for x, _ in hiding)}): combine the masks into one"
+    if others and hiding:
+        data = [x for x in others if _from_token_data(x)]
+        if data:
+            return mask, user, (f"a term added to the scores ({data[0].name}) is computed from per-token data beside the "
+                                f"mask ({mask.name}): combine them into one mask")
+    if others and not hiding:
+        masks = [c for c in candidates if _mask_like(c[0])]
+        if len(masks) > 1:
+            return mask, user, (f"several masks are added to the scores ({', '.join(x.name for x, _ in masks)}): "
+                                "combine them into one")
+        if masks:
+            mask, user = masks[0]
+    return mask, user, None
+
+
+def _mask_like(node: fx.Node) -> bool:
+    """An additive term that can hide keys: a mask input, or one computed from per-token data or
+    from constants and sizes alone; the rest are computed from floating-point inputs (a learned
+    bias or slopes) and are score terms."""
+    if node.op == "placeholder" or _from_token_data(node):
+        return True
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_floating_point():
+            return False
+        stack.extend(n.all_input_nodes)
+    return True
+
+
+def _from_token_data(node: fx.Node) -> bool:
+    """Whether a value is computed from an integer or boolean graph input (padding flags, position
+    ids, a boolean mask) rather than from parameters, constants and sizes alone."""
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op == "placeholder":
+            v = n.meta.get("val")
+            if isinstance(v, torch.Tensor) and not v.is_floating_point():
+                return True
+        stack.extend(n.all_input_nodes)
+    return False

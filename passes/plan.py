@@ -203,6 +203,8 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
     if len(region.attention) != 1:
         raise CannotStream(f"a layer region with {len(region.attention)} attention sites")
     site = region.attention[0]
+    if site.conflict:
+        raise CannotStream(site.conflict, site.mask_user)
     if not site.is_causal:
         raise CannotStream("attention that is not causal mixes every token with every other", site.output)
     for n in region.nodes:

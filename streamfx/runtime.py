@@ -157,6 +157,15 @@ def _put_rows(result: list, j: int, o: torch.Tensor, spec, s: int, e: int, T: in
 _RANGE_CACHES: dict = {}
 
 
+def clear_caches() -> None:
+    """Forget every compiled chunk graph and every cached key range (a fresh process's state:
+    compile counts measured after this are one model's alone)."""
+    from . import chunks
+
+    chunks._COMPILED.clear()
+    _RANGE_CACHES.clear()
+
+
 @dataclasses.dataclass
 class MaskCheck:
     """The mask part of a layer (``streamfx.passes.reach``) and how its values hide keys. Layers
