@@ -294,11 +294,49 @@ def _wrap_generate(target, state) -> None:
 
 
 # ---- TRL's fused LM head -------------------------------------------------------------------------
-def _trl_fused_vars(forward) -> dict | None:
-    """The settings TRL's ``add_fused_lm_head`` closed over, if ``forward`` is its fused forward."""
-    func = getattr(forward, "__func__", None)
+def _is_trl_fused(func) -> bool:
     code = getattr(func, "__code__", None)  # (functools.wraps gave it the model's forward's name)
-    if code is None or code.co_name != "_fused_forward" or "add_fused_lm_head" not in code.co_qualname:
+    return code is not None and code.co_name == "_fused_forward" and "add_fused_lm_head" in code.co_qualname
+
+
+def _fused_chain(forward) -> tuple:
+    """(wrappers, TRL's fused forward function) of a model's ``forward``, or (None, None).
+
+    TRL installs its fused forward on the model; under mixed precision Accelerate then wraps
+    the model's forward in an autocast decorator and an fp32 conversion of the outputs.
+    ``wrappers``: from the outermost, each a function of the wrapped function that rebuilds it
+    (so the streamable forward is wrapped the same way)."""
+    from torch.amp.autocast_mode import autocast_decorator
+
+    func = getattr(forward, "__func__", forward)
+    wrappers = []
+    for _ in range(8):
+        if _is_trl_fused(func):
+            return wrappers, func
+        inner = getattr(func, "__wrapped__", None)
+        if inner is None:
+            return None, None
+        cells = dict(zip(getattr(func, "__code__", None) and func.__code__.co_freevars or (),
+                         getattr(func, "__closure__", None) or ()))
+        if type(inner).__name__ == "ConvertOutputsToFp32":  # Accelerate's convert_outputs_to_fp32
+            from accelerate.utils import convert_outputs_to_fp32
+
+            wrappers.append(convert_outputs_to_fp32)
+            func = inner.model_forward
+        elif func.__name__ == inner.__name__ and "autocast_instance" in cells:  # torch.autocast as a decorator
+            instance = cells["autocast_instance"].cell_contents
+            wrappers.append(lambda f, instance=instance: autocast_decorator(instance, f))
+            func = inner
+        else:
+            return None, None  # a wrapper streamfx does not know: TRL's head stays as it is
+    return None, None
+
+
+def _trl_fused_vars(forward) -> dict | None:
+    """The settings TRL's ``add_fused_lm_head`` closed over, if ``forward`` is its fused forward
+    (possibly inside Accelerate's mixed-precision wrappers)."""
+    _, func = _fused_chain(forward)
+    if func is None:
         return None
     cells = dict(zip(func.__code__.co_freevars, func.__closure__ or ()))
     missing = [k for k in _TRL_FUSED_VARS if k not in cells]
@@ -313,8 +351,12 @@ def _adapt_trl_head(target, state) -> None:
     settings = _trl_fused_vars(target.forward)
     if settings is None:
         return
-    state.trl_forward = target.forward.__func__
-    target.forward = types.MethodType(_streamable_fused_forward(settings, state.trl_forward), target)
+    wrappers, fused = _fused_chain(target.forward)
+    state.trl_forward = target.forward.__func__  # (with its wrappers: what the kernel fallback calls)
+    streamable = _streamable_fused_forward(settings, fused)
+    for wrap in reversed(wrappers):
+        streamable = wrap(streamable)
+    target.forward = types.MethodType(streamable, target)
     if not state.trl_head:
         state.trl_head = True
         if state.compiled is not None:
