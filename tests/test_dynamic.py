@@ -263,3 +263,24 @@ def test_any_sequence_of_calls(sequence):
     # each set of inputs (with an attention mask, or packed with position ids) is a graph of its
     # own: compiled statically, then once with symbolic sizes
     assert calls.compiles <= 2 * len(signatures)
+
+
+def test_main_example_later_lengths_stream():
+    """The main example's model (one row, a prompt of ignored labels): the symbolic compile a
+    second length gets makes Dynamo restart its analysis once (a Python float of the symbolic
+    length becomes a tensor); the restart is Dynamo's control flow, never a failure, so that
+    compile streams every layer and the head, with no warning."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    from train_qwen3 import batch, build
+
+    ids, labels = batch(64, 4096, prompt=16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = streamfx.explain(build(), input_ids=ids, labels=labels, options={"chunk_size": 16, "codegen": "eager"})
+    later = report.later_lengths
+    assert later is not None
+    assert {p.name for p in later.plan} == {"layer.0", "layer.1", "layer.2", "layer.3", "head"}, later
+    assert not [str(w.message) for w in caught if "streamfx" in str(w.message)]
