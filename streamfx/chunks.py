@@ -9,9 +9,11 @@ compiles a chunk graph once, on fake inputs whose "q" and "k" dims and symbolic 
 symbols of a fresh shape environment (never Dynamo's: nothing guards them), so one compile
 serves every chunk length, key length, sequence length and batch size.
 
-The compile cache is keyed on everything the compiled code depends on: the graph's code, every
-slot (dtypes, devices, static sizes, layouts), which inputs get a gradient, and whether it is
-the inference or the training compile.
+The compile cache is keyed on everything the compiled code depends on: the graph's structure
+(``structure_key``: its ops and how they connect, not its node names, so the layers of one model
+share their chunk graphs), every slot (dtypes, devices, static sizes, layouts), the constants it
+reads, which inputs get a gradient, and whether it is the inference or the training compile. The
+shape check of a chunk graph (``check``) is cached on the same structure, slots and sizes.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from torch.fx._lazy_graph_module import _LazyGraphModule
 COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chunks_backward": 0,
             "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0}
 _COMPILED: dict[tuple, Callable] = {}
+_CHECKED: dict[tuple, list | Exception] = {}
 # sample sizes of the symbols a chunk graph is compiled with: distinct, so that no two symbols
 # are ever taken for one
 HINTS = {"q": 5, "k": 13}
@@ -84,6 +87,11 @@ class ChunkGraph:
                     return i, d
         raise ValueError(f"size {key} is not a dim of any input")
 
+    def key(self) -> tuple:
+        """What running the graph depends on: its structure, its slots, its sizes, its constants."""
+        return (structure_key(self.gm), tuple(s.key() for s in self.slots), tuple(map(str, self.sizes)),
+                _constants_key(self.gm))
+
     def fn(self, codegen: str, train: bool, grads=()) -> Callable:
         """The graph as run, taking the tensors (sizes are read from them): itself (codegen
         "eager"), or compiled by Inductor once per key. ``grads``: the slots that get a gradient
@@ -91,8 +99,7 @@ class ChunkGraph:
         if codegen == "eager":
             return self._with_sizes(self.gm)
         grads = tuple(sorted(grads)) if train else ()
-        key = (self.gm.code, tuple(s.key() for s in self.slots), tuple(map(str, self.sizes)), grads, train,
-               _constants_key(self.gm))
+        key = (self.key(), grads, train)
         if key not in _COMPILED:
             COUNTERS["chunk_compiles"] += 1
             try:
@@ -118,6 +125,40 @@ class ChunkGraph:
         return run
 
 
+def structure_key(gm: fx.GraphModule) -> tuple:
+    """The graph with its nodes numbered instead of named: per node its op, its target and its
+    arguments (other nodes by number, constants by ``repr``, so ``1``, ``1.0`` and ``True`` stay
+    apart). Two graphs with one key compute the same function of their placeholders, given the
+    same constants (``_constants_key``)."""
+    number: dict = {}
+    rows = []
+    for i, n in enumerate(gm.graph.nodes):
+        number[n] = i
+        args = fx.node.map_aggregate((n.args, n.kwargs), lambda a: _Ref(number[a]) if isinstance(a, fx.Node)
+                                     else _Opaque(a) if isinstance(a, torch.Tensor) else a)
+        target = None if n.op in ("placeholder", "output") else n.target   # callables by identity
+        rows.append((n.op, target, repr(args)))
+    return tuple(rows)
+
+
+class _Ref(int):
+    def __repr__(self):
+        return f"%{int(self)}"
+
+
+class _Opaque:
+    """A tensor written into a node's arguments: keyed by identity (held, so never reused)."""
+
+    _held: dict = {}
+
+    def __init__(self, t):
+        _Opaque._held[id(t)] = t
+        self.id = id(t)
+
+    def __repr__(self):
+        return f"<tensor {self.id}>"
+
+
 def _constants_key(gm: fx.GraphModule) -> tuple:
     """The values of the constants a graph reads (``get_attr``): compiled code embeds them."""
     out = []
@@ -126,7 +167,10 @@ def _constants_key(gm: fx.GraphModule) -> tuple:
             t = getattr(gm, n.target)
             if isinstance(t, torch.Tensor):
                 data = t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
-                out.append((n.target, tuple(t.shape), str(t.dtype), hashlib.sha256(data).hexdigest()))
+                out.append((n.target, tuple(t.shape), tuple(t.stride()), str(t.dtype),
+                            hashlib.sha256(data).hexdigest()))
+            elif isinstance(t, fx.GraphModule):   # a higher-order op's subgraph
+                out.append((n.target, structure_key(t), _constants_key(t)))
             else:
                 out.append((n.target, repr(t)))
     return tuple(out)
@@ -200,8 +244,19 @@ def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool) -> Calla
 
 def check(graph: ChunkGraph) -> None:
     """Propagate symbolic chunk-shaped fake inputs through the graph (raises where it does not
-    instantiate per chunk)."""
+    instantiate per chunk). Cached on the graph's key: every layer of a model, and every later
+    compile of it, has its chunk graphs checked once."""
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-    mode, fakes = fake_inputs(graph.slots, graph.sizes)
-    FakeTensorProp(graph.gm, mode).propagate_dont_convert_inputs(*fakes)
+    key = graph.key()
+    if key not in _CHECKED:
+        try:
+            mode, fakes = fake_inputs(graph.slots, graph.sizes)
+            FakeTensorProp(graph.gm, mode).propagate_dont_convert_inputs(*fakes)
+            _CHECKED[key] = [n.meta.get("val") for n in graph.gm.graph.nodes]
+        except Exception as e:  # noqa: BLE001 - raised again below, and for every graph with this key
+            _CHECKED[key] = e
+    if isinstance(_CHECKED[key], Exception):
+        raise _CHECKED[key]
+    for n, v in zip(graph.gm.graph.nodes, _CHECKED[key]):   # the values at chunk shapes, as propagated
+        n.meta["val"] = v

@@ -163,6 +163,7 @@ def clear_caches() -> None:
     from . import chunks
 
     chunks._COMPILED.clear()
+    chunks._CHECKED.clear()
     _RANGE_CACHES.clear()
 
 
