@@ -16,6 +16,14 @@ import torch
 os.environ.setdefault("STREAMFX_VERIFY", "1")
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``-n N``) the cores are shared: each worker gets its share of torch's
+    intra-op threads instead of every worker taking them all."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+
+
 def pytest_collection_modifyitems(config, items):
     """The architecture sweep runs only when asked for by name (``-m sweep``): it takes over an
     hour, and ``-m "not slow"`` must not select it."""

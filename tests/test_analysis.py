@@ -55,6 +55,7 @@ def nodes_of(analysis, name):
     return [n for n in analysis.fwd_nodes if n.op == "call_function" and n.target.__name__.startswith(name)]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("attn", ["sdpa", "matmul"])
 def test_roles_are_structural_when_hidden_equals_T_equals_vocab(attn):
     """d == T == V == 8 and B == H == 2: every size coincides, the roles must still be right."""
@@ -82,6 +83,7 @@ def test_roles_are_structural_when_hidden_equals_T_equals_vocab(attn):
     assert sums, "the loss sums over tokens"
 
 
+@pytest.mark.fast
 def test_sliding_window_mask_recognised():
     model = TinyLM(V=16, d=8, H=2, attn="matmul", window=3)
     idx = torch.randint(0, 16, (1, 10))
@@ -90,6 +92,7 @@ def test_sliding_window_mask_recognised():
     assert (site.mask_kind, site.window) == ("sliding-window", 3)
 
 
+@pytest.mark.fast
 def test_bidirectional_attention_is_not_causal():
     model = TinyLM(V=16, d=8, H=2, attn="bidirectional")
     idx = torch.randint(0, 16, (1, 10))
@@ -97,6 +100,7 @@ def test_bidirectional_attention_is_not_causal():
     assert [s.is_causal for s in report.attention_sites] == [False]
 
 
+@pytest.mark.fast
 def test_regions_cut_at_residual_stream():
     model = TinyLM(V=32, d=16, H=2, layers=3)
     idx = torch.randint(0, 32, (2, 12))
@@ -111,6 +115,7 @@ def test_regions_cut_at_residual_stream():
     assert "head" in str(report) and "attention sites: 3" in str(report)
 
 
+@pytest.mark.fast
 def test_unknown_mixing_op_is_reported_with_source_line():
     class CumsumHead(torch.nn.Module):
         def __init__(self):
@@ -149,6 +154,7 @@ def test_seq_roles_property(B, T, H, hd, V):
     assert out_dims.count("q") == 1 and out_dims[-2] == "q"
 
 
+@pytest.mark.fast
 def test_symbolic_sequence_length_is_analysed_and_streams():
     """dynamic=True: T is a SymInt. The analysis finds the sequence dim, both attention sites
     (causal) and the layer and head regions, every region streams, and gradients equal eager's

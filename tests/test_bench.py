@@ -14,6 +14,8 @@ from streamfx.bench.summary import least_squares_slope  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 METHODS = ["eager", "ckpt", "streambp-eager"]
+# one worker runs the module under pytest-xdist (--dist loadgroup): the benchmark fixture runs once
+pytestmark = pytest.mark.xdist_group("bench")
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +80,7 @@ def test_csv_has_a_line_per_run(tiny_run):
     assert len(lines) == 1 + 2 * (len(METHODS) + 1)
 
 
+@pytest.mark.fast
 def test_helpers():
     assert least_squares_slope([(1, 3.0), (2, 5.0), (3, 7.0)]) == pytest.approx(2.0)
     assert least_squares_slope([(1, 3.0)]) is None
@@ -92,6 +95,7 @@ def test_helpers():
     assert PRESETS["qwen3-8b"].vocab_size == 151936
 
 
+@pytest.mark.fast
 def test_max_len_bisection(tmp_path, monkeypatch):
     limit = 50_000
     seen = []
@@ -113,6 +117,7 @@ def test_max_len_bisection(tmp_path, monkeypatch):
     assert {r["reason"] for r in cpu} == {"needs CUDA"}
 
 
+@pytest.mark.fast
 def test_shifted_loss_equals_the_model_loss():
     """--loss shifted computes cross_entropy(logits[:, :-1], labels[:, 1:]) outside the model:
     the same value and gradients as the model's own (label-shifting) loss; unknown losses raise."""

@@ -6,6 +6,8 @@ import torch
 
 from test_analysis import TinyLM
 
+pytestmark = pytest.mark.fast  # the whole module is in the fast tier
+
 
 @pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot is not installed")
 def test_dump_renders_svg_with_classes_regions_and_schedule(tmp_path):

@@ -8,6 +8,7 @@ any analysis shows up here as a readable diff. To accept an intended change:
 import os
 import pathlib
 
+import pytest
 import torch
 from torch._functorch.aot_autograd import aot_function, make_boxed_func
 from torch._functorch.partitioners import default_partition
@@ -16,6 +17,8 @@ from torch._inductor.decomposition import select_decomp_table
 from streamfx.config import StreamConfig
 from streamfx.dumps import to_text
 from streamfx.passes import pipeline
+
+pytestmark = pytest.mark.fast  # the whole module is in the fast tier
 from test_analysis import TinyLM
 
 GOLDEN = pathlib.Path(__file__).parent / "golden" / "tiny_lm_analysis.txt"

@@ -34,6 +34,7 @@ def parity(model, inputs, head_chunk_size, rtol=1e-4, exact_schedule=True, T=Non
 T_PROMPT = zoo.CASES["prompt"].T  # 16
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("chunk", [1, 7, T_PROMPT - 1, T_PROMPT, T_PROMPT + 24],
                          ids=["c1", "c7", "cT-1", "cT", "c>T"])
 def test_head_chunk_sizes(chunk):
@@ -46,6 +47,7 @@ def test_head_chunk_sizes(chunk):
 
 
 # ---- ignored labels -------------------------------------------------------------------------------
+@pytest.mark.fast
 def test_chunk_entirely_ignored():
     """Qwen3 (HF loss shifts labels): labels -100 on tokens 0..8 of both rows, so after the shift
     targets 0..7 are ignored: head chunks [0, 4) and [4, 8) contain no counted token at all."""
@@ -105,6 +107,7 @@ def test_return_logits_false_drops_logits():
 
 
 # ---- tied embeddings ---------------------------------------------------------------------------------
+@pytest.mark.fast
 def test_tied_embedding_grads_add_up():
     """Llama with tie_word_embeddings: the one weight's gradient is the embedding's contribution
     plus the LM head's (the head part is accumulated over chunks, the embedding part outside)."""
@@ -259,6 +262,7 @@ def grpo_case(shift="labels"):
     return GRPOLoss(lm, shift=shift), PlainInputs((ids, labels, old, torch.tensor([1.0, -0.7])), 2, 16)
 
 
+@pytest.mark.fast
 def test_dpo_logsigmoid_parity():
     """DPO as written in the paper / TRL: -logsigmoid(beta * margin). F.logsigmoid decomposes to
     min(0, x) - log1p(exp(-|x|)), so torch.minimum's backward runs after the streamed head
@@ -267,6 +271,7 @@ def test_dpo_logsigmoid_parity():
     parity(model, inputs, 4)
 
 
+@pytest.mark.fast
 def test_dpo_softplus_parity():
     """The same DPO loss written as softplus(-margin): streams, exact gradients; each sequence's
     token log-prob sum is a "sum" output of the head region, accumulated over chunks."""
@@ -328,6 +333,7 @@ def test_trunk_forward_runs_once_per_step(codegen):
     assert _CALLS["n"] == 1, "the forward ran again during the backward"
 
 
+@pytest.mark.fast
 def test_grpo_parity():
     model, inputs = grpo_case("labels")
     parity(model, inputs, 4)
@@ -402,6 +408,7 @@ class NeighbourLoss(nn.Module):
         return (logits[:, 1:] - logits[:, :-1]).pow(2).mean()
 
 
+@pytest.mark.fast
 @pytest.mark.filterwarnings("ignore:streamfx")
 def test_neighbour_logits_refusal_names_the_slice():
     """Two slices of the logits on different rows mix tokens: the head does not stream, the
@@ -560,6 +567,7 @@ class HiddenSliceLlama(zoo.TinyLlama):
         return F.cross_entropy(logits.reshape(-1, self.vocab), labels[:, 1:].reshape(-1))
 
 
+@pytest.mark.fast
 def test_hidden_slice_streams_the_last_layer():
     """With one row, ``hidden[:, :-1]`` reaches the head through a view, not a copy (the slice of
     a single row flattens without one): the last layer still ends at the hidden state, every

@@ -31,6 +31,7 @@ def run_parity(model, args, options, rtol=1e-4):
         assert err <= rtol, f"{name}: relative gradient error {err:.2e}"
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("chunk", [1, 5, 16, 16 - 1, 17, 40])
 @pytest.mark.parametrize("attn", ["sdpa", "matmul"])
 def test_layer_parity_per_chunk_size(chunk, attn):
@@ -55,6 +56,7 @@ def test_layer_parity_inductor():
     assert COUNTERS["chunk_compiles"] - compiles <= 2 * 5
 
 
+@pytest.mark.fast
 def test_no_token_by_token_tensor_in_streamed_graphs():
     torch.manual_seed(0)
     T, c = 32, 8
@@ -224,6 +226,7 @@ class ConvLM(torch.nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("make", [lambda: ConvLM(), lambda: TinyLM(24, 16, 2, layers=2, attn="bidirectional")],
                          ids=["causal-conv", "non-causal-attention"])
 def test_fallback_is_exact_and_warns(make):
@@ -238,6 +241,7 @@ def test_fallback_is_exact_and_warns(make):
     assert any(("test_layers.py" in m and ("pad" in m or "convolution" in m)) or "not causal" in m for m in messages), messages
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("make", [lambda: ConvLM(), lambda: TinyLM(24, 16, 2, layers=2, attn="bidirectional")],
                          ids=["causal-conv", "non-causal-attention"])
 def test_strict_refuses(make):
@@ -248,6 +252,7 @@ def test_strict_refuses(make):
         compiled(idx, idx)
 
 
+@pytest.mark.fast
 def test_dropout_randomness_is_drawn_once_and_replayed_per_chunk():
     """Dropout's random mask is drawn outside the streamed layer and read per chunk, so chunked
     recomputation sees exactly the forward's randomness: gradients with 3 chunks equal those

@@ -4,8 +4,11 @@ import inspect
 import pathlib
 
 import networkx as nx
+import pytest
 
 from streamfx.passes import pipeline
+
+pytestmark = pytest.mark.fast  # the whole module is in the fast tier
 
 PASSES = pathlib.Path(pipeline.__file__).parent
 # analyses and policy: they never build graphs or run chunks

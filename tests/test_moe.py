@@ -34,7 +34,7 @@ def _layers_streamed(run, chunk, length=T):
     assert not run.warnings, run.warnings
 
 
-@pytest.mark.parametrize("chunk", [1, 5, T - 1, T, T + 7])
+@pytest.mark.parametrize("chunk", [1, pytest.param(5, marks=pytest.mark.fast), T - 1, T, T + 7])
 def test_every_layer_streams_per_chunk_size(chunk):
     _, make_inputs = zoo.qwen3_moe()
     run = _parity(make_inputs(zoo.Case("t", 2, T)), {"chunk_size": chunk, "head_chunk_size": 6})
@@ -66,6 +66,7 @@ def test_other_top_k(top_k):
     _layers_streamed(run, 5)
 
 
+@pytest.mark.fast
 def test_dispatch_is_classed_token_local():
     """The dispatch ops are token-local in the analysis (not merely unstreamed without a word)."""
     model, make_inputs = zoo.qwen3_moe()
@@ -96,12 +97,14 @@ def _classes(gm, sd):
     return {n.name: sd.classify(n) for n in gm.graph.nodes if n.op == "call_function"}
 
 
+@pytest.mark.fast
 def test_sorted_rows_that_meet_their_original_order_mix_tokens():
     """x + sort(x) pairs token t with another token: the sort is unknown-mixing."""
     gm, sd = _sort_graph(lambda x: x + torch.sort(x, dim=0).values, (8, 4))
     assert UNKNOWN_MIXING in _classes(gm, sd).values()
 
 
+@pytest.mark.fast
 def test_a_permutation_and_its_inverse_are_token_local():
     def f(x):
         ids = x.sum(-1)
@@ -115,6 +118,7 @@ def test_a_permutation_and_its_inverse_are_token_local():
     assert UNKNOWN_MIXING not in classes.values(), classes
 
 
+@pytest.mark.fast
 def test_gather_by_an_index_of_other_tokens_mixes():
     """x[perm] where perm sorts a different axis (not this sequence's tokens) is not a reordering of
     the chunk's rows."""
@@ -142,6 +146,7 @@ def test_router_aux_loss_streams(case):
     torch.testing.assert_close(run.out.aux_loss, run.ref_out.aux_loss, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.fast
 def test_a_loss_outside_every_head_warns():
     """A graph with a loss whose head does not stream says so, naming the sum and its source line
     and what to change (here the loss reads a layer's inside and the last hidden state through a

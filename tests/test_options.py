@@ -5,6 +5,8 @@ import torch
 import streamfx
 from streamfx import StreamBPError, StreamConfig
 
+pytestmark = pytest.mark.fast  # the whole module is in the fast tier
+
 
 def _model():
     return torch.nn.Linear(4, 4)

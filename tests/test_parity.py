@@ -30,7 +30,9 @@ EAGER_MATRIX = {
     "tiny_llama": ["left_pad", "prompt", "odd17"],
     "gpt2_loss_type": ["left_pad", "odd13"],
 }
-PARAMS = [pytest.param(m, c, id=f"{m}-{c}") for m, cases in EAGER_MATRIX.items() for c in cases]
+# the first case of every model is in the fast tier (-m fast)
+PARAMS = [pytest.param(m, c, id=f"{m}-{c}", marks=[pytest.mark.fast] if i == 0 else [])
+          for m, cases in EAGER_MATRIX.items() for i, c in enumerate(cases)]
 
 
 def gpt2_loss_type():
@@ -63,6 +65,7 @@ def test_parity_eager_codegen(name, case):
     check_parity(run, inputs)
 
 
+@pytest.mark.fast
 def test_every_case_and_model_covered():
     cases = {c for cs in EAGER_MATRIX.values() for c in cs}
     assert cases == set(zoo.CASES)

@@ -36,6 +36,7 @@ def compare(ref, model, inputs):
     return ran, messages
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("case", ["odd17", "right_pad"])
 def test_decoder_layers_compiled_alone(case):
     """``layer.compile`` on each Qwen3 decoder layer: one graph per layer, whose input and output
@@ -51,6 +52,7 @@ def test_decoder_layers_compiled_alone(case):
     assert ran["chunks_backward"] >= zoo.LAYERS * 3, ran  # T >= 16 in chunks of 5
 
 
+@pytest.mark.fast
 def test_explain_decoder_layer_alone():
     model, make_inputs = zoo.qwen3()
     inputs = make_inputs("odd17")
@@ -72,6 +74,7 @@ def head_loss(model):
     return head
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("case", ["prompt", "odd13"])
 def test_head_only_graph(case):
     """A graph holding only the final norm, the LM head and the loss (what follows a graph break,
@@ -108,6 +111,7 @@ class BreakingBlock(zoo.LlamaBlock):
         return x + self.mlp(self.mlp_norm(x))
 
 
+@pytest.mark.fast
 def test_graph_break_inside_block():
     """A graph break in the middle of block 1 of 3 (plain PyTorch). Dynamo then compiles each
     block's forward as a frame of its own: block 0 (reused by block 2, the same code), block 1's
@@ -154,6 +158,7 @@ def test_graph_break_inside_hf_layer(monkeypatch):
     assert ran["chunks_backward"] == 3 * 4 + 5, ran
 
 
+@pytest.mark.fast
 def test_ddp_piece_cut_inside_layer(tmp_path):
     """One-rank DDP with 5 KB buckets: Dynamo's DDPOptimizer cuts each decoder layer where a bucket
     fills, so a piece holds the attention without its query/key producers (and others the
@@ -199,6 +204,7 @@ def test_ddp_piece_cut_inside_layer(tmp_path):
     assert "bucket_cap_mb" in cut[0] and "zoo.py" in cut[0], cut  # the remedy and the source line
 
 
+@pytest.mark.fast
 def test_head_symbolic_slice_names_cause():
     """A head graph compiled with dynamic=True, whose hidden state is sliced by an int that becomes
     a symbol (``hidden[:, -logits_to_keep:]``): the labels' sequence axis cannot be matched with

@@ -16,6 +16,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from streamfx.passes import seq_dims
 from streamfx.passes.rules import RULES
 
+pytestmark = pytest.mark.fast  # the whole module is in the fast tier
+
 aten = torch.ops.aten
 
 

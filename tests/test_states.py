@@ -97,6 +97,7 @@ class ScoreParamModel(nn.Module):
         return F.cross_entropy(self.head(h).flatten(0, 1), labels.flatten())
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("kind", ["dense", "slopes", "temperature"])
 def test_learned_score_parameters_get_their_gradient(kind):
     """A learned bias, slope or temperature in the scores gets its true gradient: streamed (the
@@ -135,6 +136,7 @@ class TwoMaskAttention(ScoreParamAttention):
         return self.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, D))
 
 
+@pytest.mark.fast
 def test_two_masks_on_the_scores_run_exactly_with_the_cause():
     """A padding mask added beside a causal masked_fill hides keys too: the keys a chunk reads
     cannot come from one of them, so the layer runs unstreamed, exactly, naming the cause."""
@@ -197,6 +199,7 @@ def test_bf16_and_autocast_stream_within_eager_bf16_error(name, state):
 
 
 # ---- inputs ----------------------------------------------------------------------------------------
+@pytest.mark.fast
 def test_inputs_embeds_streams():
     """The residual stream may start at a graph input: a model called with inputs_embeds
     (multimodal models, soft prompts) streams every layer and the head."""
@@ -212,6 +215,7 @@ def test_inputs_embeds_streams():
     assert run.counters["region_backward"] == zoo.LAYERS + 1
 
 
+@pytest.mark.fast
 def test_use_cache_true_says_to_turn_it_off():
     """use_cache=True makes every layer's keys and values outputs of the graph: the step runs
     exactly, unstreamed, with one warning that says to set use_cache=False."""
@@ -228,6 +232,7 @@ def test_use_cache_true_says_to_turn_it_off():
 
 
 # ---- warnings and options ------------------------------------------------------------------------
+@pytest.mark.fast
 def test_every_compiled_graph_warns_for_itself():
     """A second model compiled in the same process, refused for the same reason, warns again
     (a model of another size: a new graph; a model of the same structure reuses the first one's
@@ -245,6 +250,7 @@ def test_every_compiled_graph_warns_for_itself():
     assert [m.split(" (compiled graph")[0] for m in messages[1]] == [messages[0][0].split(" (compiled graph")[0]]
 
 
+@pytest.mark.fast
 @pytest.mark.parametrize("bad", ["", "/etc/hostname/dumps", 3])
 def test_dump_dir_is_checked_with_the_options(bad, tmp_path):
     with pytest.raises(streamfx.StreamBPError, match="dump_dir"):

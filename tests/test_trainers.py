@@ -491,6 +491,7 @@ def test_hf_trainer(monkeypatch, tmp_path):
     assert inspect.signature(trainer.model.forward) == inspect.signature(tiny_model().forward)
 
 
+@pytest.mark.fast
 def test_accelerate_loop(monkeypatch):
     """A loop of one's own under accelerate: ``model = streamfx.prepare(model)`` then
     ``accelerator.prepare``; losses and gradients equal eager's, layers and head stream. The
@@ -519,6 +520,7 @@ def test_accelerate_loop(monkeypatch):
 
 
 # ---- the backend by name -----------------------------------------------------------------------------
+@pytest.mark.fast
 def test_torch_compile_backend_streambp_names_the_line(tmp_path):
     from accelerate import Accelerator
     from transformers import Trainer, TrainingArguments
@@ -532,6 +534,7 @@ def test_torch_compile_backend_streambp_names_the_line(tmp_path):
         Accelerator(cpu=True, dynamo_backend="no_such_backend")
 
 
+@pytest.mark.fast
 def test_torch_compile_wrapper_is_never_silently_bypassed(tmp_path):
     """A ``torch.compile`` wrapper handed to a trainer with the callback, or to ``prepare``, is
     refused with the line that works (TRL would replace its forward and nothing would stream)."""
@@ -546,6 +549,7 @@ def test_torch_compile_wrapper_is_never_silently_bypassed(tmp_path):
                    callbacks=[streamfx.StreamBPCallback()])
 
 
+@pytest.mark.fast
 def test_callback_refuses_a_second_compile(tmp_path):
     from transformers import Trainer, TrainingArguments
 
@@ -554,6 +558,7 @@ def test_callback_refuses_a_second_compile(tmp_path):
         Trainer(model=tiny_model(), args=args, train_dataset=lm_dataset(), callbacks=[streamfx.StreamBPCallback()])
 
 
+@pytest.mark.fast
 def test_prepare_keeps_the_model_and_its_signature():
     model = tiny_model()
     signature = inspect.signature(model.forward)
@@ -638,6 +643,7 @@ def test_grpo_mixed_lengths_compile_twice_and_stream(monkeypatch, tmp_path):
 
 
 # ---- PEFT edge, bf16 ---------------------------------------------------------------------------------
+@pytest.mark.fast
 def test_peft_lora_on_q_and_v_only():
     """LoRA on q_proj and v_proj only (PEFT's default targets for Llama/Qwen): layer 0's keys need
     no gradient (the K/V producers' backward differentiates only what needs it), and the gradient
