@@ -45,7 +45,7 @@ def source_line(node) -> str:
     frames = [i for i, ln in enumerate(lines) if ln.startswith("File ")]
     if not frames:
         return ""
-    user = [i for i in frames if "/torch/" not in lines[i] and "/streamfx/" not in lines[i]]
+    user = [i for i in frames if not _library_frame(lines[i])]
     i = (user or frames)[-1]  # the innermost frame of the user's code, not torch's
     loc = lines[i]
     code = lines[i + 1] if i + 1 < len(lines) and not lines[i + 1].startswith("File ") else ""
@@ -57,11 +57,33 @@ def source_line(node) -> str:
     return f" at {where}" + (f" ({code})" if code else "")
 
 
+def _library_dirs() -> tuple:
+    """The directories of torch and of streamfx's own code (the package and its passes): frames
+    there are not the user's. By location, not by name: a user's project may live in a folder
+    called streamfx."""
+    import os
+
+    import torch
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    passes = os.path.join(os.path.dirname(here), "passes")
+    return tuple(os.path.join(d, "") for d in (os.path.dirname(os.path.abspath(torch.__file__)), here, passes))
+
+
+def _library_frame(line: str) -> bool:
+    """Whether a ``File "...", line N, in f`` line of a stack trace is in torch or streamfx."""
+    import os
+
+    path = line[len('File "'):].split('", line ', 1)[0]
+    return os.path.abspath(path).startswith(_library_dirs())
+
+
 def failure(err: Exception, step: str) -> CannotStream:
     """An unexpected exception of a pass as a refusal: the reason names the pass step, the
     exception and the innermost pass function it passed through; the node is the one the
     innermost frame holding a graph node was working on (its op and source line go into the
     warning)."""
+    import os
     import traceback
 
     import torch.fx as fx
@@ -70,7 +92,8 @@ def failure(err: Exception, step: str) -> CannotStream:
     while tb is not None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
-    ours = [f for f in frames if "/streamfx/" in f.f_code.co_filename or "/passes/" in f.f_code.co_filename]
+    own = _library_dirs()[1:]   # streamfx and its passes
+    ours = [f for f in frames if os.path.abspath(f.f_code.co_filename).startswith(own)]
     node = None
     for frame in reversed(frames):  # the innermost frame working on a node (a pass, or torch under it)
         found = [v for k, v in frame.f_locals.items() if isinstance(v, fx.Node) and k in _NODE_NAMES]

@@ -133,6 +133,23 @@ def test_unknown_mixing_op_is_reported_with_source_line():
     assert cums and get(cums[0]).cls == "unknown-mixing"
 
 
+@pytest.mark.fast
+def test_source_line_is_the_users_frame_wherever_the_project_lives():
+    """The user's innermost frame is found by where torch and streamfx are installed, not by the
+    names in a path: a project in a folder called ``streamfx`` or ``torch`` is still the user's."""
+    import os
+
+    import torch.nn.functional
+    from streamfx.errors import source_line
+
+    torch_file = os.path.abspath(torch.nn.functional.__file__)
+    for user in ("/home/me/streamfx/tests/test_model.py", "/work/torch/train.py", "/srv/run.py"):
+        trace = (f'  File "{user}", line 42, in forward\n    h = h + conv(F.pad(h, (2, 0)))\n'
+                 f'  File "{torch_file}", line 5823, in pad\n    return torch._C._nn.pad(input, pad, mode, value)\n')
+        node = type("Node", (), {"meta": {"stack_trace": trace}})()
+        assert source_line(node) == f" at {user}:42 (h = h + conv(F.pad(h, (2, 0))))", source_line(node)
+
+
 @settings(max_examples=20, deadline=None, derandomize=True)
 @given(B=st.integers(1, 3), T=st.integers(2, 9), H=st.sampled_from([1, 2]), hd=st.integers(1, 4),
        V=st.integers(2, 9))
