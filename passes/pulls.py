@@ -2,7 +2,8 @@
 
 Two pulls, both pure (they return node sets and specs; nothing in the graph changes):
   ``pull_masks``      a token-by-token mask input ([.., T, T]) is replaced by the per-token values
-                      it is built from, so each chunk builds its own [.., c, e] slice;
+                      it is built from (or by the token-by-token graph input it is converted
+                      from), so each chunk builds its own [.., c, e] slice;
   ``pull_producers``  a cheap per-token input (rotary cos/sin) is recomputed per chunk from
                       fewer bytes per token (the position ids);
   ``pull_created``    a tensor made from sizes alone over the tokens merged with other dims
@@ -82,8 +83,10 @@ def pull_masks(region, sd):
 def frontier_role(x, user, sd):
     """How an input ``x`` of a pulled mask node ``user`` is sliced per chunk: None (whole: no
     sequence dim), ("q", d) (rows [s, e) along dim d), ("k", d) (the key prefix [0, e) along d),
-    or False when it cannot be sliced (it has both sequence dims itself, or a sequence dim that
-    does not line up with one of the user's)."""
+    ("qk", (dq, dk)) (a token-by-token input that lines up with the user's query and key dims:
+    the [rows, keys] block, read from a tensor that exists anyway, such as a [B, 1, T, T] mask
+    passed to a layer compiled alone), or False when it cannot be sliced (a sequence dim that
+    does not line up with the user's)."""
     v = x.meta.get("val")
     if not isinstance(v, torch.Tensor):
         return None
@@ -93,13 +96,13 @@ def frontier_role(x, user, sd):
     seq = [i for i, a in enumerate(axes) if sd.has_seq(a)]
     if not seq:
         return None
-    if len(seq) > 1:
-        return False
     out_roles = sd.roles(user)
-    j = seq[0] + len(out_roles) - v.dim()
-    if j < 0 or out_roles[j] not in ("q", "k"):
+    lined = [out_roles[j] if 0 <= (j := d + len(out_roles) - v.dim()) else None for d in seq]
+    if len(seq) == 2 and lined == ["q", "k"]:
+        return "qk", tuple(seq)
+    if len(seq) > 1 or lined[0] not in ("q", "k"):
         return False
-    return out_roles[j], seq[0]
+    return lined[0], seq[0]
 
 
 def keys_only(x, inside, sd) -> bool:
@@ -120,6 +123,8 @@ def _frontier_spec(role) -> Spec:
     if role is None:
         return WHOLE
     kind, d = role
+    if kind == "qk":
+        return Spec.qk(*d)
     return Spec.chunk(d) if kind == "q" else Spec.prefix(d)
 
 

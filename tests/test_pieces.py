@@ -67,6 +67,25 @@ def test_explain_decoder_layer_alone():
     assert "layer.0: 4 chunk(s) of 5 tokens (T=17)" in str(report)
 
 
+@pytest.mark.fast
+def test_layer_alone_reads_the_mask_input_per_chunk():
+    """With padding, the [B, 1, T, T] boolean mask reaches a layer compiled alone as a graph input
+    and SDPA's decomposition converts it to a float mask. The conversion runs per chunk on the
+    input's [rows, keys] block: the only token-by-token tensor the layer reads, and keeps for its
+    backward, is the input, which exists outside the graph anyway (converted whole, each layer
+    of an FSDP2 model kept its own [B, 1, T, T] float copy until the backward)."""
+    model, make_inputs = zoo.qwen3()
+    layer, captured = model.model.layers[0], {}
+    handle = layer.register_forward_pre_hook(lambda m, a, kw: captured.update(args=a, kwargs=kw), with_kwargs=True)
+    model(**make_inputs("right_pad").kwargs)
+    handle.remove()
+    assert captured["kwargs"]["attention_mask"].dtype == torch.bool
+    hidden = captured["args"][0].detach().requires_grad_(True)
+    plan = streamfx.explain(layer, hidden, **captured["kwargs"], options=OPTIONS).plan[0]
+    token_by_token = [x for x, spec in zip(plan.inputs, plan.in_specs) if spec.kind == "qk"]
+    assert [x.op for x in token_by_token] == ["placeholder"], [x.format_node() for x in token_by_token]
+
+
 def head_loss(model):
     def head(hidden, labels):
         logits = model.lm_head(model.model.norm(hidden))
