@@ -138,3 +138,21 @@ def test_shifted_loss_equals_the_model_loss():
         torch.testing.assert_close(g_shift[name], g, rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="known"):
         methods.prepare("eager", model, "cpu", loss="mean")
+
+
+@pytest.mark.slow
+def test_fsdp_memory_per_rank(tmp_path):
+    """The FSDP2 memory benchmark on 2 ranks (tiny preset): every rank measured, streambp's layers
+    and head streamed, its gradient shards equal eager's."""
+    from streamfx.bench import fsdp
+
+    rows = fsdp.run("tiny", 64, ["eager", "streambp"], 2, "cpu", "float32", str(tmp_path), {"chunk_size": 16})
+    assert [(r["method"], r["rank"], r["status"]) for r in rows] == [
+        ("eager", 0, "ok"), ("eager", 1, "ok"), ("streambp", 0, "ok"), ("streambp", 1, "ok")], rows
+    preset = PRESETS["tiny"]
+    for r in rows:
+        assert r["peak_bytes"] >= r["pre_bytes"] > 0
+        if r["method"] == "streambp":
+            assert r["streamed_regions"] == preset.num_hidden_layers + 1, r   # every layer and the head
+            assert r["grad_rel_err"] <= 1e-5, r
+    assert "| streambp | 1 |" in fsdp.table(rows, "tiny", 64)
