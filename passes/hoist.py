@@ -118,9 +118,8 @@ def move_slice(graph: fx.Graph, s: fx.Node, head, sd, classes) -> MovedSlice:
         else:
             new = _entry_slice(graph, x, sd, s)
             entries.append(x)
-            if "q" not in lengths:
-                lengths["q"] = length if isinstance(length, int) else \
-                    graph.call_function(aten.sym_size.int, (new, sd.seq_dim(x)))
+            if "q" not in lengths:  # from the graph's size inputs: outside the head, like Dynamo's sizes
+                lengths["q"] = length if isinstance(length, int) else sizes.expression(length.node.expr)
         new.meta.pop("streamfx", None)
         made_by(new, STEP)
         new.meta["val"] = _fake_value(new, mode)
@@ -139,11 +138,22 @@ def move_slice(graph: fx.Graph, s: fx.Node, head, sd, classes) -> MovedSlice:
 
 
 def _symbol_node(graph, symbol, where):
-    """A node of the joint graph whose value is the shape symbol ``symbol`` (an input size)."""
-    for p in graph.find_nodes(op="placeholder"):
+    """A node of the joint graph whose value is the shape symbol ``symbol``: a size input, else
+    the size of an input tensor that has it as a dim (read once, after the inputs)."""
+    placeholders = list(graph.find_nodes(op="placeholder"))
+    for p in placeholders:
         v = p.meta.get("val")
         if isinstance(v, torch.SymInt) and v.node.expr == symbol:
             return p
+    for p in placeholders:
+        v = p.meta.get("val")
+        if is_tensor(v):
+            for d, size in enumerate(v.shape):
+                if isinstance(size, torch.SymInt) and size.node.expr == symbol:
+                    with graph.inserting_after(placeholders[-1]):
+                        node = graph.call_function(aten.sym_size.int, (p, d))
+                    node.meta["val"] = size
+                    return node
     raise CannotStream(f"the size {symbol} is not an input of the graph", where)
 
 
@@ -167,14 +177,23 @@ def _entry_slice(graph, x, sd, s):
 
 
 def _fake_value(node: fx.Node, mode):
-    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda y: y.meta["val"])
+    def value(y: fx.Node):
+        if "val" not in y.meta:  # a size computed for the copy (its length, a product of sizes)
+            y.meta["val"] = _run(y, value, mode)
+        return y.meta["val"]
+
     try:
-        if mode is None:
-            return node.target(*args, **kwargs)
-        with mode:
-            return node.target(*args, **kwargs)
+        return _run(node, value, mode)
     except Exception as e:  # noqa: BLE001 - an op that does not run on the sliced shapes
         raise CannotStream(f"the op does not run on the sliced sequence ({type(e).__name__}: {e})", node) from None
+
+
+def _run(node: fx.Node, value, mode):
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), value)
+    if mode is None:
+        return node.target(*args, **kwargs)
+    with mode:
+        return node.target(*args, **kwargs)
 
 
 def _check_shape(new: fx.Node, old: fx.Node, sd, atom, n, length) -> None:

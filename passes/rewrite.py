@@ -112,6 +112,8 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
     for n in nodes:
         if n in env:
             continue
+        if isinstance(n.meta.get("val"), torch.SymInt) and any(x not in env for x in n.all_input_nodes):
+            continue  # a size computed from sizes outside (B * (T - 1) for a view): rebuilt where used
         new = _autograd_form(g.node_copy(n, lambda x: env.get(x, x)))
         sizes.patch(new, n, key_side=n in key_side)
         if not whole:

@@ -200,8 +200,22 @@ def seq_slice(node: fx.Node, sd: SeqDims):
     step = args[4] if args[4] is not None else node.kwargs.get("step", 1)
     d = d + v.dim() if d < 0 else d
     n = v.shape[d]
-    if step != 1 or sd.seq_dim(x) != d or not sd.seq_is_atomic(x) \
-            or not all(isinstance(b, int) or b is None for b in (start, end)):
+    if step != 1 or sd.seq_dim(x) != d or not sd.seq_is_atomic(x):
+        return None
+    if isinstance(start, fx.Node) or isinstance(end, fx.Node):
+        # a symbolic bound (``hidden[:, -k:]`` with k a size Dynamo made dynamic): a suffix or a
+        # prefix, read from the slice's own length
+        out = node.meta.get("val")
+        if not isinstance(out, torch.Tensor) or not all(
+                b is None or isinstance(b, int) or isinstance(b.meta.get("val"), torch.SymInt) for b in (start, end)):
+            return None
+        length = out.shape[d]
+        if end is None or (isinstance(end, int) and end >= (1 << 62)):
+            return (None if same(length, n) else (d, n - length, n))
+        if start is None or (isinstance(start, int) and start == 0):
+            return (None if same(length, n) else (d, 0, length))
+        return None
+    if not all(isinstance(b, int) or b is None for b in (start, end)):
         return None
     static = isinstance(n, int)
     start = 0 if start is None else (start + n if start < 0 else (min(start, n) if static else start))

@@ -25,7 +25,7 @@ class Calls:
     """A compiled model and its eager twin; ``call`` runs one step on both and checks it."""
 
     def __init__(self, name, codegen="eager", chunk_size=5, head_chunk_size=4, **model_kwargs):
-        factory = zoo.ZOO[name] if isinstance(name, str) else name
+        factory = (zoo.ZOO.get(name) or getattr(zoo, name)) if isinstance(name, str) else name
         self.model, self.make_inputs = factory(**model_kwargs)
         if name == "gpt2":
             self.model.loss_type = "ForCausalLM"
@@ -106,8 +106,9 @@ def test_hf_zoo_every_length_and_batch(name):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("name", ["nanogpt", "tiny_llama"])
+@pytest.mark.parametrize("name", ["nanogpt", "tiny_llama", "tiny_llama_logit_shift"])
 def test_plain_zoo_every_length_and_batch(name):
+    """A loss on ``logits[:, :-1]`` too: its head computes on a slice of a symbolic length."""
     calls = Calls(name)
 
     def plain(calls, B, T, i):
@@ -315,3 +316,33 @@ def test_main_example_later_lengths_stream(monkeypatch):
     assert later is not None
     assert {p.name for p in later.plan} == {"layer.0", "layer.1", "layer.2", "layer.3", "head"}, later
     assert not [str(w.message) for w in caught if "streamfx" in str(w.message)]
+
+
+def test_trl_grpo_every_length_and_completion_length():
+    """TRL's GRPO loss (``logits_to_keep=K + 1``, the logits shifted by one, a per-row logsumexp
+    stack) over calls whose prompt length T and completion length K both change: once Dynamo
+    makes K a symbol, HF's ``hidden[:, -K - 1:]`` is a slice with a symbolic start. The last
+    layer still ends before it, the logits shift still moves onto it, and the head streams
+    over the K tokens of every call."""
+    from test_head_streaming import TRLGRPOLoss
+
+    def factory():
+        model, _ = zoo.qwen3_sdpa()
+        return TRLGRPOLoss(model), None
+
+    calls = Calls(factory)
+    g = torch.Generator().manual_seed(3)
+    for i, (B, T, K) in enumerate([(2, 16, 10), (3, 19, 7), (2, 13, 9), (3, 24, 12), (2, 11, 5)]):
+        ids = torch.randint(1, zoo.VOCAB, (B, T), generator=g)
+        attention_mask = torch.ones(B, T, dtype=torch.long)
+        attention_mask[1, :i % 3] = 0
+        completion_mask = torch.ones(B, K)
+        completion_mask[0, -2:] = 0
+        old = torch.randn(B, K, generator=g) * 0.3 - 4
+        args = (ids, attention_mask, completion_mask, old, torch.randn(B, generator=g))
+        ran = calls.call(zoo.Inputs(args, {}, zoo.Case("t", B, T), lambda o: o, None, zoo.VOCAB))
+        # the head streams over the K completion tokens in chunks of 4; each layer over T in chunks of 5
+        assert ran["chunks_backward"] == -(-K // 4) + calls.layers * -(-T // 5), (B, T, K, ran)
+    # the per-row stack is a Python loop over the batch, so Dynamo keeps B static: the first
+    # shape, then one graph with symbolic T and K per batch size (2 and 3)
+    assert calls.compiles == 3
