@@ -42,6 +42,10 @@ class AxisTable:
         self.slices: list[tuple[int, int]] = []  # (atom of a slice's dim, atom of the dim it slices)
         self.perms: dict = {}     # sort node -> (atoms of its sorted dim, atoms of the dim it permutes)
         self.expand: dict = {}    # atom -> the product of atoms it was identified with
+        # (size, size) of two axes made one whose symbolic sizes are not provably equal (a
+        # gather's index may be shorter than its input in Dynamo's view): equal in every call
+        # that streams, which the runtime checks (each compiled chunk graph reads one size per axis)
+        self.assumed: list[tuple] = []
         self._ids = itertools.count()
 
     def fresh(self, size) -> tuple:
@@ -99,6 +103,9 @@ class AxisTable:
             if ra != rb:
                 root, other = min(ra, rb), max(ra, rb)
                 self.parent[other] = root
+                if not isinstance(self.size[root], int) and not isinstance(self.size[other], int) \
+                        and not same(self.size[root], self.size[other]):
+                    self.assumed.append((self.size[root], self.size[other]))
                 if isinstance(self.size[other], int) and not isinstance(self.size[root], int):
                     self.size[root] = self.size[other]  # one axis: a static size is its size
 

@@ -108,7 +108,8 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
                 last = size_inputs[key] = g.placeholder(f"size_{len(size_inputs)}")
         return size_inputs[key]
 
-    sizes = Sizes(sd, size_of)
+    dims = {d for x in list(inputs) + list(extra) for d in _slot(x, {}, sd).shape if not isinstance(d, int)}
+    sizes = Sizes(sd, size_of, readable=dims.__contains__)
     for n in nodes:
         if n in env:
             continue

@@ -31,11 +31,13 @@ class Sizes:
     size_of:  size_of(key) -> an int or a node of the new graph: key "q" or "k" for the length of
               the sequence as rows or as keys, or a shape symbol (sympy) of the joint graph
     keep_symbolic: sizes off the sequence stay as they are (a copy inside the same graph)
+    readable: readable(expr) -> whether size_of(expr) can be asked for a compound size expression
     """
 
-    def __init__(self, sd, size_of, keep_symbolic: bool = False):
+    def __init__(self, sd, size_of, keep_symbolic: bool = False, readable=None):
         self.sd, self.size_of = sd, size_of
         self.keep_symbolic = keep_symbolic
+        self.readable = readable or (lambda expr: False)
 
     def patch(self, new: fx.Node, old: fx.Node, key_side: bool = False) -> None:
         """Rewrite the size argument of ``new`` (a copy of ``old``) for the new graph."""
@@ -79,10 +81,18 @@ class Sizes:
             if a in self.sd.seq_atoms:
                 parts.append(self.size_of(role or "q"))
             else:
-                parts.append(size if isinstance(size, int) else self.expression(size.node.expr))
-        if not same(whole, full):
+                parts.append(size if isinstance(size, int) else self.atom_size(size.node.expr))
+        if not same(whole, full) and not _same_assuming(whole, full, self.sd.table.assumed):
             raise CannotStream(f"size {full} of dim {k} does not match its axes ({whole})", old)
         return _multiply(parts)
+
+    def atom_size(self, expr):
+        """The size of one axis: a symbol, or an expression of symbols (a batch concatenated
+        from two inputs, B0 + B1) read whole where an input of the new graph has it as a dim
+        (``readable``), else computed from its symbols."""
+        if not expr.is_Symbol and self.readable(expr):
+            return self.size_of(expr)
+        return self.expression(expr)
 
     def expression(self, expr):
         """A node computing a sympy expression of shape symbols (sums and products)."""
@@ -100,6 +110,24 @@ class Sizes:
                     _graph_of(total, p).call_function(operator.add, (total, p))
             return total
         raise CannotStream(f"a size {expr} the region cannot rebuild")
+
+
+def _same_assuming(a, b, assumed) -> bool:
+    """Whether sizes ``a`` and ``b`` are equal given the table's assumed equalities (symbols
+    replaced by the sizes they were equated with)."""
+    if not assumed or isinstance(a, int) and isinstance(b, int):
+        return False
+    import sympy
+
+    ea = sympy.sympify(a.node.expr if isinstance(a, torch.SymInt) else a)
+    eb = sympy.sympify(b.node.expr if isinstance(b, torch.SymInt) else b)
+    for p, q in assumed:
+        p, q = (x.node.expr if isinstance(x, torch.SymInt) else sympy.sympify(x) for x in (p, q))
+        for sym, value in ((p, q), (q, p)):
+            if sym.is_Symbol:
+                ea, eb = ea.subs(sym, value), eb.subs(sym, value)
+                break
+    return sympy.simplify(ea - eb) == 0
 
 
 def _graph_of(*values):

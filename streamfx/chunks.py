@@ -78,6 +78,14 @@ class ChunkGraph:
 
     def __post_init__(self):
         self.locate = tuple(self._locate(key) for key in self.sizes)
+        # dims of several inputs written with one symbolic size: the compiled graph reads it
+        # from one of them, so they must agree in every call (else the region runs whole)
+        where: dict = {}
+        for i, slot in enumerate(self.slots):
+            for d, s in enumerate(slot.shape):
+                if isinstance(s, sympy.Expr) and not s.is_number:
+                    where.setdefault(s, []).append((i, d))
+        self.agree = tuple(tuple(v) for v in where.values() if len(v) > 1)
 
     def _locate(self, key) -> tuple:
         """(slot, dim) a size is read from at run time."""
@@ -115,9 +123,14 @@ class ChunkGraph:
     def _with_sizes(self, f: Callable, fit: bool = False) -> Callable:
         """``f`` called with the sizes appended (read from the tensors), and with ``fit`` the
         tensors in the layouts compiled code expects."""
-        slots, locate = self.slots, self.locate
+        slots, locate, agree = self.slots, self.locate, self.agree
 
         def run(*args):
+            for group in agree:  # (real calls: fake ones at symbolic shapes are not checked)
+                sizes = [args[i].shape[d] for i, d in group]
+                if all(type(n) is int for n in sizes) and len(set(sizes)) != 1:
+                    raise RuntimeError(f"streamfx: inputs of {self.name} that share an axis differ in size "
+                                       f"({[tuple(args[i].shape) for i, _ in group]})")
             if fit:
                 args = [slot.fit(x) for slot, x in zip(slots, args)]
             return f(*args, *[args[i].shape[d] for i, d in locate])

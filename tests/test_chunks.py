@@ -57,3 +57,18 @@ def test_layers_share_their_chunk_graphs(codegen):
         counts.append((len(chunks._CHECKED), runtime.COUNTERS["chunk_compiles"] - compiles))
     assert counts[0] == counts[1] and counts[0][0] > 0, counts
     assert (counts[0][1] > 0) == (codegen == "inductor"), counts
+
+
+def test_inputs_sharing_a_symbolic_axis_must_agree_at_run_time():
+    """Two inputs whose dims are one axis of one symbolic size (an equality the analysis assumed
+    where Dynamo had not proven it) are read through one size: a call where they differ raises,
+    and the region runs whole (runtime.region's fallback) instead of computing on wrong rows."""
+    import sympy
+
+    s = sympy.Symbol("s7", positive=True, integer=True)
+    slot = chunks.Slot((s, 3), torch.float32, "cpu")
+    graph = chunks.ChunkGraph("t", traced(lambda a, b: a[:, :1] + b[:, :1]), (slot, slot))
+    run = graph.fn("eager", train=False)
+    torch.testing.assert_close(run(torch.ones(4, 3), torch.ones(4, 3)), torch.full((4, 1), 2.0))
+    with pytest.raises(RuntimeError, match="share an axis differ in size"):
+        run(torch.ones(4, 3), torch.ones(2, 3))

@@ -346,3 +346,65 @@ def test_trl_grpo_every_length_and_completion_length():
     # the per-row stack is a Python loop over the batch, so Dynamo keeps B static: the first
     # shape, then one graph with symbolic T and K per batch size (2 and 3)
     assert calls.compiles == 3
+
+
+def _pair_inputs(name, B, T, g):
+    """DPO (chosen and rejected concatenated into one batch: a batch axis of B0 + B1) or GRPO
+    on ``logits[:, :-1]`` (the labels' own length symbol equated with T - 1 by a gather)."""
+    ids = torch.randint(1, zoo.VOCAB, (2 * B, T), generator=g)
+    labels = ids.clone()
+    labels[:, :3] = -100
+    if name == "dpo":
+        args = (ids[:B], labels[:B], ids[B:], labels[B:], torch.randn(B, generator=g), torch.randn(B, generator=g))
+    else:
+        args = (ids, labels, torch.randn(2 * B, T - 1, generator=g) * 0.3 - 4, torch.randn(2 * B, generator=g))
+    return zoo.Inputs(args, {}, zoo.Case("t", B, T), lambda o: o, None, zoo.VOCAB)
+
+
+def _pair_loss(name):
+    from test_head_streaming import DPOLoss, GRPOLoss
+
+    def factory():
+        lm, _ = zoo.tiny_llama()
+        return (DPOLoss(lm) if name == "dpo" else GRPOLoss(lm, shift="logits")), None
+    return factory
+
+
+@pytest.mark.parametrize("name", ["dpo", "grpo_logit_shift"])
+def test_preference_and_rl_losses_every_length(name):
+    """Sizes that are sums or unproven equalities of Dynamo's symbols: DPO's batch of chosen +
+    rejected is read whole from the chunk's inputs; GRPO's labels carry a length symbol of their
+    own, made one axis with the logits' T - 1 by the gather. Both stream at every length."""
+    calls = Calls(_pair_loss(name))
+    g = torch.Generator().manual_seed(3)
+    for B, T in [(2, 16), (3, 19), (2, 13), (3, 24), (2, 7)]:
+        calls.call(_pair_inputs(name, B, T, g))
+    assert calls.compiles == 2
+
+
+def test_labels_shorter_than_the_logits_run_exactly(monkeypatch):
+    """The gather in GRPO's loss lets its index (the labels) be shorter than the logits; the
+    streamed head takes both to have the sequence's length (Dynamo's graph guards that their
+    sizes agree). A call where they differ gets a graph of its own: exact, with a warning."""
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")
+    calls = Calls(_pair_loss("grpo_logit_shift"))
+    g = torch.Generator().manual_seed(3)
+    for B, T in [(2, 16), (3, 19)]:
+        calls.call(_pair_inputs("grpo_logit_shift", B, T, g))
+    ids = torch.randint(1, zoo.VOCAB, (4, 21), generator=g)
+    labels = ids[:, :15].clone()  # 14 labelled positions against 20 logits rows
+    args = (ids, labels, torch.randn(4, 14, generator=g) * 0.3 - 4, torch.randn(4, generator=g))
+    calls.model.zero_grad(set_to_none=True)
+    calls.ref.zero_grad(set_to_none=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = calls.compiled(*args)
+        loss.backward()
+    ref = calls.ref(*args)
+    ref.backward()
+    torch.testing.assert_close(loss.detach(), ref.detach(), rtol=1e-5, atol=1e-6)
+    assert [w for w in caught if "streamfx" in str(w.message) and "not streamed" in str(w.message)], \
+        [str(w.message) for w in caught]
+    assert_grads_match({n: p.grad for n, p in calls.ref.named_parameters()},
+                       {n: p.grad for n, p in calls.model.named_parameters()})
+    assert calls.compiles == 3
