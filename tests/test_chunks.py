@@ -72,3 +72,21 @@ def test_inputs_sharing_a_symbolic_axis_must_agree_at_run_time():
     torch.testing.assert_close(run(torch.ones(4, 3), torch.ones(4, 3)), torch.full((4, 1), 2.0))
     with pytest.raises(RuntimeError, match="share an axis differ in size"):
         run(torch.ones(4, 3), torch.ones(2, 3))
+
+
+def test_key_range_cache_is_keyed_on_identity_version_and_value(monkeypatch):
+    """The key-range cache (``keyranges.RangeCache``): a large mask input hits only while it is
+    the same live tensor, unchanged (an in-place edit bumps its version: a miss); a small
+    per-token input hits when equal in value, and misses when any value differs."""
+    from streamfx import keyranges
+
+    monkeypatch.setattr(keyranges, "SMALL", 4)   # inputs above 4 elements count as large
+    cache = keyranges.RangeCache()
+    big, small = torch.zeros(2, 8), torch.tensor([1, 2, 3])
+    cache.put([big, small], ("x",), "result")
+    assert cache.get([big, small.clone()], ("x",)) == "result"        # same tensor, equal values
+    assert cache.get([big, small], ("y",)) is None                    # other extra key
+    assert cache.get([big, torch.tensor([1, 2, 4])], ("x",)) is None  # a small input changed
+    assert cache.get([big.clone(), small], ("x",)) is None            # an equal copy of a large one
+    big.add_(1)                                                       # edited in place
+    assert cache.get([big, small], ("x",)) is None
