@@ -184,9 +184,10 @@ def _apply_rule(node, table, ax, result) -> list:
 
 
 def seq_slice(node: fx.Node, sd: SeqDims):
-    """(dim, start, stop) of a static, step-1 slice that takes part of the sequence dim of its
-    input (``logits[:, :-1]``, ``hidden[:, -k:]``); None for anything else. Start and stop are
-    taken from the front of the sequence (ints, or SymInts when its length is a symbol)."""
+    """(dim, start, stop) of a step-1 slice that takes part of the sequence dim of its input
+    (``logits[:, :-1]``, ``hidden[:, -k:]``; with a symbolic bound, a prefix or a suffix only);
+    None for anything else. Start and stop are taken from the front of the sequence (ints, or
+    SymInts when its length or the bound is a symbol)."""
     if node.op != "call_function" or node.target is not torch.ops.aten.slice.Tensor:
         return None
     x = node.args[0]
