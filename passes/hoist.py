@@ -89,7 +89,8 @@ def move_slice(graph: fx.Graph, s: fx.Node, head, sd, classes) -> MovedSlice:
     memo: dict = {}
     entries = []
     lengths: dict = {}  # the sliced axis's length: set at the first entry
-    sizes = Sizes(sd, lambda key: lengths["q"] if isinstance(key, str) else _symbol_node(graph, key, s),
+    symbols: dict = {}  # shape symbol -> the node read for it
+    sizes = Sizes(sd, lambda key: lengths["q"] if isinstance(key, str) else _symbol_node(graph, key, s, symbols),
                   keep_symbolic=True)
 
     def carries(y) -> bool:
@@ -137,9 +138,16 @@ def move_slice(graph: fx.Graph, s: fx.Node, head, sd, classes) -> MovedSlice:
     return MovedSlice(s.name, src.name, entry, a, b, n, unsliced=src)
 
 
-def _symbol_node(graph, symbol, where):
+def _symbol_node(graph, symbol, where, symbols: dict):
     """A node of the joint graph whose value is the shape symbol ``symbol``: a size input, else
-    the size of an input tensor that has it as a dim (read once, after the inputs)."""
+    the size of an input tensor that has it as a dim (read once, after the inputs; ``symbols``
+    keeps the nodes found for later requests)."""
+    if symbol not in symbols:
+        symbols[symbol] = _find_symbol(graph, symbol, where)
+    return symbols[symbol]
+
+
+def _find_symbol(graph, symbol, where):
     placeholders = list(graph.find_nodes(op="placeholder"))
     for p in placeholders:
         v = p.meta.get("val")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import operator
 
+import sympy
 import torch
 import torch.fx as fx
 
@@ -117,8 +118,6 @@ def _same_assuming(a, b, assumed) -> bool:
     replaced by the sizes they were equated with)."""
     if not assumed or isinstance(a, int) and isinstance(b, int):
         return False
-    import sympy
-
     ea = sympy.sympify(a.node.expr if isinstance(a, torch.SymInt) else a)
     eb = sympy.sympify(b.node.expr if isinstance(b, torch.SymInt) else b)
     for p, q in assumed:

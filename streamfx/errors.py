@@ -1,4 +1,6 @@
 """Exceptions raised by streamfx."""
+import functools
+
 from torch._dynamo.exc import ShortenTraceback
 
 
@@ -57,6 +59,7 @@ def source_line(node) -> str:
     return f" at {where}" + (f" ({code})" if code else "")
 
 
+@functools.cache
 def _library_dirs() -> tuple:
     """The directories of torch and of streamfx's own code (the package and its passes): frames
     there are not the user's. By location, not by name: a user's project may live in a folder
