@@ -11,11 +11,13 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from .stops import STOP
+
 aten = torch.ops.aten
 
 # ops that return their input as it is (a view of all of it, or a copy)
-ALIASES = frozenset({aten.alias.default, aten.detach.default})
-COPIES = frozenset({aten.clone.default, aten.alias.default})
+ALIASES = frozenset({aten.alias.default, aten.detach.default, STOP})
+COPIES = frozenset({aten.clone.default, aten.alias.default, STOP})
 # reshapes that keep a per-token value per token when its sequence dim stays whole
 SEQ_VIEWS = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
 # ops with a size list argument, and its position

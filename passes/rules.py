@@ -14,6 +14,7 @@ import torch.fx as fx
 
 from .axes import AxisTable, RuleOut
 from .graphs import bind, normalize_dim, same, val as tensor_meta
+from .stops import STOP
 
 aten = torch.ops.aten
 RULES: dict = {}
@@ -81,7 +82,7 @@ register(aten.where.self, aten.clone.default, aten._to_copy.default, aten.alias.
          aten.detach.default, aten.lift_fresh_copy.default, aten.copy.default,
          aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.threshold_backward.default,
          aten.native_dropout_backward.default, aten.fill.Scalar, aten.zeros_like.default,
-         aten.ones_like.default, aten.full_like.default, aten.empty_like.default)(pointwise)
+         aten.ones_like.default, aten.full_like.default, aten.empty_like.default, STOP)(pointwise)
 
 
 # ---- reduction family ----------------------------------------------------------------------------
@@ -396,7 +397,7 @@ def sort(node, table, ax):
 
 
 VALUE_COPIES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.clone.default,
-                aten._to_copy.default, aten.alias.default, torch.ops.prims.convert_element_type.default)
+                aten._to_copy.default, aten.alias.default, torch.ops.prims.convert_element_type.default, STOP)
 
 
 def index_target(x, table, ax):

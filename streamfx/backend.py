@@ -17,8 +17,8 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from torch._inductor.decomposition import select_decomp_table
 
 from .config import StreamConfig
-from .errors import StreamBPError, failure
-from .passes import verify
+from .errors import CannotStream, StreamBPError, failure
+from .passes import stops, verify
 from .session import DetachOutputs, Session
 
 
@@ -64,7 +64,15 @@ class _Partitioner(CustomPartitionerFn):
 
 def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None):
     session = session or Session(config)
+    stops.mark(gm)
     session.begin_graph(gm, example_inputs)
+    custom = stops.custom_backward(gm)
+    if custom is not None:
+        session.refuse("graph", CannotStream(
+            "a torch.autograd.Function with its own backward is in the graph (streaming differentiates "
+            "the forward again and would not call that backward); move the Function out of the compiled "
+            "code (torch.compiler.disable on the function that applies it) so that the rest streams", custom))
+        session.unstreamed = True
     try:
         try:
             return _compile(gm, example_inputs, config, session)

@@ -7,7 +7,7 @@ import warnings
 import torch
 from torch._dynamo.exc import RestartAnalysis
 
-from streamfx.passes import pipeline, verify
+from streamfx.passes import pipeline, stops, verify
 from streamfx.passes.graphs import primals
 
 from .config import StreamConfig
@@ -58,6 +58,12 @@ class Session:
     # -- the partition hook -------------------------------------------------------------------
     def partition(self, joint, joint_inputs, base_partition, **kwargs):
         nfwd = kwargs["num_fwd_outputs"]
+        partition_ = base_partition
+
+        def base_partition(joint, joint_inputs, **kwargs):  # the backward exists: gradient stops are aliases
+            stops.strip(joint)
+            return partition_(joint, joint_inputs, **kwargs)
+
         if self.unstreamed:
             return base_partition(joint, joint_inputs, **kwargs)
         try:

@@ -1,0 +1,132 @@
+"""Where eager autograd stops a gradient, the streamed joint stops it too.
+
+AOTAutograd traces the joint graph below autograd: ``x.detach()`` and a value computed under
+``torch.no_grad()`` become ordinary forward ops (``aten.alias``, the block's ops), and only the
+joint's backward half, derived above autograd, knows that no gradient passes there. The streamed
+joint differentiates the forward graph again (and chunk graphs are differentiated per chunk at
+run time), so those points must be visible in the graph itself.
+
+``mark(gm)`` runs on Dynamo's graph, before AOTAutograd: every ``detach`` of a value that carries
+a gradient, and every read of such a value computed under ``no_grad`` by code outside the block,
+becomes ``streamfx::stop_gradient`` (a copy whose output requires no gradient, as
+``detach`` does). ``strip(joint)`` turns it back into an alias once the joint's backward exists,
+so the partitioned graphs copy nothing; graphs compiled without a backward (inference) keep the
+copy. A ``torch.autograd.Function`` with its own backward cannot be made visible that way:
+``custom_backward(gm)`` finds it, and the graph runs unstreamed.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+
+
+@torch.library.custom_op("streamfx::stop_gradient", mutates_args=())
+def stop_gradient(x: torch.Tensor) -> torch.Tensor:
+    """``x.detach()`` as an op autograd sees in a traced graph."""
+    return x.clone()
+
+
+@stop_gradient.register_fake
+def _stop_gradient_fake(x):
+    return torch.empty_like(x)
+
+
+def _setup(ctx, inputs, output):
+    ctx.mark_non_differentiable(output)
+
+
+def _backward(ctx, grad):
+    return None
+
+
+stop_gradient.register_autograd(_backward, setup_context=_setup)
+
+STOP = torch.ops.streamfx.stop_gradient.default
+_DETACH = (torch.Tensor.detach, torch.detach, torch.ops.aten.detach.default)
+
+
+def _value(node: fx.Node):
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _is_detach(node: fx.Node) -> bool:
+    return (node.op == "call_method" and node.target == "detach") or \
+        (node.op == "call_function" and node.target in _DETACH)
+
+
+def mark(gm: fx.GraphModule) -> int:
+    """Gradient stops of Dynamo's graph made explicit (see the module doc); returns how many.
+    Only values that would carry a gradient get one: a ``no_grad`` block computing rotary tables
+    from buffers, or a detach of data, is left as it is."""
+    graph = gm.graph
+    enabled = torch.is_grad_enabled()
+    carries: set = set()   # would carry a gradient if computed with grad enabled
+    off: set = set()       # computed with grad disabled
+    stops = []
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target is torch._C._set_grad_enabled:
+            enabled = bool(n.args[0])
+            continue
+        if n.op == "output":
+            continue
+        if n.op == "placeholder":
+            value = _value(n)
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                carries.add(n)
+            continue
+        if n.op == "get_attr":
+            value = getattr(gm, str(n.target), None)
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                carries.add(n)
+            continue
+        if enabled and _is_detach(n) and n.args and n.args[0] in carries:
+            stops.append(n)
+            continue
+        if any(x in carries for x in n.all_input_nodes):
+            carries.add(n)
+        if not enabled or (n.target is operator.getitem and n.args[0] in off):
+            off.add(n)
+    count = 0
+    for n in stops:  # a detach of a value that carries a gradient
+        with graph.inserting_after(n):
+            new = graph.call_function(STOP, (n.args[0],))
+        new.meta.update(n.meta)
+        n.replace_all_uses_with(new)
+        graph.erase_node(n)
+        count += 1
+    for n in [n for n in graph.nodes if n in off and n in carries]:  # a no_grad value read outside its block
+        outside = [u for u in n.users if u not in off]
+        if not outside or not isinstance(_value(n), torch.Tensor):
+            continue
+        with graph.inserting_after(n):
+            new = graph.call_function(STOP, (n,))
+        new.meta.update(n.meta)
+        for u in outside:
+            u.replace_input_with(n, new)
+        count += 1
+    if count:
+        graph.lint()
+        gm.recompile()
+    return count
+
+
+def custom_backward(gm: fx.GraphModule):
+    """The first call of a ``torch.autograd.Function`` in Dynamo's graph, or None. Its backward is
+    its own, not the derivative of its forward: the joint's backward half calls it, but a joint
+    that differentiates the forward graph again cannot."""
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and type(n.target).__name__ == "AutogradFunctionApply":
+            return n
+    return None
+
+
+def strip(joint: fx.GraphModule) -> int:
+    """Each gradient stop of a joint whose backward is derived becomes an alias of its input."""
+    nodes = joint.graph.find_nodes(op="call_function", target=STOP)
+    for n in nodes:
+        n.target = torch.ops.aten.alias.default
+    if nodes:
+        joint.recompile()
+    return len(nodes)
