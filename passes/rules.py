@@ -101,6 +101,19 @@ def reduction(node, table, ax):
     return RuleOut([out] * n_out, reduced=tuple((x, k) for k in dims))
 
 
+@register(aten.linalg_vector_norm.default)
+def vector_norm(node, table, ax):
+    """A p-norm over ``dim`` (every dim when None): a reduction of those dims."""
+    x = node.args[0]
+    a, n, b = ax(x), len(shape(x)), bind(node)
+    d = b.get("dim")
+    dims = list(range(n)) if d is None else ([normalize_dim(v, n) for v in (d if isinstance(d, (list, tuple)) else [d])]
+                                            or list(range(n)))
+    out = tuple((() if k in dims else a[k]) for k in range(n)) if b.get("keepdim") else \
+        tuple(a[k] for k in range(n) if k not in dims)
+    return RuleOut([out], reduced=tuple((x, k) for k in dims))
+
+
 @register(aten._softmax.default, aten._log_softmax.default, aten._safe_softmax.default, aten.cumsum.default,
           aten.cumprod.default, aten.flip.default,
           aten.roll.default, aten.cummax.default, aten.cummin.default, aten.logcumsumexp.default)

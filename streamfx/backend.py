@@ -121,8 +121,9 @@ def _compile(gm, example_inputs, config, session):
 
 # Ops kept whole in the joint graph: the streamed joint differentiates the forward graph again,
 # and these ops' own derivatives are exact where their decompositions' are not (``_safe_softmax``
-# of a row whose keys are all masked is 0; differentiating its decomposition gives 0 * nan).
-KEPT_WHOLE = (torch.ops.aten._safe_softmax.default,)
+# of a row whose keys are all masked is 0; differentiating its decomposition gives 0 * nan; the
+# gradient of a vector norm at a zero vector is 0, that of its decomposition sqrt(sum(x^2)) nan).
+KEPT_WHOLE = (torch.ops.aten._safe_softmax.default, torch.ops.aten.linalg_vector_norm.default)
 
 
 def decompositions() -> dict:

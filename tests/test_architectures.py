@@ -11,6 +11,7 @@ import contextlib
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import zoo
 from conftest import assert_grads_match, run_eager_and_compiled
@@ -269,3 +270,40 @@ def test_a_failing_chunk_schedule_runs_the_region_whole(monkeypatch, part):
     assert_grads_match(run.ref_grads, run.grads)
     said = [w for w in run.warnings if "could not run chunk by chunk (RuntimeError: a chunk graph that does not run)" in w]
     assert said and all("region 'layer." in w for w in said), run.warnings
+
+
+class L2NormAttention(zoo.LlamaAttention):
+    """Queries and keys scaled to unit length (``x / x.norm(dim=-1).clamp_min(eps)``, as ZAYA
+    and other qk-normalised models do)."""
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q = q / q.norm(p=2, dim=-1, keepdim=True).clamp_min(1e-6)
+        k = k / k.norm(p=2, dim=-1, keepdim=True).clamp_min(1e-6)
+        rep = self.n_head // self.n_kv
+        y = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+@pytest.mark.parametrize("codegen", [pytest.param("eager", marks=pytest.mark.fast),
+                                     pytest.param("inductor", marks=pytest.mark.slow)])
+def test_norm_of_a_zero_vector_has_a_zero_gradient(codegen):
+    """Padding tokens embed to zero vectors (``padding_idx``), so their queries and keys are zero:
+    the norm's own derivative there is 0, its decomposition's (sqrt of a sum of squares) nan.
+    The joint keeps the norm whole, so every chunk graph differentiates the norm itself."""
+    torch.manual_seed(0)
+    model = zoo.TinyLlama().float().train()
+    model.embed = torch.nn.Embedding(zoo.VOCAB, zoo.HIDDEN, padding_idx=zoo.PAD_ID)
+    for block in model.layers:
+        old = block.attn
+        block.attn = L2NormAttention(zoo.HIDDEN, zoo.HEADS, zoo.KV_HEADS, zoo.HEAD_DIM)
+        block.attn.load_state_dict(old.state_dict())
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13, pad="left", n_pad=4))
+    assert (inputs.args[0] == zoo.PAD_ID).any()
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4, "codegen": codegen})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert {p.name for p in run.programs} >= {"layer.0", "layer.1", "head"}, (run.programs, run.warnings)
