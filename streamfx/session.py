@@ -66,6 +66,7 @@ class Session:
 
         if self.unstreamed:
             return base_partition(joint, joint_inputs, **kwargs)
+        original, users = joint, _user_outputs(joint, nfwd, self.n_user_outputs)
         try:
             joint, analysis = pipeline.run(joint, nfwd, self.config, self._constants(joint), self._dumper())
         except (StreamBPError, DetachOutputs, RestartAnalysis):  # (Dynamo's restart: control flow)
@@ -79,10 +80,18 @@ class Session:
             analysis.refusals = _ddp_refusals(analysis)
         for region, err in analysis.refusals:
             self.refuse(region, err)
-        if analysis.programs and nfwd == self.n_user_outputs:
-            self.dropped_user_outputs = sorted(analysis.dropped)
-            if set(analysis.dropped) - set(self.detached):
-                raise DetachOutputs(sorted(analysis.dropped))
+        if analysis.programs and analysis.dropped:
+            # the forward's outputs are the mutated inputs, then the user's outputs: a dropped
+            # output is returned to the user as None, and Dynamo's graph detaches it (no tangent)
+            dropped = sorted(users.get(i, -1) for i in analysis.dropped)
+            if -1 in dropped:
+                self.refuse("graph", CannotStream("a streamed region drops a forward output that is not "
+                                                  "one of the graph's own outputs"))
+                self.unstreamed = True
+                return base_partition(original, joint_inputs, **kwargs)
+            self.dropped_user_outputs = dropped
+            if set(dropped) - set(self.detached):
+                raise DetachOutputs(dropped)
         self.reports.append(analysis)
         return base_partition(joint, joint_inputs, **kwargs)
 
@@ -136,6 +145,16 @@ class Session:
             return type(outs)(seq) if isinstance(outs, tuple) else seq
 
         return run
+
+
+def _user_outputs(joint, nfwd: int, n_user: int) -> dict:
+    """Forward output index -> index among the user's outputs (Dynamo graph's), from the joint's
+    output descriptors; without descriptors, the identity when the counts agree."""
+    descs = joint.graph.find_nodes(op="output")[0].meta.get("desc")
+    try:
+        return {i: d.idx for i, d in enumerate(list(descs)[:nfwd]) if type(d).__name__ == "PlainAOTOutput"}
+    except (TypeError, AttributeError):
+        return {i: i for i in range(nfwd)} if nfwd == n_user else {}
 
 
 def _ddp_refusals(a) -> list:

@@ -82,6 +82,9 @@ def check(model_type: str, options: dict | None = None) -> dict:
             ref_loss.backward()
     except Exception as e:  # noqa: BLE001 - transformers itself fails on the tiny input
         return dict(out, status="eager-fails", reason=f"{type(e).__name__}: {str(e)[:200]}")
+    bad = [n for n, p in ref.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    if bad or not torch.isfinite(ref_loss):
+        return dict(out, status="eager-fails", reason=f"eager autograd's loss or gradients are not finite ({bad[:3]})")
     config = StreamConfig.from_options({"codegen": "eager", "chunk_size": CHUNK, **(options or {})})
     analyses: list = []
 

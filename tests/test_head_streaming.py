@@ -106,6 +106,50 @@ def test_return_logits_false_drops_logits():
     assert inputs.logits_of(run.ref_out) is not None
 
 
+class CountingLlama(zoo.TinyLlama):
+    """A model that updates buffers in its forward: a call counter and a moving average of a
+    weight, or (``statistic="tokens"``) of the embedded tokens, a reduction over the sequence.
+    AOTAutograd keeps such updates in the graph as ``copy_`` into the buffer."""
+
+    def __init__(self, statistic="weights"):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+        self.register_buffer("running", torch.zeros(zoo.HIDDEN))
+        self.statistic = statistic
+
+    def forward(self, idx, labels=None):
+        self.calls += 1
+        value = self.embed(idx).mean((0, 1)) if self.statistic == "tokens" else self.lm_head.weight.mean(0)
+        self.running.mul_(0.9).add_(0.1 * value.detach())
+        return super().forward(idx, labels)
+
+
+@pytest.mark.fast
+def test_buffer_updates_of_a_streamed_model():
+    """The updates are forward roots of their own (they have no users): the streamed graph keeps
+    them, the layers and the head stream, and the logits dropped by the streamed head come back
+    as None (the dropped output is found among the user's outputs, after the mutated buffers)."""
+    torch.manual_seed(0)
+    model = CountingLlama().float().train()
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
+    run = parity(model, inputs, 4, return_logits=False, chunk_size=5)
+    assert inputs.logits_of(run.out) is None
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert run.model.calls.item() == 1 and torch.equal(run.model.running, run.ref_model.running)
+
+
+def test_buffer_statistic_over_the_tokens_is_exact():
+    """A buffer statistic reduced over the sequence: exact, the update applied once."""
+    torch.manual_seed(0)
+    model = CountingLlama(statistic="tokens").float().train()
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert run.model.calls.item() == 1
+    torch.testing.assert_close(run.model.running, run.ref_model.running)
+
+
 # ---- tied embeddings ---------------------------------------------------------------------------------
 @pytest.mark.fast
 def test_tied_embedding_grads_add_up():
