@@ -27,6 +27,19 @@ SIZE_ARG_OPS = {aten.view.default: 1, aten._unsafe_view.default: 1, aten.reshape
                 aten.new_ones.default: 1, aten.new_empty.default: 1, aten.new_full.default: 1}
 
 
+def written_input(node: fx.Node):
+    """The graph input an in-place op writes (``copy_(primal, new)``: a buffer updated in the
+    forward, kept in the graph by AOTAutograd), or None."""
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    if schema is None or not schema.is_mutable:
+        return None
+    for i, a in enumerate(schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write and i < len(node.args) \
+                and isinstance(node.args[i], fx.Node) and node.args[i].op == "placeholder":
+            return node.args[i]
+    return None
+
+
 # ---- walks ------------------------------------------------------------------------------------
 def ancestors(targets, within=None) -> set:
     """Nodes the ``targets`` are computed from, the targets included; with ``within``, the walk

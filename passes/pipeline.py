@@ -16,7 +16,7 @@ import torch.fx as fx
 
 from streamfx.errors import CannotStream
 from . import attention as attn, hoist, masks, verify
-from .graphs import ancestors, is_tangent, outputs as graph_outputs, primals
+from .graphs import ancestors, is_tangent, outputs as graph_outputs, primals, written_input
 from .plan import plan_head, plan_layer
 from .record import NodeRecord, tag
 from .regions import find_regions
@@ -100,7 +100,7 @@ def split_joint(graph: fx.Graph, num_fwd_outputs: int):
     # an input mutation AOTAutograd keeps in the graph (a buffer updated in place: a step
     # counter, running statistics) is a forward root of its own: it has no users
     mutations = [n for n in graph.nodes if n.op == "call_function" and n not in tangent_dep
-                 and is_input_mutation(n)]
+                 and written_input(n) is not None]
     needed, stack = set(fwd_outs) | set(mutations), list(fwd_outs) + mutations
     while stack:
         for x in stack.pop().all_input_nodes:
@@ -110,16 +110,6 @@ def split_joint(graph: fx.Graph, num_fwd_outputs: int):
     fwd = [n for n in graph.nodes if (n in needed or (n.op == "placeholder" and n not in tangent_dep))]
     bwd = [n for n in graph.nodes if n.op == "call_function" and n not in needed]
     return fwd, bwd, fwd_outs
-
-
-def is_input_mutation(node: fx.Node) -> bool:
-    """An in-place op whose written argument is a graph input (``copy_(primal, new)``)."""
-    schema = getattr(node.target, "_schema", None)
-    if schema is None or not schema.is_mutable:
-        return False
-    return any(a.alias_info is not None and a.alias_info.is_write and i < len(node.args)
-               and isinstance(node.args[i], fx.Node) and node.args[i].op == "placeholder"
-               for i, a in enumerate(schema.arguments))
 
 
 def differentiable(graph: fx.Graph, num_fwd_outputs: int, fwd: list) -> frozenset:

@@ -24,7 +24,7 @@ from streamfx.errors import CannotStream
 from streamfx.runtime import LayerProgram, MaskCheck, RegionProgram
 from . import reach, verify
 from .graphs import (ALIASES, COPIES, bind, is_tangent, order, outputs as graph_outputs, primals,
-                     tangents)
+                     tangents, written_input)
 from .record import made_by
 from .sizes import Sizes
 
@@ -393,6 +393,12 @@ def _forward_with_regions(fwd_nodes, primals, fwd_outs, programs) -> fx.GraphMod
         for x in n.all_input_nodes:
             if unit(x) != unit(n):
                 dag.add_edge(unit(x), unit(n))
+    for n in fwd_nodes:  # a buffer updated in place is read (by regions too) before the update
+        written = written_input(n)
+        if written is not None:
+            for reader in written.users:
+                if reader is not n and reader in rank and unit(reader) != unit(n):
+                    dag.add_edge(unit(reader), unit(n))
     first = {}
     for n in fwd_nodes:
         first.setdefault(unit(n), rank[n])
