@@ -212,6 +212,12 @@ def _coverage(a: Analysis) -> None:
             a.refusals.append((f"attention #{s.index}", CannotStream(
                 "attention outside every layer region (no residual stream found around it)", s.output)))
     mixing = a.unknown_mixing()
+    regions = set().union(*(r.nodes for r in a.regions)) if a.regions else set()
+    outside = [n for n in mixing if n not in regions]
+    if a.sites and outside:  # a hybrid model's recurrent or convolution layers, between its attention layers
+        a.refusals.append(("layers without attention", CannotStream(
+            "token mixing outside every attention layer (a recurrence or convolution, as in a hybrid "
+            "model's state-space layers): those layers run unstreamed; the attention layers stream", outside[0])))
     if not a.sites and mixing:
         head = any(p.kind == "head" for p in a.plans)
         a.refusals.append(("layers", CannotStream(

@@ -63,17 +63,8 @@ def test_hf_forms_at_every_chunk_size(name, chunk):
     check(name, "left_pad", {"chunk_size": chunk})
 
 
-# (the condition is evaluated when the test runs: under pytest-xdist each worker has one thread)
-INDUCTOR_FALCON = pytest.mark.xfail("torch.get_num_threads() > 1", strict=True, reason=(
-    "Inductor on CPU (torch 2.13.0) with more than one intra-op thread miscompiles Falcon's backward: "
-    "plain torch.compile(backend='inductor') without streamfx gives a 1.8e-2 gradient error against eager "
-    "too; with one thread streambp under Inductor is exact, and codegen='eager' is exact with any"))
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", [pytest.param(n, marks=INDUCTOR_FALCON) if n == "falcon" else n for n in PLAIN + HF])
-def test_forms_inductor(name):
-    check(name, "left_pad" if name in HF else "odd13", {"codegen": "inductor", "chunk_size": 5})
+# Inductor codegen: test_dynamic.py::test_forms_every_length_inductor runs each form (and the MoE)
+# through a static compile, a symbolic one and later lengths.
 
 
 @contextlib.contextmanager
@@ -307,3 +298,32 @@ def test_norm_of_a_zero_vector_has_a_zero_gradient(codegen):
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
     assert {p.name for p in run.programs} >= {"layer.0", "layer.1", "head"}, (run.programs, run.warnings)
+
+
+class ShortConv(torch.nn.Module):
+    """A causal depthwise convolution over the sequence in place of attention (LFM2's short
+    convolutions, the convolution of a Mamba block)."""
+
+    def __init__(self, d, kernel=3):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(d, d, kernel, groups=d, padding=kernel - 1)
+
+    def forward(self, x, cos, sin):
+        return self.conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
+
+
+@pytest.mark.fast
+def test_hybrid_layers_without_attention_are_warned_and_the_rest_streams():
+    """A hybrid model (a convolution layer, then an attention layer): the attention layer and the
+    head stream, and one warning names the convolution as token mixing outside every attention
+    layer."""
+    torch.manual_seed(0)
+    model = zoo.TinyLlama().float().train()
+    model.layers[0].attn = ShortConv(zoo.HIDDEN)
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert {p.name for p in run.programs} == {"layer.0", "head"}, run.warnings  # regions are named per attention
+    assert len(run.warnings) == 1 and "token mixing outside every attention layer" in run.warnings[0] \
+        and "aten.convolution at" in run.warnings[0], run.warnings

@@ -138,6 +138,7 @@ def forms_loop(name, shapes, codegen):
         head = ran["chunks_forward"] - calls.layers * -(-T // 5)
         assert head in (-(-T // 4), -(-(T - 1) // 4)), (name, B, T, ran)  # head chunks of 4 over T or T - 1 rows
         chunk_compiles.append(ran["chunk_compiles"])
+        assert ran["chunk_compile_failures"] == 0, ran
     assert calls.compiles == 2
     return chunk_compiles
 
