@@ -213,7 +213,10 @@ def _coverage(a: Analysis) -> None:
                 "attention outside every layer region (no residual stream found around it)", s.output)))
     mixing = a.unknown_mixing()
     regions = set().union(*(r.nodes for r in a.regions)) if a.regions else set()
-    outside = [n for n in mixing if n not in regions]
+    # between attention layers: mixing that carries a gradient (mask and position arithmetic of
+    # integer inputs mixes tokens too, but carries none) on the way to a later attention
+    before = ancestors([x for s in a.sites for x in (s.query, s.key, s.value)]) if a.sites else set()
+    outside = [n for n in mixing if n not in regions and n in a.requires_grad and n in before]
     if a.sites and outside:  # a hybrid model's recurrent or convolution layers, between its attention layers
         a.refusals.append(("layers without attention", CannotStream(
             "token mixing outside every attention layer (a recurrence or convolution, as in a hybrid "

@@ -5,7 +5,7 @@
 
 ``check(model_type)`` returns a dict: ``status`` ("ok", "skip" with ``reason``, "eager-fails"),
 ``error`` (an exception that reached the user: none is allowed), ``loss_err`` and ``grad_err``
-(relative, against eager autograd), ``layers`` (the model's layer count), ``streamed`` (names of
+(relative, against eager autograd), ``layers`` (the model's layer count: entries of a ModuleList that run), ``streamed`` (names of
 the regions that streamed), ``warnings`` (streamfx's), ``silent`` (layers that did not stream
 while streamfx said nothing).
 """
@@ -25,10 +25,27 @@ import arch_configs
 T, B, CHUNK = 12, 2, 5
 
 
-def _layer_count(model) -> int:
-    """The length of the longest ModuleList of the model (its decoder layers)."""
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    return max((len(m) for m in lists), default=0)
+class _LayerCount:
+    """The model's layer count: of each ModuleList, the entries whose forward runs on a text-only
+    batch (a vision tower does not run, nor Mllama's cross-attention layers without images); the
+    largest such count. Counted during the reference run, with forward hooks."""
+
+    def __init__(self, model):
+        self.ran: dict = {}
+        self.handles = []
+        for m in model.modules():
+            if isinstance(m, torch.nn.ModuleList):
+                for i, child in enumerate(m):
+                    self.handles.append(child.register_forward_hook(
+                        lambda *_, key=(id(m), i): self.ran.__setitem__(key, True)))
+
+    def done(self) -> int:
+        for h in self.handles:
+            h.remove()
+        per_list: dict = {}
+        for (lst, _) in self.ran:
+            per_list[lst] = per_list.get(lst, 0) + 1
+        return max(per_list.values(), default=0)
 
 
 def _grad_error(ref: torch.nn.Module, got: torch.nn.Module) -> float:
@@ -72,9 +89,9 @@ def check(model_type: str, options: dict | None = None) -> dict:
         model, out["attn"] = build(model_type)
     except arch_configs.Skip as e:
         return dict(out, status="skip", reason=str(e))
-    out["layers"] = _layer_count(model)
     batch = arch_configs.inputs(model, B=B, T=T, seed=0, pad="left")
     ref = copy.deepcopy(model)
+    count = _LayerCount(ref)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -82,6 +99,8 @@ def check(model_type: str, options: dict | None = None) -> dict:
             ref_loss.backward()
     except Exception as e:  # noqa: BLE001 - transformers itself fails on the tiny input
         return dict(out, status="eager-fails", reason=f"{type(e).__name__}: {str(e)[:200]}")
+    finally:
+        out["layers"] = count.done()
     bad = [n for n, p in ref.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
     if bad or not torch.isfinite(ref_loss):
         return dict(out, status="eager-fails", reason=f"eager autograd's loss or gradients are not finite ({bad[:3]})")
