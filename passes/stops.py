@@ -11,11 +11,12 @@ a gradient, and every read of such a value computed under ``no_grad`` by code ou
 becomes ``streamfx::stop_gradient`` (a copy whose output requires no gradient, as
 ``detach`` does). ``strip(joint)`` turns it back into an alias once the joint's backward exists,
 so the partitioned graphs copy nothing; graphs compiled without a backward (inference) keep the
-copy. A ``torch.autograd.Function`` with its own backward cannot be made visible that way:
-``custom_backward(gm)`` finds it, and the graph runs unstreamed.
+copy. A ``torch.autograd.Function`` whose backward is not the derivative of its forward cannot
+be made visible that way: ``custom_backward(gm)`` finds it, and the graph runs unstreamed.
 """
 from __future__ import annotations
 
+import copy
 import operator
 
 import torch
@@ -113,13 +114,100 @@ def mark(gm: fx.GraphModule) -> int:
 
 
 def custom_backward(gm: fx.GraphModule):
-    """The first call of a ``torch.autograd.Function`` in Dynamo's graph, or None. Its backward is
-    its own, not the derivative of its forward: the joint's backward half calls it, but a joint
-    that differentiates the forward graph again cannot."""
+    """The first call of a ``torch.autograd.Function`` in Dynamo's graph whose backward is not
+    the derivative of its forward, or None. The joint's backward half calls the Function's own
+    backward; a joint that differentiates the forward graph again differentiates the Function's
+    forward ops instead. That is exact where the backward is their derivative (Bloom's GeLU, a
+    fused formula written by hand), which is checked numerically here on random inputs of the
+    call's shapes at two scales; a Function whose backward differs (a straight-through
+    estimator, a scaled or clipped gradient), or that cannot be checked, is returned."""
     for n in gm.graph.nodes:
         if n.op == "call_function" and type(n.target).__name__ == "AutogradFunctionApply":
-            return n
+            try:
+                same = _backward_is_derivative(gm, n)
+            except Exception:  # noqa: BLE001 - not checkable: taken as a backward of its own
+                same = False
+            if not same:
+                return n
     return None
+
+
+def _real_like(value, scale: float, g: torch.Generator):
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    shape = [optimization_hint(s, fallback=4) for s in value.shape]  # (a hint adds no guard)
+    if not value.is_floating_point():
+        raise TypeError("a non-floating input")
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(value.dtype)
+
+
+def _without_grad_toggles(body: fx.GraphModule) -> fx.GraphModule:
+    graph = copy.deepcopy(body.graph)
+    for n in list(graph.nodes):
+        if n.op == "call_function" and n.target is torch._C._set_grad_enabled:
+            graph.erase_node(n)
+    return fx.GraphModule(body, graph)
+
+
+def _pure(body: fx.GraphModule) -> bool:
+    """Only tensor math (ATen, torch functions, Tensor methods, operator): nothing with effects
+    beyond its outputs (a collective, a hook) runs when the bodies are checked."""
+    for n in body.graph.nodes:
+        if n.op in ("placeholder", "output", "call_method"):
+            continue
+        if n.op != "call_function":
+            return False
+        module = getattr(n.target, "__module__", "") or ""
+        if isinstance(n.target, torch._ops.OpOverload):
+            if n.target.namespace not in ("aten", "prims"):
+                return False
+        elif n.target is torch._C._set_grad_enabled or module in ("_operator", "operator"):
+            continue
+        elif not module.startswith("torch") or module.startswith(("torch.distributed", "torch._dynamo")):
+            return False
+    return True
+
+
+def _backward_is_derivative(gm: fx.GraphModule, node: fx.Node) -> bool:
+    fwd_body, bwd = getattr(gm, node.args[0].target), getattr(gm, node.args[1].target)
+    if not (_pure(fwd_body) and _pure(bwd)):
+        return False
+    fwd = _without_grad_toggles(fwd_body)
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    values = [_value(a) if isinstance(a, fx.Node) else a for a in node.args[2:]]
+    if not all(isinstance(v, (torch.Tensor, int, torch.SymInt)) for v in values):
+        return False
+    g = torch.Generator().manual_seed(0)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        for scale in (1.0, 8.0):
+            # (sizes of a symbolic compile come as arguments too: their hints, consistent with the shapes)
+            args = [_real_like(v, scale, g).requires_grad_(True) if isinstance(v, torch.Tensor)
+                    else optimization_hint(v, fallback=4) for v in values]
+            xs = [a for a in args if isinstance(a, torch.Tensor)]
+            with torch.enable_grad():
+                outs, saved = fwd(*args)
+                outs = [o for o in outs if isinstance(o, torch.Tensor)]
+                grads = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) for o in outs]
+                derived = torch.autograd.grad(outs, xs, grads, allow_unused=True)
+            with torch.no_grad():
+                own = bwd(*grads, *[s.detach() if isinstance(s, torch.Tensor) else s for s in saved])
+            own = list(own) if isinstance(own, (tuple, list)) else [own]
+            if len(own) == len(args):  # a gradient (None) for each size argument too
+                own = [o for o, a in zip(own, args) if isinstance(a, torch.Tensor)]
+            if len(own) != len(derived):
+                return False
+            for d, o in zip(derived, own):
+                if d is None or o is None:
+                    if (d is None) != (o is None) and bool((d if o is None else o).abs().sum() > 0):
+                        return False
+                    continue
+                scale_ = max(d.abs().max().item(), 1e-30)
+                if not (d.shape == o.shape and ((d - o).abs().max().item() / scale_) <= 1e-4):
+                    return False
+    return True
 
 
 def strip(joint: fx.GraphModule) -> int:

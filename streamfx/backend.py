@@ -69,9 +69,10 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
     custom = stops.custom_backward(gm)
     if custom is not None:
         session.refuse("graph", CannotStream(
-            "a torch.autograd.Function with its own backward is in the graph (streaming differentiates "
-            "the forward again and would not call that backward); move the Function out of the compiled "
-            "code (torch.compiler.disable on the function that applies it) so that the rest streams", custom))
+            "a torch.autograd.Function whose backward is not the derivative of its forward is in the "
+            "graph (streaming differentiates the forward again and would not call that backward); move "
+            "the Function out of the compiled code (torch.compiler.disable on the function that applies "
+            "it) so that the rest streams", custom))
         session.unstreamed = True
     try:
         try:

@@ -80,7 +80,7 @@ class Session:
             analysis.refusals = _ddp_refusals(analysis)
         for region, err in analysis.refusals:
             self.refuse(region, err)
-        if analysis.programs and analysis.dropped:
+        if analysis.programs:
             # the forward's outputs are the mutated inputs, then the user's outputs: a dropped
             # output is returned to the user as None, and Dynamo's graph detaches it (no tangent)
             dropped = sorted(users.get(i, -1) for i in analysis.dropped)

@@ -5,7 +5,8 @@ ordinary ops; streaming differentiates the forward graph again (and each chunk g
 time), so without explicit stops a gradient would flow where eager's never does: a policy-
 gradient loss ``exp(logp - logp.detach())`` got gradients off by 168%, a recurrent model whose
 early iterations run under ``no_grad`` (Hugging Face's HRM) by 100%. A ``torch.autograd.Function``
-with its own backward cannot be rebuilt that way: its graph runs unstreamed, with a warning.
+whose backward is not the derivative of its forward cannot be rebuilt that way: its graph runs
+unstreamed, with a warning.
 """
 import copy
 import warnings
@@ -148,7 +149,7 @@ def test_no_grad_tables_of_buffers_get_no_stop():
 
 
 class ScaledGradient(torch.autograd.Function):
-    """A custom backward that is not the derivative of the forward (x2 forward, x0.5 backward)."""
+    """A backward that is not the derivative of the forward (x2 forward, x0.5 backward)."""
 
     @staticmethod
     def forward(ctx, x):
@@ -192,6 +193,43 @@ def test_custom_autograd_function_runs_unstreamed_and_says_where():
         torch._dynamo.reset()
         torch.compile(WithFunction(zoo.tiny_llama()[0]), backend="streambp",
                       options={"codegen": "eager", "strict": True})(*_lm_inputs().args)
+
+
+class HandWrittenGelu(torch.autograd.Function):
+    """A backward written by hand that is the derivative of the forward (Bloom's GeLU)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        t = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))
+        return g * (0.5 * x * ((1 - t * t) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * (1 + t))
+
+
+class GeluMLP(torch.nn.Module):
+    def __init__(self, mlp):
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x):
+        return self.mlp.down(HandWrittenGelu.apply(self.mlp.gate(x)) * self.mlp.up(x))
+
+
+@pytest.mark.fast
+def test_custom_autograd_function_whose_backward_is_the_derivative_streams():
+    """The Function's backward is checked against the derivative of its forward (numerically, at
+    compile time, on random inputs of the call's shapes): where they agree, differentiating the
+    forward is exact, and every layer streams."""
+    lm, _ = zoo.tiny_llama()
+    for block in lm.layers:
+        block.mlp = GeluMLP(block.mlp)
+    run = run_eager_and_compiled(lm, zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13)),
+                                 {"chunk_size": 5, "head_chunk_size": 4})
+    _exact_and_streamed(run, {"layer.0", "layer.1", "head"})
 
 
 @pytest.mark.fast
