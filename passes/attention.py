@@ -87,6 +87,7 @@ class AttentionSite:
     scale: float | None = None
     mask_user: fx.Node | None = None   # the node that applies the mask to the scores (unfused)
     conflict: str | None = None        # why the scores' terms leave the keys a chunk reads unknown
+    softmax: bool = True               # False: scores multiply the values with no softmax between
 
     def describe(self) -> str:
         mask = self.mask_kind + (f"({self.window})" if self.window else "")
@@ -197,8 +198,14 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
                 candidates.append((x, n))
     mask, mask_user, conflict = _choose_mask(candidates)
     q, kt = _operands(scores)
+    softmax = any(n.target in SOFTMAX_OPS for n in interior)
     return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
-                         frozenset(interior | {out}), False, mask, mask_user=mask_user, conflict=conflict)
+                         frozenset(interior | {out}), False, mask, mask_user=mask_user, conflict=conflict,
+                         softmax=softmax)
+
+
+# a softmax over the keys, fused or decomposed (max, exp, sum): linear attention has none
+SOFTMAX_OPS = (aten._softmax.default, aten._safe_softmax.default, aten.exp.default)
 
 
 MASKING_OPS = (aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.where.self)

@@ -200,6 +200,18 @@ def _cache_outputs(a: Analysis):
     return None
 
 
+def _reductions_back_on_tokens(a: Analysis, regions: set) -> list:
+    """Sums over the sequence outside every region whose result comes back onto the tokens
+    (a product of scores with values that no attention site claimed, a pooled context added to
+    each token): token mixing. A loss's sums end in a scalar and are left out."""
+    on_tokens: dict = {}
+    for n in reversed(a.fwd_nodes):
+        on_tokens[n] = (n.op == "call_function" and bool(a.sd.axes.get(n)) and a.sd.seq_dim(n) is not None) \
+            or any(on_tokens.get(u, False) for u in n.users)
+    return [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"
+            and n not in regions and n in a.requires_grad and on_tokens[n]]
+
+
 def _coverage(a: Analysis) -> None:
     """Refusals for what would otherwise run unstreamed without a word: attention outside every
     layer region, a loss outside the head, token mixing with no attention to stream around."""
@@ -211,21 +223,23 @@ def _coverage(a: Analysis) -> None:
         if s.index not in in_layers:
             a.refusals.append((f"attention #{s.index}", CannotStream(
                 "attention outside every layer region (no residual stream found around it)", s.output)))
-    mixing = a.unknown_mixing()
     regions = set().union(*(r.nodes for r in a.regions)) if a.regions else set()
+    mixing = a.unknown_mixing() + _reductions_back_on_tokens(a, regions)
     # between attention layers: mixing that carries a gradient (mask and position arithmetic of
     # integer inputs mixes tokens too, but carries none) on the way to a later attention
     before = ancestors([x for s in a.sites for x in (s.query, s.key, s.value)]) if a.sites else set()
     outside = [n for n in mixing if n not in regions and n in a.requires_grad and n in before]
     if a.sites and outside:  # a hybrid model's recurrent or convolution layers, between its attention layers
         a.refusals.append(("layers without attention", CannotStream(
-            "token mixing outside every attention layer (a recurrence or convolution, as in a hybrid "
-            "model's state-space layers): those layers run unstreamed; the attention layers stream", outside[0])))
+            "token mixing outside every attention layer (a recurrence, a convolution or linear attention, "
+            "as in a hybrid model's state-space or linear-attention layers): those layers run unstreamed; "
+            "the attention layers stream", outside[0])))
     if not a.sites and mixing:
         head = any(p.kind == "head" for p in a.plans)
         a.refusals.append(("layers", CannotStream(
             "no causal attention found: layers run unstreamed" + ("; the head streams" if head else "")
-            + "; token mixing without attention (recurrences, convolutions) cannot stream", mixing[0])))
+            + "; token mixing without a recognised causal attention (recurrences, convolutions, "
+            "bidirectional or relative-position attention) cannot stream", mixing[0])))
     sums = [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"]
     # a loss whose head does not stream always says why: the head's own refusal, or this one
     if sums and not any(p.kind == "head" for p in a.plans) and not any(name == "head" for name, _ in a.refusals):

@@ -205,6 +205,10 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
     site = region.attention[0]
     if site.conflict:
         raise CannotStream(site.conflict, site.mask_user)
+    if not site.is_causal and not site.softmax:
+        raise CannotStream("token mixing by scores that multiply the values with no softmax (linear "
+                           "attention or a state-space scan over blocks of the sequence), whose pattern is "
+                           "not causal attention's", site.output)
     if not site.is_causal:
         raise CannotStream("attention that is not causal mixes every token with every other", site.output)
     for n in region.nodes:

@@ -3,14 +3,16 @@
 A graph holding a whole model starts at the token embedding. A graph piece (a decoder layer
 compiled alone, what follows a graph break, DDP's last split) starts at the residual stream
 itself: a floating-point per-token graph input. Without an attention site the sequence axis is
-the last axis of the token indices: an embedding's indices, else the loss's target (the labels).
+the last axis of the token indices as the caller passes them ([B, T], as ``input_ids``; a
+sequence-first model such as XLNet transposes them to [T, B] before its embedding): an
+embedding's indices, else the loss's target (the labels).
 """
 from __future__ import annotations
 
 import torch
 import torch.fx as fx
 
-from .graphs import is_tensor, per_token, val
+from .graphs import COPIES, is_tensor, per_token, val
 
 aten = torch.ops.aten
 LOSS_OPS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
@@ -30,9 +32,16 @@ def seed_sequence(graph: fx.Graph, sd) -> int | None:
     return None
 
 
+LAYOUT_OPS = COPIES | {aten.permute.default, aten.transpose.int, aten.t.default, aten._to_copy.default}
+
+
 def _embedding_indices(node, sd):
     if node.target is aten.embedding.default:
-        return (sd.axes.get(node.args[1]) or [None])[0]
+        indices = node.args[1]
+        # back through transposes and copies to the indices as they entered the graph
+        while isinstance(indices, fx.Node) and indices.op == "call_function" and indices.target in LAYOUT_OPS:
+            indices = indices.args[0]
+        return (sd.axes.get(indices) or [None])[0]
     return None
 
 

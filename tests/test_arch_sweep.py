@@ -21,8 +21,6 @@ KNOWN: dict = {
     # exact, but a layer that does not stream goes unwarned
     "dbrx": "the eager expert loop's nonzero() is a Dynamo graph break inside the loop over the layers; "
             "Dynamo runs layer 1 without compiling it, so no graph of it reaches the backend to stream or warn about",
-    "xlnet": "bidirectional relative attention (sequence-first layout, einsums): no attention site is found "
-             "and nothing is classed as token mixing, so nothing is said; not analysed further",
 }
 
 

@@ -327,3 +327,108 @@ def test_hybrid_layers_without_attention_are_warned_and_the_rest_streams():
     assert {p.name for p in run.programs} == {"layer.0", "head"}, run.warnings  # regions are named per attention
     assert len(run.warnings) == 1 and "token mixing outside every attention layer" in run.warnings[0] \
         and "aten.convolution at" in run.warnings[0], run.warnings
+
+
+class BlockLinearAttention(torch.nn.Module):
+    """Causal linear attention computed as a block scan (Qwen3-Next's gated delta rule, Mamba-2's
+    SSD): inside each block of 4 tokens, tril(Q Kᵀ) V; across blocks, a state Σ Kᵀ V carried
+    forward. No softmax anywhere. ``block=None``: one product over the whole sequence, unmasked
+    (bidirectional linear attention)."""
+
+    def __init__(self, d, block=4):
+        super().__init__()
+        self.qkv = torch.nn.Linear(d, 3 * d, bias=False)
+        self.block = block
+
+    def forward(self, x, cos, sin):
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        if self.block is None:
+            return (q @ k.transpose(1, 2) / d) @ v / T
+        pad = -T % self.block
+        q, k, v = (torch.nn.functional.pad(t, (0, 0, 0, pad)).view(B, -1, self.block, d) for t in (q, k, v))
+        state = x.new_zeros(B, d, d)
+        out = []
+        for i in range(q.shape[1]):
+            scores = (q[:, i] @ k[:, i].transpose(1, 2)).tril() / d
+            out.append(scores @ v[:, i] + q[:, i] @ state / d)
+            state = state + k[:, i].transpose(1, 2) @ v[:, i]
+        return torch.stack(out, 1).view(B, -1, d)[:, :T]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("block", [4, None], ids=["block-scan", "bidirectional"])
+def test_linear_attention_runs_exactly_and_names_its_cause(block):
+    """A layer of linear attention (scores times values, no softmax) runs unstreamed and exactly,
+    and the warning says so (not "attention that is not causal"), whether it is a scan over
+    blocks of the sequence or one unmasked product over the whole sequence (found as a score
+    matmul with no softmax); the attention layer and the head stream."""
+    torch.manual_seed(0)
+    model = zoo.TinyLlama().float().train()
+    model.layers[0].attn = BlockLinearAttention(zoo.HIDDEN, block)
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    streamed = {p.name for p in run.programs}  # regions are named per attention site
+    assert "head" in streamed and len(streamed) == 2, (streamed, run.warnings)
+    assert len(run.warnings) == 1 and "linear attention" in run.warnings[0] \
+        and "test_architectures.py" in run.warnings[0], run.warnings
+
+
+class PooledContext(torch.nn.Module):
+    """Token mixing by a sum over the sequence that comes back onto every token (a pooled
+    context, bidirectional): no attention site, no op classed as mixing by itself."""
+
+    def __init__(self, d, seq_dim=1):
+        super().__init__()
+        self.proj = torch.nn.Linear(d, d, bias=False)
+        self.seq_dim = seq_dim
+
+    def forward(self, x, cos=None, sin=None):
+        return self.proj(x.mean(self.seq_dim, keepdim=True)).expand_as(x)
+
+
+class SequenceFirstLM(torch.nn.Module):
+    """XLNet's layout: the token ids are transposed to [T, B] before the embedding, the layers
+    run sequence-first, the logits are transposed back; its only token mixing is pooled."""
+
+    def __init__(self, vocab=zoo.VOCAB, d=zoo.HIDDEN):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.mix = PooledContext(d, seq_dim=0)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx, labels):
+        x = self.embed(idx.t().contiguous())
+        x = x + self.mix(x)
+        x = x + self.mlp(x)
+        logits = self.head(x).transpose(0, 1)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)), logits
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("where", ["between-attention", "sequence-first"])
+def test_pooled_token_mixing_is_warned(where):
+    """A sum over the sequence that comes back onto the tokens mixes them: between attention
+    layers it is warned as a layer without attention (the attention layer streams); in a
+    sequence-first model without attention (the sequence is the ids' last axis as passed, not
+    the embedding's after a transpose) it is warned as no causal attention, and the head streams
+    over the sequence. Exact either way."""
+    torch.manual_seed(0)
+    if where == "between-attention":
+        model = zoo.TinyLlama().float().train()
+        model.layers[0].attn = PooledContext(zoo.HIDDEN)
+        expected, streamed = "token mixing outside every attention layer", {"layer.0", "head"}
+    else:
+        model = SequenceFirstLM()
+        expected, streamed = "no causal attention found", {"head"}
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 3, 13))
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert {p.name for p in run.programs} == streamed, run.warnings
+    assert len(run.warnings) == 1 and expected in run.warnings[0] and "test_architectures.py" in run.warnings[0], run.warnings
+    if where == "sequence-first":  # 13 tokens in head chunks of 4: streamed over the sequence, not the 3 rows
+        assert run.counters["chunks_forward"] == 4, run.counters
