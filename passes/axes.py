@@ -86,6 +86,7 @@ class AxisTable:
     def permuted(self, dim: tuple, node) -> tuple:
         """Fresh atoms for ``dim`` in another order (a sort along it): the same sizes, recorded
         as a permutation of ``dim`` (its rows are the same tokens, reordered)."""
+        dim = self.canon(dim)  # an atom identified with a product permutes as that product
         new = tuple(self.fresh(self.size[self.find(a)])[0] for a in dim)
         self.perms[node] = (new, tuple(dim))
         return new

@@ -353,9 +353,22 @@ def gather(node, table, ax):
 
 @register(aten.scatter.src, aten.scatter.value, aten.scatter_add.default)
 def scatter(node, table, ax):
+    """Writes along dim ``d`` at the index's positions; along every other dim, position i of the
+    index (and of the source) writes position i of the result: those dims are one axis. (A mask
+    built by scattering into ``zeros_like(scores)``, DeepSeek-V3's group routing, keeps the
+    tokens' axis of its index, not the fresh one of the created zeros.)"""
     x = node.args[0]
-    d = normalize_dim(node.args[1], len(shape(x)))
-    return RuleOut([ax(x)], mixed=((x, d),))
+    n = len(shape(x))
+    d = normalize_dim(node.args[1], n)
+    out = ax(x)
+    for v in node.args[2:4]:  # the index, and the source of scatter.src / scatter_add
+        if not isinstance(v, fx.Node) or len(shape(v)) != n:
+            continue
+        for k in range(n):
+            # a merged axis (batch x tokens) identifies one created axis too
+            if k != d and same(shape(v)[k], shape(x)[k]) and ax(v)[k] and len(ax(v)[k]) >= len(out[k]):
+                table.identify(out[k], ax(v)[k])
+    return RuleOut([out], mixed=((x, d),))
 
 
 @register(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)

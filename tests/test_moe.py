@@ -214,3 +214,17 @@ def test_eager_expert_loop_is_exact():
     # each asked for its schedule four times over a forward and backward, as in a one-graph model
     assert len(run.schedules["layer.0"]) == 4 * zoo.LAYERS, run.schedules
     assert run.schedules.get("head"), run.schedules
+
+
+def test_group_limited_routing_streams():
+    """DeepSeek-V3's routing (transformers' DeepseekV3ForCausalLM from a tiny config): expert
+    groups scored per token, a mask scattered into ``zeros_like(group_scores)``, top-k over the
+    masked scores, then the grouped dispatch. The scattered mask keeps the tokens' axis of its
+    index, so every layer (the dense first one and the MoE one) and the head stream, exactly."""
+    import arch_sweep
+
+    result = arch_sweep.check("deepseek_v3")
+    assert result["status"] == "ok" and result["error"] is None, result
+    assert result["warnings"] == [], result["warnings"]
+    assert result["streamed"] == [f"layer.{i}" for i in range(result["layers"])] + ["head"], result
+    assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
