@@ -75,6 +75,25 @@ def assert_grads_match(model_eager_grads: dict, model_compiled_grads: dict, rtol
     return errors
 
 
+def counting_allreduce(names: dict, reduced: list):
+    """A DDP comm hook that averages each bucket over the ranks, as DDP's default does, and
+    appends the names of the bucket's parameters to ``reduced``. The reduction is synchronous:
+    the default hook's ``Future.then`` callback is released on gloo's worker thread, which then
+    needs the GIL, and a process that tears its reducer down while that thread waits deadlocks
+    at exit (torch 2.13, about one run in ten)."""
+    import torch.distributed as dist
+
+    def hook(state, bucket):
+        reduced.extend(names[p] for p in bucket.parameters())
+        grad = bucket.buffer().div_(dist.get_world_size())
+        dist.all_reduce(grad)
+        done = torch.futures.Future()
+        done.set_result(grad)
+        return done
+
+    return hook
+
+
 def grads_of(model: torch.nn.Module) -> dict:
     return {n: (p.grad.detach().clone() if p.grad is not None else None) for n, p in model.named_parameters()}
 

@@ -6,6 +6,7 @@ the global batch, every layer and the head must have streamed (runtime counters)
 each parameter's gradient is reduced once per step (a comm hook counts the parameters of every
 bucket it reduces).
 """
+import faulthandler
 import os
 import socket
 import sys
@@ -17,7 +18,7 @@ import torch
 import torch.multiprocessing as mp
 
 import zoo
-from conftest import assert_grads_match
+from conftest import assert_grads_match, counting_allreduce
 
 WORLD = 2
 TIMEOUT_S = 240
@@ -48,7 +49,6 @@ def _worker(rank, port, mode, out):
         reduced = []
         if mode.startswith("ddp"):
             from torch.nn.parallel import DistributedDataParallel as DDP
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
             names = {p: n for n, p in model.named_parameters()}
             bucket = {"ddp": 25, "ddp_small_bucket": 0.005}[mode]
@@ -57,11 +57,7 @@ def _worker(rank, port, mode, out):
             dist._DEFAULT_FIRST_BUCKET_BYTES = min(dist._DEFAULT_FIRST_BUCKET_BYTES, int(bucket * 1024 * 1024))
             wrapped = DDP(model, bucket_cap_mb=bucket)
 
-            def counting(state, bucket):
-                reduced.extend(names[p] for p in bucket.parameters())
-                return allreduce_hook(state, bucket)
-
-            wrapped.register_comm_hook(None, counting)
+            wrapped.register_comm_hook(None, counting_allreduce(names, reduced))
             run = torch.compile(wrapped, backend="streambp", options=OPTIONS)
         else:
             from torch.distributed.fsdp import fully_shard
@@ -92,10 +88,16 @@ def _worker(rank, port, mode, out):
         dist.destroy_process_group()
 
 
+def _watched(rank, worker, *args):
+    # a rank still running shortly before the launcher gives up prints every thread's stack and exits
+    faulthandler.dump_traceback_later(TIMEOUT_S - 15, exit=True)
+    worker(rank, *args)
+
+
 def launch(mode, tmp_path, worker=None) -> list:
     """Run ``worker(rank, port, mode, out)`` (``_worker`` by default) on 2 ranks; each rank's saved results."""
-    ctx = mp.start_processes(worker or _worker, args=(_free_port(), mode, str(tmp_path)), nprocs=WORLD, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(_watched, args=(worker or _worker, _free_port(), mode, str(tmp_path)), nprocs=WORLD,
+                             join=False, start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
     while not ctx.join(timeout=5):
         if time.monotonic() > deadline:

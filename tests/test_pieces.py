@@ -9,7 +9,7 @@ import torch
 
 import streamfx
 import zoo
-from conftest import assert_grads_match, grads_of
+from conftest import assert_grads_match, counting_allreduce, grads_of
 from streamfx.runtime import COUNTERS
 
 OPTIONS = {"codegen": "eager", "chunk_size": 5, "head_chunk_size": 4}
@@ -185,7 +185,6 @@ def test_ddp_piece_cut_inside_layer(tmp_path):
     and the remedy; the last piece, the LM head and the loss, streams. Each parameter is reduced
     once (a comm hook counts them)."""
     import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch._dynamo.reset()
@@ -199,11 +198,7 @@ def test_ddp_piece_cut_inside_layer(tmp_path):
         dist._DEFAULT_FIRST_BUCKET_BYTES = 5000
         wrapped, names, reduced = DDP(model, bucket_cap_mb=5000 / 2 ** 20), {p: n for n, p in model.named_parameters()}, []
 
-        def counting(state, bucket):
-            reduced.extend(names[p] for p in bucket.parameters())
-            return allreduce_hook(state, bucket)
-
-        wrapped.register_comm_hook(None, counting)
+        wrapped.register_comm_hook(None, counting_allreduce(names, reduced))
         compiled = torch.compile(wrapped, backend="streambp", options=OPTIONS)
         ref_loss, ref_grads, _, _ = step(ref, inputs)
         loss, grads, ran, messages = step(compiled, inputs)
