@@ -17,6 +17,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from torch._inductor.decomposition import select_decomp_table
 
 from .config import StreamConfig
+from . import frames
 from .errors import CannotStream, StreamBPError, failure
 from .passes import stops, verify
 from .session import DetachOutputs, Session
@@ -64,6 +65,7 @@ class _Partitioner(CustomPartitionerFn):
 
 def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None):
     session = session or Session(config)
+    frames.check_callers(config.strict)  # a caller that Dynamo skipped runs eagerly around this graph
     stops.mark(gm)
     session.begin_graph(gm, example_inputs)
     custom = stops.custom_backward(gm)

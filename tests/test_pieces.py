@@ -134,8 +134,10 @@ class BreakingBlock(zoo.LlamaBlock):
 def test_graph_break_inside_block():
     """A graph break in the middle of block 1 of 3 (plain PyTorch). Dynamo then compiles each
     block's forward as a frame of its own: block 0 (reused by block 2, the same code), block 1's
-    attention half and its MLP half; the norm, the head and the loss run as Dynamo leaves them.
-    Block 0, block 2 and block 1's attention half (a region ending at the graph output) stream."""
+    attention half and its MLP half. Block 0, block 2 and block 1's attention half (a region ending
+    at the graph output) stream. The break sits inside the model's loop over its blocks, so Dynamo
+    skips the model's forward: its norm, head and loss run eagerly, and one warning says so,
+    naming that forward, the break and what to change."""
     torch.manual_seed(0)
     model = zoo.TinyLlama(n_layer=3).train()
     broken = BreakingBlock(zoo.HIDDEN, zoo.HEADS, zoo.KV_HEADS, zoo.HIDDEN // zoo.HEADS, 64)
@@ -148,16 +150,34 @@ def test_graph_break_inside_block():
     loss, grads, ran, messages = step(compiled, inputs)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(ref_grads, grads, rtol=1e-5)
-    assert not messages, messages
+    assert len(messages) == 1, messages
+    assert "Dynamo runs TinyLlama.forward" in messages[0] and "zoo.py" in messages[0], messages
+    at = f"test_pieces.py:{BreakingBlock.forward.__code__.co_firstlineno + 2}"
+    assert at in messages[0] and "layer.compile" in messages[0], messages  # the break, the remedy
     assert ran["region_forward"] == 3 and ran["region_backward"] == 3, ran
     assert ran["chunks_backward"] == 3 * 4, ran  # T=17 in chunks of 5
+
+
+@pytest.mark.fast
+def test_skipped_function_is_an_error_under_strict():
+    """With ``strict=True`` the model's forward that Dynamo skips (a graph break inside its loop
+    over the blocks) is an error naming it, not a warning."""
+    torch.manual_seed(0)
+    model = zoo.TinyLlama(n_layer=2).train()
+    model.layers[1] = BreakingBlock(zoo.HIDDEN, zoo.HEADS, zoo.KV_HEADS, zoo.HIDDEN // zoo.HEADS, 64)
+    inputs = zoo._plain_inputs(zoo.VOCAB)("odd17")
+    compiled = torch.compile(model, backend="streambp", options={**OPTIONS, "strict": True})
+    with pytest.raises(streamfx.StreamBPError, match=r"Dynamo runs TinyLlama\.forward .*strict=True"):
+        compiled(*inputs.args, **inputs.kwargs)
 
 
 def test_graph_break_inside_hf_layer(monkeypatch):
     """A graph break inside decoder layer 1's MLP (of 3) of a Hugging Face Qwen3: Dynamo compiles
     each decoder layer as a frame of its own, and the causal-LM forward after the model as a graph
     holding the head and the loss. Layers 0 and 2 stream, layer 1's attention half streams, and
-    the head streams (its sequence axis comes from the labels)."""
+    the head streams (its sequence axis comes from the labels). The break sits inside the loop
+    over the layers, so Dynamo skips Qwen3Model.forward (the embedding and the final norm run
+    eagerly): one warning names it and the break."""
     monkeypatch.setattr(zoo, "LAYERS", 3)
     model, make_inputs = zoo.qwen3()
     mlp = model.model.layers[1].mlp
@@ -171,7 +191,8 @@ def test_graph_break_inside_hf_layer(monkeypatch):
     mlp.forward = breaking
     compiled = torch.compile(model, backend="streambp", options=OPTIONS)
     ran, messages = compare(ref, compiled, make_inputs("odd17"))
-    assert not messages, messages
+    assert len(messages) == 1 and "Dynamo runs Qwen3Model.forward" in messages[0], messages
+    assert f"test_pieces.py:{breaking.__code__.co_firstlineno + 1}" in messages[0], messages  # the break
     # layers 0 and 2, layer 1's attention half (T=17 in 4 chunks of 5), the head (5 chunks of 4)
     assert ran["region_forward"] == 4 and ran["region_backward"] == 4, ran
     assert ran["chunks_backward"] == 3 * 4 + 5, ran

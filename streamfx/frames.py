@@ -1,0 +1,102 @@
+"""Functions that Dynamo gave up compiling, around the graphs streamfx compiles.
+
+A graph break Dynamo cannot resume from (one inside a loop, such as a loop over decoder layers
+whose layers hold a break or are wrapped by FSDP2's or ZeRO-3's parameter hooks; one inside a
+call it cannot split) makes Dynamo skip the whole function: it runs eagerly, and only the
+functions it calls are compiled, each on its own. What the skipped function computes itself (a
+final norm, an LM head and its loss, an attention written inline) then never reaches a backend:
+no pass can stream or warn about it. Dynamo records each skipped function in its compilation
+metrics; when streamfx compiles a graph that such a function is calling, it names the function,
+the graph break and what to change, once per function.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+from .errors import StreamBPError
+
+_cursor = None          # the newest compilation-metrics entry already read
+_skipped: dict = {}     # (file, first line, name) of a skipped function -> Dynamo's newest record of it
+_warned: list = []      # the records warned about (a function skipped again after a reset warns again)
+
+
+def _read_metrics() -> None:
+    """Collects the skipped functions among Dynamo's compilation metrics recorded since the last
+    read (Dynamo keeps the newest 64; streamfx reads them at every graph it compiles)."""
+    global _cursor
+    try:
+        from torch._dynamo import utils
+
+        entries = list(utils._compilation_metrics)
+    except (ImportError, AttributeError):  # a torch without compilation metrics: nothing to read
+        return
+    new = entries
+    for i in range(len(entries) - 1, -1, -1):
+        if entries[i] is _cursor:
+            new = entries[i + 1:]
+            break
+    for m in new:
+        if m.fail_type and m.co_filename and m.co_name:
+            _skipped[(os.path.abspath(m.co_filename), m.co_firstlineno, m.co_name)] = m
+    if entries:
+        _cursor = entries[-1]
+
+
+def check_callers(strict: bool) -> None:
+    """Warns (``strict``: raises) once per skipped function that is on the Python stack now,
+    i.e. that calls the graph being compiled and runs eagerly around it."""
+    _read_metrics()
+    if not _skipped:
+        return
+    try:
+        from torch._dynamo.convert_frame import input_codes
+    except ImportError:
+        return
+    frame, breaks = sys._getframe(1), set()
+    while frame is not None:  # from the graph being compiled outwards
+        code = frame.f_code
+        m = _skipped.get((os.path.abspath(code.co_filename), code.co_firstlineno, code.co_name))
+        # a function Dynamo tried (since its last reset) that runs its own code, not Dynamo's
+        if m is not None and code in input_codes and _model_code(frame):
+            where = (m.fail_user_frame_filename, m.fail_user_frame_lineno)
+            # a caller skipped for the same break (a decorator's wrapper around a skipped forward)
+            # adds nothing: the innermost function that holds it is named
+            if not any(w is m for w in _warned) and where not in breaks:
+                message = _describe(code, m)
+                if strict:
+                    raise StreamBPError(message + " (strict=True)")
+                _warned.append(m)
+                warnings.warn(message, stacklevel=2)
+            breaks.add(where)
+        frame = frame.f_back
+
+
+def _model_code(frame) -> bool:
+    """A module's method, or a function outside the installed packages (the user's own code);
+    not an engine's helper (DeepSpeed's hooks apply functions of their own around each layer)."""
+    import torch
+
+    if isinstance(frame.f_locals.get("self"), torch.nn.Module):
+        return True
+    path = os.path.abspath(frame.f_code.co_filename)
+    return not any(part in ("site-packages", "dist-packages") for part in path.split(os.sep))
+
+
+def _describe(code, m) -> str:
+    name, file, line = getattr(code, "co_qualname", code.co_name), code.co_filename, code.co_firstlineno
+    head, sep, tail = name.rpartition("torch_dynamo_resume_in_")
+    if sep:  # Dynamo's function for the rest of a function after an earlier graph break
+        function, _, after = tail.rpartition("_at_")
+        name = f"the rest of {head}{function} after line {after}"
+    reason = (m.fail_reason or m.fail_type).strip().splitlines()[0].strip()
+    at = f" at {m.fail_user_frame_filename}:{m.fail_user_frame_lineno}" if m.fail_user_frame_filename else ""
+    return (f"streamfx: Dynamo runs {name} ({file}:{line}) without compiling it, after a graph break it "
+            f"cannot resume from ({reason}{at}; a break inside a loop, such as a loop over layers whose "
+            f"layers hold a break or FSDP2's or ZeRO-3's parameter hooks, skips the whole function): what "
+            f"that function computes itself (an LM head and its loss, an attention written there) runs "
+            f"eagerly and unstreamed, and only the functions it calls are compiled and streamed. Remove the "
+            f"graph break (TORCH_LOGS=graph_breaks lists them), or compile the parts that should stream "
+            f"on their own (each decoder layer with layer.compile(backend='streambp'); the head and its "
+            f"loss as a function of the hidden states)")
