@@ -77,10 +77,9 @@ def assert_grads_match(model_eager_grads: dict, model_compiled_grads: dict, rtol
 
 def counting_allreduce(names: dict, reduced: list):
     """A DDP comm hook that averages each bucket over the ranks, as DDP's default does, and
-    appends the names of the bucket's parameters to ``reduced``. The reduction is synchronous:
-    the default hook's ``Future.then`` callback is released on gloo's worker thread, which then
-    needs the GIL, and a process that tears its reducer down while that thread waits deadlocks
-    at exit (torch 2.13, about one run in ten)."""
+    appends the names of the bucket's parameters to ``reduced``. The reduction is synchronous, so
+    gloo's worker threads hold no Python callback of it (releasing one needs the GIL; see
+    ``test_distributed.finish`` for the teardown deadlock that can cause)."""
     import torch.distributed as dist
 
     def hook(state, bucket):

@@ -13,7 +13,7 @@ import torch
 
 import zoo
 from conftest import assert_grads_match
-from test_distributed import CASE, OPTIONS, WORLD, eager_grads, launch
+from test_distributed import CASE, OPTIONS, WORLD, eager_grads, finish, launch
 
 try:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -57,6 +57,7 @@ def _worker(rank, port, mode, out):
         ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
         grads = {n: safe_get_full_grad(p).detach().clone() for n, p in engine.module.named_parameters()}
         torch.save({"ran": ran, "grads": grads, "loss": loss.detach(), "messages": messages}, f"{out}/rank{rank}.pt")
+        finish()
     finally:
         dist.destroy_process_group()
 
