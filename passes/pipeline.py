@@ -24,6 +24,8 @@ from .rewrite import stream_joint
 from .seq_dims import SEQ_REDUCTION, UNKNOWN_MIXING, infer_axes
 from .sources import seed_sequence
 
+aten = torch.ops.aten
+
 MAX_MOVES = 4  # sequence slices moved in front of the head, at most
 
 
@@ -39,6 +41,7 @@ class Analysis:
     regions: list
     plans: list = dataclasses.field(default_factory=list)
     refusals: list = dataclasses.field(default_factory=list)   # (region name, CannotStream)
+    notes: list = dataclasses.field(default_factory=list)      # (region name, CannotStream): streams, but...
     programs: list = dataclasses.field(default_factory=list)   # (plan, runtime program) after the rewrite
     requires_grad: frozenset = frozenset()                      # forward nodes that get a gradient
     moved: list = dataclasses.field(default_factory=list)      # hoist.MovedSlice: slices moved before the head
@@ -212,6 +215,41 @@ def _reductions_back_on_tokens(a: Analysis, regions: set) -> list:
             and n not in regions and n in a.requires_grad and on_tokens[n]]
 
 
+# a softmax over the classes, fused or decomposed (its max over the classes comes first)
+CLASS_SOFTMAX = (aten._log_softmax.default, aten._softmax.default, aten.logsumexp.default, aten.amax.default)
+PROJECTIONS = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
+
+
+def _logits_from_outside(a: Analysis, plan):
+    """The softmax over classes of a head whose logits are a graph input: no projection computes
+    them in the graph (the LM head ran outside it), so they exist for the whole sequence and only
+    the loss over them streams. None otherwise."""
+    inside = set(plan.nodes)
+    feeding = ancestors(list(plan.inputs), within=set(a.fwd_nodes)) | inside
+    if any(n.target in PROJECTIONS for n in feeding):
+        return None
+    if not any(n.op == "placeholder" and _floating(n) and a.sd.seq_dim(n) is not None for n in feeding):
+        return None
+    for n in a.fwd_nodes:
+        if n in feeding and n.target in CLASS_SOFTMAX and isinstance(n.args[0], fx.Node) \
+                and _over_classes(n, n.args[0], a.sd):
+            return n
+    return None
+
+
+def _over_classes(op, x, sd) -> bool:
+    """Whether ``op`` reduces ``x`` along dims other than the sequence dim."""
+    rank = x.meta["val"].dim()
+    dims = op.args[1] if len(op.args) > 1 else []
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    return bool(dims) and sd.seq_dim(x) not in [d % rank for d in dims]
+
+
+def _floating(x) -> bool:
+    v = x.meta.get("val")
+    return isinstance(v, torch.Tensor) and v.is_floating_point()
+
+
 def _coverage(a: Analysis) -> None:
     """Refusals for what would otherwise run unstreamed without a word: attention outside every
     layer region, a loss outside the head, token mixing with no attention to stream around."""
@@ -240,6 +278,15 @@ def _coverage(a: Analysis) -> None:
             "no causal attention found: layers run unstreamed" + ("; the head streams" if head else "")
             + "; token mixing without a recognised causal attention (recurrences, convolutions, "
             "bidirectional or relative-position attention) cannot stream", mixing[0])))
+    for p in a.plans:
+        softmax = _logits_from_outside(a, p) if p.kind == "head" else None
+        if softmax is not None:
+            a.notes.append((p.name, CannotStream(
+                "its logits arrive as an input of the graph: the LM head that computes them ran outside it "
+                "(a graph break between the LM head and the loss, such as ZeRO-3's parameter hooks on the "
+                "LM head, or a loss compiled apart from the model), so the logits exist for the whole "
+                "sequence and only the loss over them streams; keep the LM head and the loss in one "
+                "compiled graph to stream the logits too", softmax)))
     sums = [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"]
     # a loss whose head does not stream always says why: the head's own refusal, or this one
     if sums and not any(p.kind == "head" for p in a.plans) and not any(name == "head" for name, _ in a.refusals):

@@ -24,6 +24,7 @@ class Report:
     estimated_peak_bytes: int
     analyses: list
     moved: list = dataclasses.field(default_factory=list)  # sequence slices moved in front of the head
+    caveats: list = dataclasses.field(default_factory=list)  # (region, what limits its streaming) pairs
     settings: dict = dataclasses.field(default_factory=dict)  # the compile settings explained: dynamic, options
     _later: object = dataclasses.field(default=None, repr=False)  # () -> Report for dynamic=None's later lengths
 
@@ -57,6 +58,8 @@ class Report:
             lines.append(f"    {p.describe()}")
         lines.append(f"  saved for backward by streamed regions: {self.saved or 'nothing'}")
         lines.append(f"  estimated peak of streamed regions: {self.estimated_peak_bytes / 2**20:.1f} MiB")
+        for where, why in self.caveats:
+            lines.append(f"  {where} streams, but {why}")
         if self.not_streamed:
             lines.append("  not streamed:")
             for where, why in self.not_streamed:
@@ -158,7 +161,7 @@ def _fresh(x: torch.Tensor) -> torch.Tensor:
 
 
 def build_report(analyses) -> Report:
-    sites, regions, plans, refusals, saved, moved = [], [], [], [], [], []
+    sites, regions, plans, refusals, saved, moved, caveats = [], [], [], [], [], [], []
     classes: Counter = Counter()
     peak = 0
     for a in analyses:
@@ -171,6 +174,7 @@ def build_report(analyses) -> Report:
                 classes[a.classes.get(n)] += 1
         for name, err in a.refusals:
             refusals.append((name, err.describe()))
+        caveats += [(name, err.describe()) for name, err in getattr(a, "notes", [])]
         for n in a.unknown_mixing():
             if any(n in r.nodes for r in a.regions):
                 refusals.append((op_name(n), f"mixes tokens other than causal attention{source_line(n)}"))
@@ -178,7 +182,7 @@ def build_report(analyses) -> Report:
             saved += [x.name for x in p.saved]
             peak += _chunk_peak(p)
     return Report([a.seq_len for a in analyses], sites, regions, plans, refusals, classes, saved, peak, analyses,
-                  moved)
+                  moved, caveats)
 
 
 def _chunk_peak(p) -> int:

@@ -80,6 +80,8 @@ class Session:
             analysis.refusals = _ddp_refusals(analysis)
         for region, err in analysis.refusals:
             self.refuse(region, err)
+        for region, err in analysis.notes:
+            self.note(region, err)
         if analysis.programs:
             # the forward's outputs are the mutated inputs, then the user's outputs: a dropped
             # output is returned to the user as None, and Dynamo's graph detaches it (no tangent)
@@ -130,6 +132,14 @@ class Session:
             return
         self.warned.add(cause)
         warnings.warn(f"{cause}; it runs without streaming (compiled graph {self.graph_id})", stacklevel=2)
+
+    def note(self, region: str, err: CannotStream) -> None:
+        """A region that streams with a caveat: warned once per compiled graph (never an error:
+        the region streams)."""
+        cause = f"streamfx: region '{region}' streams, but {err.describe()}"
+        if cause not in self.warned:
+            self.warned.add(cause)
+            warnings.warn(f"{cause} (compiled graph {self.graph_id})", stacklevel=2)
 
     # -- outputs ----------------------------------------------------------------------------
     def wrap(self, compiled):

@@ -78,12 +78,15 @@ def test_gpt2_default_graph_break_head_streams_in_its_own_graph():
     """Stock GPT2LMHeadModel graph-breaks before its loss (``PreTrainedModel.loss_function`` logs a
     ``warning_once`` for a class name that names no loss type): graph 1 ends at the logits and
     graph 2 computes the loss from them. Graph 2 is a head-only graph: its sequence axis comes from
-    the labels, and it streams. Gradients are exact."""
+    the labels, and it streams. Gradients are exact. The logits exist whole between the graphs,
+    and one warning says so."""
     model, make_inputs = zoo.gpt2()
     inputs = make_inputs("b1")
     run = run_eager_and_compiled(model, inputs, {"head_chunk_size": HEAD_CHUNK})
     assert_grads_match(run.ref_grads, run.grads)
     assert [p.name for p in run.programs if p.name == "head"] == ["head"], [p.name for p in run.programs]
+    caveats = [m for m in run.warnings if "region 'head' streams, but its logits arrive as an input" in m]
+    assert len(caveats) == 1, run.warnings
 
 
 def assert_exact_and_head_not_streamed(model, inputs):

@@ -118,7 +118,44 @@ def test_head_only_graph(case):
     assert ran["region_forward"] == 1 and ran["chunks_backward"] == -(-T // 4), ran
     torch._dynamo.reset()
     report = streamfx.explain(head_loss(model), h, labels, options=OPTIONS)
-    assert [p.name for p in report.plan] == ["head"], str(report)
+    assert [p.name for p in report.plan] == ["head"] and not report.caveats, str(report)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("shift", [False, True])
+def test_loss_over_logits_it_receives(shift):
+    """A loss compiled apart from the model, over logits it receives (as after a graph break
+    between the LM head and the loss: ZeRO-3's hooks on the LM head): the loss streams over the
+    logits, exactly, and one warning says that the logits exist whole and what to change;
+    explain() lists the caveat."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 13, 50, requires_grad=True)
+    labels = torch.randint(0, 50, (2, 13))
+    labels[1, :4] = -100
+
+    def loss_of(logits, labels):
+        if shift:  # as Hugging Face's loss_function shifts: the labels, padded at the end
+            labels = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, 50), labels.reshape(-1), ignore_index=-100)
+
+    ref = loss_of(logits, labels)
+    ref_grad, = torch.autograd.grad(ref, logits)
+    before = dict(COUNTERS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = torch.compile(loss_of, backend="streambp", options=OPTIONS)(logits, labels)
+        grad, = torch.autograd.grad(loss, logits)
+    ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
+    torch.testing.assert_close(loss, ref, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-5, atol=1e-7)
+    assert ran["region_forward"] == 1 and ran["chunks_backward"] > 1, ran
+    messages = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    assert len(messages) == 1 and "region 'head' streams, but its logits arrive as an input" in messages[0], messages
+    assert "test_pieces.py" in messages[0] and "one compiled graph" in messages[0], messages
+    torch._dynamo.reset()
+    report = streamfx.explain(loss_of, logits, labels, options=OPTIONS)
+    assert [p.name for p in report.plan] == ["head"] and len(report.caveats) == 1, str(report)
+    assert "head streams, but its logits arrive" in str(report), str(report)
 
 
 class BreakingBlock(zoo.LlamaBlock):
@@ -225,6 +262,9 @@ def test_ddp_piece_cut_inside_layer(tmp_path):
         loss, grads, ran, messages = step(compiled, inputs)
     finally:
         dist._DEFAULT_FIRST_BUCKET_BYTES = first_bucket
+        # gloo's worker threads finish releasing their works (which needs the GIL) before the
+        # reducer, freed with the GIL held, drops the last reference to the group and joins them
+        dist.barrier()
         dist.destroy_process_group()
         torch._dynamo.reset()
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
