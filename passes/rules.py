@@ -185,6 +185,18 @@ def view(node, table, ax):
     return RuleOut([table.regroup(ax(x), shape(x), out_shape(node))])
 
 
+@register(aten.view_as_complex.default)
+def view_as_complex(node, table, ax):
+    """[..., 2] reals as [...] complex numbers (a rotary embedding in complex form): the pair dim
+    goes, every other dim keeps its axis."""
+    return RuleOut([tuple(ax(node.args[0]))[:-1]])
+
+
+@register(aten.view_as_real.default)
+def view_as_real(node, table, ax):
+    return RuleOut([tuple(ax(node.args[0])) + (table.fresh(2),)])
+
+
 @register(aten.permute.default)
 def permute(node, table, ax):
     a = ax(node.args[0])

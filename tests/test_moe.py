@@ -228,3 +228,17 @@ def test_group_limited_routing_streams():
     assert result["warnings"] == [], result["warnings"]
     assert result["streamed"] == [f"layer.{i}" for i in range(result["layers"])] + ["head"], result
     assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
+
+
+def test_complex_rotary_streams():
+    """DeepSeek-V2 (transformers' DeepseekV2ForCausalLM from a tiny config): its rotary embedding
+    multiplies query and key in complex form (``view_as_complex`` of [..., 2] pairs, a complex
+    product, ``view_as_real`` back), all per token. Every layer (MLA attention, the MoE) and the
+    head stream, exactly."""
+    import arch_sweep
+
+    result = arch_sweep.check("deepseek_v2")
+    assert result["status"] == "ok" and result["error"] is None, result
+    assert result["warnings"] == [], result["warnings"]
+    assert result["streamed"] == [f"layer.{i}" for i in range(result["layers"])] + ["head"], result
+    assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
