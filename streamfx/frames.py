@@ -74,13 +74,25 @@ def check_callers(strict: bool) -> None:
 
 
 def _model_code(frame) -> bool:
-    """A module's method, or a function outside the installed packages (the user's own code);
-    not an engine's helper (DeepSpeed's hooks apply functions of their own around each layer)."""
+    """A method of the module it runs on (through decorators' ``functools.wraps``), or a function
+    outside the installed packages (the user's own code). Not a decorator's wrapper or an
+    engine's helper: those compute nothing of the model themselves."""
     import torch
 
-    if isinstance(frame.f_locals.get("self"), torch.nn.Module):
-        return True
-    path = os.path.abspath(frame.f_code.co_filename)
+    code, owner = frame.f_code, frame.f_locals.get("self")
+    if isinstance(owner, torch.nn.Module):
+        name = code.co_name
+        _, resumed, tail = name.partition("torch_dynamo_resume_in_")
+        if resumed:  # Dynamo's function for the rest of a method after an earlier graph break
+            return callable(getattr(type(owner), tail.rpartition("_at_")[0], None))
+        fn = getattr(type(owner), name, None)
+        for _ in range(8):  # the method, then what each decorator wraps
+            if fn is None:
+                break
+            if getattr(fn, "__code__", None) is code:
+                return True
+            fn = getattr(fn, "__wrapped__", None)
+    path = os.path.abspath(code.co_filename)
     return not any(part in ("site-packages", "dist-packages") for part in path.split(os.sep))
 
 
