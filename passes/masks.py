@@ -23,6 +23,15 @@ aten = torch.ops.aten
 MAX_EVAL = 2048   # masks are evaluated at compile time up to this many tokens (T x T values)
 COMPARISONS = {aten.sub.Tensor, aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor, aten.ge.Tensor,
                aten.eq.Tensor, aten.ne.Tensor}
+# tensors whose values are fixed (the input's shape only): comparing with one is not comparing
+# per-token values (Llama 4's left padding: ``mask.cumsum(-1) == zeros_like(mask)``)
+CONSTANT_MAKERS = {aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
+                   aten.empty_like.default, aten.zeros.default, aten.ones.default, aten.full.default,
+                   aten.scalar_tensor.default}
+# per-row summaries of per-token values (Llama 4 counts each row's left padding with a sum)
+REDUCTIONS = {aten.sum.default, aten.sum.dim_IntList, aten.amax.default, aten.amin.default, aten.argmax.default,
+              aten.argmin.default, aten.max.dim, aten.min.dim, aten.any.dim, aten.any.default, aten.all.dim,
+              aten.all.default, aten.count_nonzero.default, aten.count_nonzero.dim_IntList}
 
 
 def classify(site, constants: dict, length) -> None:
@@ -110,7 +119,10 @@ def _positions(node, within: set) -> bool:
         n = stack.pop()
         for u in n.users:
             if u in within and u not in seen:
-                if u.target in COMPARISONS and all(isinstance(a, fx.Node) for a in u.args[:2]):
+                if u.target in CONSTANT_MAKERS or u.target in REDUCTIONS:
+                    continue  # its values are not the input's, or no longer per token (a count of padding)
+                if u.target in COMPARISONS and all(isinstance(a, fx.Node) and a.target not in CONSTANT_MAKERS
+                                                   for a in u.args[:2]):
                     return True
                 seen.add(u)
                 stack.append(u)

@@ -329,12 +329,22 @@ def matmul(node, table, ax):
 
 @register(aten.repeat.default)
 def repeat(node, table, ax):
-    """Tiling: a dim repeated once keeps its axis; a tiled dim or a new leading one is a new axis."""
+    """Tiling: a dim repeated once keeps its axis; a new leading dim is a new axis; a dim tiled r
+    times holds r copies one after another, position i * n + j being copy i of position j: the
+    product of a new axis of r copies (outer) and the dim's own axis (inner), as a reshape of
+    [r, n] (Llama 4's experts each read every token: ``hidden.repeat(num_experts, 1)``)."""
     x, reps = node.args[0], list(node.args[1])
     a, shp = ax(x), out_shape(node)
     lead = len(reps) - len(a)
-    out = [table.fresh(shp[k]) if k < lead or not same(reps[k], 1) else a[k - lead] for k in range(len(reps))]
-    return RuleOut([tuple(out)], mixed=tuple((x, k - lead) for k in range(lead, len(reps)) if not same(reps[k], 1)))
+    out = []
+    for k in range(len(reps)):
+        if k < lead:
+            out.append(table.fresh(shp[k]))
+        elif same(reps[k], 1):
+            out.append(a[k - lead])
+        else:
+            out.append(tuple(table.fresh(reps[k])) + tuple(a[k - lead]))
+    return RuleOut([tuple(out)])
 
 
 # ---- lookups, creation, losses ---------------------------------------------------------------

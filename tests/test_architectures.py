@@ -432,3 +432,40 @@ def test_pooled_token_mixing_is_warned(where):
     assert len(run.warnings) == 1 and expected in run.warnings[0] and "test_architectures.py" in run.warnings[0], run.warnings
     if where == "sequence-first":  # 13 tokens in head chunks of 4: streamed over the sequence, not the 3 rows
         assert run.counters["chunks_forward"] == 4, run.counters
+
+
+@pytest.mark.parametrize("codegen", [pytest.param("eager", marks=pytest.mark.fast), "inductor"])
+def test_llama4_chunked_attention_with_left_padding(codegen):
+    """Hugging Face's Llama 4 (text) from a tiny config, with chunks of 4 attention tokens over
+    T=13 and the last row left-padded by 3: its chunks then start at each row's first real token
+    (``create_chunked_causal_mask`` counts the padding with ``mask.cumsum(-1) == zeros_like(mask)``
+    and a sum). The pattern is read at neutral data (no padding: chunked), the keys each chunk
+    reads come from the mask at run time, and every layer (chunked attention, full attention
+    without rotary, the MoE whose experts read every token through ``repeat``) and the head
+    stream, exactly."""
+    import copy
+    import warnings
+
+    import arch_configs
+    from streamfx.runtime import COUNTERS
+
+    model = arch_configs.build("llama4_text", "sdpa", attention_chunk_size=4)
+    ref = copy.deepcopy(model)
+    batch = arch_configs.inputs(model, B=2, T=13, seed=0, pad="left", n_pad=3)
+    ref_loss = ref(**batch).loss
+    ref_loss.backward()
+    compiled = torch.compile(model, backend="streambp", options={"codegen": codegen, "chunk_size": 5})
+    before = dict(COUNTERS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = compiled(**batch).loss
+        loss.backward()
+    ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
+    messages = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match({n: p.grad for n, p in ref.named_parameters()},
+                       {n: p.grad for n, p in model.named_parameters()}, rtol=1e-4)
+    assert not messages, messages
+    layers = model.config.num_hidden_layers
+    assert ran["region_forward"] == layers + 1 and ran["region_backward"] == layers + 1, ran
+    assert ran["chunks_backward"] >= layers * 3, ran  # T=13 in chunks of 5
