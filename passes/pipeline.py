@@ -16,7 +16,8 @@ import torch.fx as fx
 
 from streamfx.errors import CannotStream
 from . import attention as attn, hoist, masks, verify
-from .graphs import ancestors, is_tangent, outputs as graph_outputs, primals, written_input
+from .graphs import (ancestors, is_tangent, is_tensor, normalize_dim, outputs as graph_outputs, primals, val,
+                     written_input)
 from .plan import plan_head, plan_layer
 from .record import NodeRecord, tag
 from .regions import find_regions
@@ -239,15 +240,15 @@ def _logits_from_outside(a: Analysis, plan):
 
 def _over_classes(op, x, sd) -> bool:
     """Whether ``op`` reduces ``x`` along dims other than the sequence dim."""
-    rank = x.meta["val"].dim()
+    rank = val(x).dim()
     dims = op.args[1] if len(op.args) > 1 else []
     dims = [dims] if isinstance(dims, int) else list(dims)
-    return bool(dims) and sd.seq_dim(x) not in [d % rank for d in dims]
+    return bool(dims) and sd.seq_dim(x) not in [normalize_dim(d, rank) for d in dims]
 
 
 def _floating(x) -> bool:
-    v = x.meta.get("val")
-    return isinstance(v, torch.Tensor) and v.is_floating_point()
+    v = val(x)
+    return is_tensor(v) and v.is_floating_point()
 
 
 def _coverage(a: Analysis) -> None:

@@ -174,7 +174,7 @@ def build_report(analyses) -> Report:
                 classes[a.classes.get(n)] += 1
         for name, err in a.refusals:
             refusals.append((name, err.describe()))
-        caveats += [(name, err.describe()) for name, err in getattr(a, "notes", [])]
+        caveats += [(name, err.describe()) for name, err in a.notes]
         for n in a.unknown_mixing():
             if any(n in r.nodes for r in a.regions):
                 refusals.append((op_name(n), f"mixes tokens other than causal attention{source_line(n)}"))
