@@ -287,7 +287,8 @@ def _coverage(a: Analysis) -> None:
                 "(a graph break between the LM head and the loss, such as ZeRO-3's parameter hooks on the "
                 "LM head, or a loss compiled apart from the model), so the logits exist for the whole "
                 "sequence and only the loss over them streams; keep the LM head and the loss in one "
-                "compiled graph to stream the logits too", softmax)))
+                "compiled graph to stream the logits too (under DeepSpeed ZeRO-3: "
+                "streamfx.zero3.stream_head(engine) after deepspeed.initialize)", softmax)))
     sums = [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"]
     # a loss whose head does not stream always says why: the head's own refusal, or this one
     if sums and not any(p.kind == "head" for p in a.plans) and not any(name == "head" for name, _ in a.refusals):

@@ -24,6 +24,10 @@ def __getattr__(name):  # the trainer helpers import transformers: loaded on fir
         from . import trainers
 
         return getattr(trainers, name)
+    if name == "zero3":  # DeepSpeed ZeRO-3's LM head: streamfx.zero3.stream_head(engine)
+        import importlib
+
+        return importlib.import_module(".zero3", __name__)
     raise AttributeError(f"module 'streamfx' has no attribute {name!r}")
 
 
