@@ -100,7 +100,7 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
     last_attn = max((rank[s.output] for s in sites if s.output in rank), default=-1)
     tail = [c for c in chain if rank[c] > last_attn]
     floor = per_token(starts[-1][0] if starts else chain[0], sd)
-    head_entry = _head_entry(tail, sd, floor) if tail else None
+    head_entry = _head_entry(tail, sd, floor, fwd_nodes, rank) if tail else None
     layer_end = None
     if head_entry is not None:
         layer_end, head_entry = _through_slice(head_entry, g, sd, classes)
@@ -144,16 +144,26 @@ def _pull_merged_inputs(nodes: set, sd, classes) -> set:
     return nodes
 
 
-def _head_entry(tail, sd, floor):
+_PROJECTIONS = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
+
+
+def _head_entry(tail, sd, floor, fwd_nodes, rank):
     """The narrowest per-token chain node after the last attention site (the latest of equals)
     that is at least as wide as the residual stream (``floor``): the final hidden state, not a
-    per-token loss computed from the logits."""
+    per-token loss computed from the logits. Logits that arrive as a graph input (no projection
+    after them: the LM head ran outside the graph) are the entry themselves, so the softmax over
+    the classes streams with the loss instead of running over the whole sequence before it."""
     tail = [n for n in tail if sd.seq_is_atomic(n)]  # a (B*T) merged dim is not sliced per token
     tail = [n for n in tail if per_token(n, sd) >= floor] or tail
     if not tail:
         return None
     best = min(per_token(n, sd) for n in tail)
-    return [n for n in tail if per_token(n, sd) == best][-1]
+    narrowest = [n for n in tail if per_token(n, sd) == best]
+    first = narrowest[0]
+    if first.op == "placeholder" and not any(n.target in _PROJECTIONS for n in fwd_nodes
+                                             if rank.get(n, -1) > rank[first]):
+        return first
+    return narrowest[-1]
 
 
 def _through_slice(entry, g, sd, classes):

@@ -4,7 +4,8 @@ ZeRO-3 gathers each module's parameters in hooks around the module's forward, an
 are ``torch.compiler.disable``d: Dynamo breaks the graph before and after every hooked module.
 Around the LM head that break separates the projection from the loss, so the loss's graph
 receives the logits for the whole sequence (``[B, T, V]``, the largest activation of a
-long-sequence step) and only the loss over them can stream.
+long-sequence step, and their gradient too) and only the softmax and the loss over them can
+stream.
 
 ``stream_head(model)`` takes DeepSpeed's hooks off the LM head and registers the head's
 parameters as external parameters of the root module: ZeRO-3 then gathers them with the root's

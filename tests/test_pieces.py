@@ -127,7 +127,8 @@ def test_loss_over_logits_it_receives(shift):
     """A loss compiled apart from the model, over logits it receives (as after a graph break
     between the LM head and the loss: ZeRO-3's hooks on the LM head): the loss streams over the
     logits, exactly, and one warning says that the logits exist whole and what to change;
-    explain() lists the caveat."""
+    explain() lists the caveat. The head starts at the logits input, so the softmax over the
+    classes streams too (no log-softmax of the whole sequence is computed and saved before it)."""
     torch.manual_seed(0)
     logits = torch.randn(2, 13, 50, requires_grad=True)
     labels = torch.randint(0, 50, (2, 13))
@@ -156,6 +157,10 @@ def test_loss_over_logits_it_receives(shift):
     report = streamfx.explain(loss_of, logits, labels, options=OPTIONS)
     assert [p.name for p in report.plan] == ["head"] and len(report.caveats) == 1, str(report)
     assert "head streams, but its logits arrive" in str(report), str(report)
+    head, = report.regions
+    assert head.entry.op == "placeholder", head.describe()
+    aten = torch.ops.aten
+    assert any(n.target in (aten.amax.default, aten._log_softmax.default) for n in head.nodes), head.describe()
 
 
 class BreakingBlock(zoo.LlamaBlock):
