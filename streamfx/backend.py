@@ -129,9 +129,23 @@ def _compile(gm, example_inputs, config, session):
 KEPT_WHOLE = (torch.ops.aten._safe_softmax.default, torch.ops.aten.linalg_vector_norm.default)
 
 
+def _mean_as_sum(x, *, dtype=None):
+    """The mean of a whole tensor as its sum over its size, in aten ops (the streamed joint
+    differentiates them again), so a loss written as the mean of per-token terms
+    (``per_token.mean()``) is a sum the head streams. Half-precision sums accumulate in fp32 and
+    round once, as ``mean`` does."""
+    out_dtype = dtype or x.dtype
+    acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    total = torch.ops.aten.sum.default(x, dtype=acc)
+    return torch.ops.aten.div.Tensor(total, x.numel()).to(out_dtype)
+
+
 def decompositions() -> dict:
-    """Inductor's decomposition table without the ops in ``KEPT_WHOLE``."""
-    return {op: fn for op, fn in select_decomp_table().items() if op not in KEPT_WHOLE}
+    """Inductor's decomposition table without the ops in ``KEPT_WHOLE``, and the whole-tensor
+    mean as a sum (``_mean_as_sum``)."""
+    table = {op: fn for op, fn in select_decomp_table().items() if op not in KEPT_WHOLE}
+    table[torch.ops.aten.mean.default] = _mean_as_sum
+    return table
 
 
 def _boxed_nop(gm, example_inputs):

@@ -652,3 +652,35 @@ def test_per_token_outputs_kept_logits_dropped():
     assert logp is not None and logp.shape == ref_logp.shape
     torch.testing.assert_close(logp, ref_logp, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+
+
+class MeanTokenLoss(nn.Module):
+    """A per-token loss reduced with ``.mean()`` (plain PyTorch: ``reduction="none"``, then the
+    mean over batch and tokens)."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids, labels):
+        _, logits = self.lm(ids)
+        per_token = F.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction="none")
+        return per_token.mean()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_mean_of_per_token_loss_streams(dynamic):
+    """The mean of a whole tensor is its sum over its size: the head streams a ``.mean()`` loss
+    (with static and symbolic sizes), exactly."""
+    lm, make_inputs = zoo.tiny_llama()
+    ids, _, labels = zoo.tokens(zoo.Case("mean", 2, 13, pad="left", n_pad=3), zoo.VOCAB)
+    model = MeanTokenLoss(lm)
+    inputs = PlainInputs((ids, labels), 2, 13)
+    report = streamfx.explain(model, *inputs.args, options={**EAGER, "head_chunk_size": 4}, dynamic=dynamic)
+    assert len(head_plans(report)) == 1 and not report.not_streamed, str(report)
+    torch._dynamo.reset()
+    run = run_eager_and_compiled(model, inputs, {**EAGER, "head_chunk_size": 4})
+    assert run.counters["region_backward"] == zoo.LAYERS + 1 and not run.warnings, (run.counters, run.warnings)
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-6, atol=1e-7)
+    assert_grads_match(run.ref_grads, run.grads)
