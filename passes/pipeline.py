@@ -286,8 +286,8 @@ def _coverage(a: Analysis) -> None:
                 "its logits arrive as an input of the graph: the LM head that computes them ran outside it "
                 "(a graph break between the LM head and the loss, such as ZeRO-3's parameter hooks on the "
                 "LM head, or a loss compiled apart from the model), so the logits and their gradient exist "
-                "for the whole sequence and only the softmax and the loss over them stream; keep the LM head and the loss in one "
-                "compiled graph to stream the logits too (under DeepSpeed ZeRO-3: "
+                "for the whole sequence and only the softmax and the loss over them stream; keep the LM "
+                "head and the loss in one compiled graph to stream the logits too (under DeepSpeed ZeRO-3: "
                 "streamfx.zero3.stream_head(engine) after deepspeed.initialize)", softmax)))
     sums = [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"]
     # a loss whose head does not stream always says why: the head's own refusal, or this one
