@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO-2 and ZeRO-3 on 2 CPU ranks (``DS_ACCELERATOR=cpu``, gloo), each test launching
 its own processes. Each rank computes its half of a global batch through the engine compiled
 with ``backend="streambp"``; the full gradients after one backward (``safe_get_full_grad``) must
-equal single-process eager autograd's over the global batch, and the streamed regions are counted.
+equal single-process eager autograd's over the global batch, each parameter is reduced once, and
+the streamed regions are counted.
 Under ZeRO-3 the decoder layers are leaf modules (``set_z3_leaf_modules``): their parameters are
 gathered once per layer, outside the layer's graph. ``streamfx.zero3.stream_head`` keeps a Hugging
 Face model's LM head in its loss's graph under ZeRO-3."""
@@ -61,6 +62,16 @@ def _worker(rank, port, mode, out):
             import streamfx.zero3
 
             moved = streamfx.zero3.stream_head(engine)
+        # one reduction per parameter per step: ZeRO-2's and ZeRO-3's gradient hooks hand each
+        # parameter to this method once its gradient is complete (it buckets and reduces it)
+        names, reduced = {id(p): n for n, p in engine.module.named_parameters()}, []
+        reduce = engine.optimizer.reduce_ready_partitions_and_remove_grads
+
+        def counting(param, *args):
+            reduced.append(names[id(param)])
+            return reduce(param, *args)
+
+        engine.optimizer.reduce_ready_partitions_and_remove_grads = counting
         engine.compile(backend="streambp", compile_kwargs={"options": OPTIONS})
         before = dict(COUNTERS)
         with warnings.catch_warnings(record=True) as caught:
@@ -71,7 +82,8 @@ def _worker(rank, port, mode, out):
         messages = [str(w.message) for w in caught if "streamfx" in str(w.message)]
         ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
         grads = {n: safe_get_full_grad(p).detach().clone() for n, p in engine.module.named_parameters()}
-        torch.save({"ran": ran, "grads": grads, "loss": loss.detach(), "messages": messages, "moved": moved},
+        torch.save({"ran": ran, "grads": grads, "loss": loss.detach(), "messages": messages, "moved": moved,
+                    "reduced": reduced, "names": sorted(names.values())},
                    f"{out}/rank{rank}.pt")
         finish()
     finally:
@@ -95,6 +107,7 @@ def test_deepspeed_zero(tmp_path, mode):
         ran = res["ran"]
         assert ran["region_forward"] == regions and ran["region_backward"] == regions, ran
         assert ran["chunks_backward"] == regions * 3, ran
+        assert sorted(res["reduced"]) == res["names"], res["reduced"]  # each parameter once
         skipped = [m for m in res["messages"] if m.startswith("streamfx: Dynamo runs") and "TinyLlama.forward" in m]
         assert len(skipped) == (mode == "zero3") == len(res["messages"]), res["messages"]
 
@@ -118,6 +131,7 @@ def test_deepspeed_zero3_hf_head_streams(tmp_path):
     ref = _hf_eager_grads()
     for res in results:
         assert res["moved"] == ["lm_head.weight"], res["moved"]
+        assert sorted(res["reduced"]) == res["names"], res["reduced"]  # each parameter once
         assert_grads_match(ref, res["grads"], rtol=1e-5)
         ran = res["ran"]
         assert ran["region_forward"] == zoo.LAYERS + 1 and ran["region_backward"] == zoo.LAYERS + 1, ran
