@@ -51,14 +51,16 @@ def _worker(rank, port, mode, out):
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             names = {p: n for n, p in model.named_parameters()}
-            bucket = {"ddp": 25, "ddp_small_bucket": 0.005}[mode]
+            bucket = {"ddp": 25, "ddp_inner": 25, "ddp_small_bucket": 0.005}[mode]
             # DDPOptimizer asserts its first bucket (1 MiB by default) is no larger than the others;
             # DDP itself uses ``bucket_cap_mb`` for every bucket when it is given
             dist._DEFAULT_FIRST_BUCKET_BYTES = min(dist._DEFAULT_FIRST_BUCKET_BYTES, int(bucket * 1024 * 1024))
-            wrapped = DDP(model, bucket_cap_mb=bucket)
-
+            if mode == "ddp_inner":  # the other wrap order: DDP around the compiled model
+                wrapped = run = DDP(torch.compile(model, backend="streambp", options=OPTIONS), bucket_cap_mb=bucket)
+            else:
+                wrapped = DDP(model, bucket_cap_mb=bucket)
+                run = torch.compile(wrapped, backend="streambp", options=OPTIONS)
             wrapped.register_comm_hook(None, counting_allreduce(names, reduced))
-            run = torch.compile(wrapped, backend="streambp", options=OPTIONS)
         else:
             from torch.distributed.fsdp import fully_shard
 
@@ -139,9 +141,11 @@ def check(results, ref, layers_streamed):
 
 
 @pytest.mark.slow
-def test_ddp(tmp_path):
-    """DDP with Dynamo's DDPOptimizer at its default: the buckets do not cut this model."""
-    results = launch("ddp", tmp_path)
+@pytest.mark.parametrize("mode", ["ddp", "ddp_inner"])
+def test_ddp(tmp_path, mode):
+    """DDP with Dynamo's DDPOptimizer at its default (the buckets do not cut this model), in both
+    wrap orders: ``torch.compile(DDP(model))`` and ``DDP(torch.compile(model))``."""
+    results = launch(mode, tmp_path)
     check(results, eager_grads(), zoo.LAYERS)
     names = sorted(eager_grads())
     for res in results:
