@@ -16,8 +16,8 @@ import torch.fx as fx
 
 from streamfx.errors import CannotStream
 from . import attention as attn, hoist, masks, verify
-from .graphs import (ancestors, is_tangent, is_tensor, normalize_dim, outputs as graph_outputs, primals, val,
-                     written_input)
+from .graphs import (PROJECTIONS, ancestors, is_tangent, is_tensor, normalize_dim, outputs as graph_outputs,
+                     primals, val, written_input)
 from .plan import plan_head, plan_layer
 from .record import NodeRecord, tag
 from .regions import find_regions
@@ -218,9 +218,6 @@ def _reductions_back_on_tokens(a: Analysis, regions: set) -> list:
 
 # a softmax over the classes, fused or decomposed (its max over the classes comes first)
 CLASS_SOFTMAX = (aten._log_softmax.default, aten._softmax.default, aten.logsumexp.default, aten.amax.default)
-PROJECTIONS = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
-
-
 def _logits_from_outside(a: Analysis, plan):
     """The softmax over classes of a head whose logits are a graph input: no projection computes
     them in the graph (the LM head ran outside it), so they exist for the whole sequence and only

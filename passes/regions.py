@@ -16,7 +16,7 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from .graphs import COPIES, SEQ_VIEWS, order, per_token
+from .graphs import COPIES, PROJECTIONS, SEQ_VIEWS, order, per_token
 from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, seq_slice
 from .sources import residual_source
 
@@ -144,9 +144,6 @@ def _pull_merged_inputs(nodes: set, sd, classes) -> set:
     return nodes
 
 
-_PROJECTIONS = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
-
-
 def _head_entry(tail, sd, floor, fwd_nodes, rank):
     """The narrowest per-token chain node after the last attention site (the latest of equals)
     that is at least as wide as the residual stream (``floor``): the final hidden state, not a
@@ -160,7 +157,7 @@ def _head_entry(tail, sd, floor, fwd_nodes, rank):
     best = min(per_token(n, sd) for n in tail)
     narrowest = [n for n in tail if per_token(n, sd) == best]
     first = narrowest[0]
-    if first.op == "placeholder" and not any(n.target in _PROJECTIONS for n in fwd_nodes
+    if first.op == "placeholder" and not any(n.target in PROJECTIONS for n in fwd_nodes
                                              if rank.get(n, -1) > rank[first]):
         return first
     return narrowest[-1]
