@@ -1,12 +1,49 @@
-"""Where a layer's K/V graph ends: the keys and values it keeps for the whole sequence."""
+"""Where a layer's K/V graph ends: the tensors it keeps for the whole sequence.
+
+The K/V graph runs per chunk of rows and writes its outputs into full-length buffers; the query
+graph reads a prefix of those buffers and computes the rest of the keys and values from it (the
+"key side"). Two boundaries are considered:
+
+- the keys and values themselves, walked back through views and copies (``kv_boundary``), and
+- the narrowest set of tensors every sequence-carrying path into the keys and values crosses
+  (``latent_cut``): a vertex cut of the K/V producers, weighted by values per token. Multi-head
+  latent attention (DeepSeek MLA) has its keys and values up-projected per head from a compressed
+  per-token latent plus one decoupled rotary key: the cut is that latent and that rotary key,
+  and each chunk up-projects the prefix it reads.
+
+Which one a layer keeps (option ``kv_boundary``): "heads", the keys and values; "latent", the
+cut wherever it is narrower; "auto", the cut where it holds fewer bytes through the layer's
+backward (``kept_bytes``). The cut's buffers are narrow, but attention still needs every head's
+keys and values of the prefix inside each chunk, so the longest chunk builds them (and their
+gradients) from the cut: in fp32 on CPU that is as much as the plain boundary's buffers and
+fp32 accumulators, and the recompute of the key side over each chunk's prefix (for MLA, the
+up-projection: about ``latent width / chunk size`` of the attention's own multiply-adds) costs
+time. The estimate favours the cut for bf16 keys and values assembled without extra copies
+(DeepSeek-V3's shapes: 128 heads from a 512-wide latent).
+"""
 from __future__ import annotations
 
+import operator
+
+import networkx as nx
 import torch
 import torch.fx as fx
 
 from .graphs import per_token
 
 aten = torch.ops.aten
+
+# tensors made from a size alone, the same at every position: rebuilt on the key side at the
+# prefix's length (a source of the cut would be a position-dependent one, such as ``arange``)
+FILLS = {aten.empty.memory_format, aten.empty_strided.default, aten.zeros.default, aten.ones.default,
+         aten.full.default, aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default,
+         aten.new_full.default}
+
+# ops whose result shares its input's memory (nothing new per chunk)
+VIEWS = {aten.view.default, aten._unsafe_view.default, aten.unsqueeze.default, aten.squeeze.dim,
+         aten.squeeze.dims, aten.expand.default, aten.permute.default, aten.transpose.int, aten.t.default,
+         aten.slice.Tensor, aten.select.int, aten.narrow.default, aten.split.Tensor,
+         aten.split_with_sizes.default, aten.alias.default, aten.detach.default, operator.getitem}
 
 KV_VIEW_OPS = {aten.unsqueeze.default, aten.expand.default, aten.clone.default, aten.view.default,
                aten._unsafe_view.default, aten.reshape.default, aten.permute.default,
@@ -31,3 +68,135 @@ def kv_boundary(node, inside: set, sd):
         cur = x
     best = min(range(len(walk)), key=lambda i: (per_token(walk[i], sd), -i))
     return walk[best], frozenset(walk[:best])
+
+
+def kv_outputs(site, inside: set, inputs, outputs, sd, mode: str = "auto"):
+    """The tensors the K/V graph produces for attention ``site``, the key side (nodes the query
+    graph computes from their prefix) and whether those tensors are a latent cut: the latent
+    cut where it is narrower than the keys and values, else the keys and values
+    (``kv_boundary``)."""
+    walked = [kv_boundary(x, inside, sd) for x in (site.key, site.value)]
+    base = tuple(b for b, _ in walked)
+    key_side = frozenset().union(*(chain for _, chain in walked))
+    cut = None if mode == "heads" else latent_cut(base, inside, inputs, outputs, frozenset(site.nodes) | key_side, sd)
+    if cut is None or (mode == "auto" and kept_bytes(*cut, sd) >= kept_bytes(base, frozenset(), sd)):
+        return base, key_side, False
+    nodes, after = cut
+    return nodes, key_side | after, True
+
+
+def kept_bytes(boundary, after, sd) -> float:
+    """Bytes per position one layer's backward holds for its keys when the K/V graph ends at
+    ``boundary``: the full-length buffers and their fp32 gradient accumulators, plus what the
+    longest chunk builds from its prefix: each tensor after the boundary that is not a view,
+    with its gradient. At the plain boundary (``after`` empty) the chunk reads the buffers in
+    place and only the prefix's gradient is new."""
+    total = 0.0
+    for x in dict.fromkeys(boundary):
+        b = x.meta["val"].element_size()
+        total += per_token(x, sd) * (b + 4) + (0 if after else per_token(x, sd) * b)
+    for n in after:
+        v = n.meta.get("val")
+        if n.target in VIEWS or not isinstance(v, torch.Tensor) or sd.seq_dim(n) is None:
+            continue
+        total += 2 * per_token(n, sd) * v.element_size()
+    return total
+
+
+def latent_cut(base, inside: set, inputs, outputs, site_nodes, sd):
+    """The narrowest vertex cut between the sequence-carrying sources of the K/V producers
+    (layer inputs, tensors created in the layer) and the keys and values ``base``, the one
+    nearest to them among equal ones; None where it is not narrower than ``base``.
+
+    A tensor can be cut only where the query graph may read it as a key prefix: a plain
+    sequence dim, not an output of the layer, every use inside the layer a K/V producer.
+    A producer with a use outside the K/V producers (the normed hidden state that feeds the
+    queries too) stays before the cut, with its ancestors. A tensor made from a size alone
+    (``empty``, written by the key side) is rebuilt after the cut at the prefix's length, a
+    layer input or not. Returns (cut tensors in graph order, the nodes after the cut up to
+    ``base``, such inputs included)."""
+    inputs, outputs = set(inputs), set(outputs)
+    members = inside | inputs
+    producers = {n for n in _ancestors(base, members) if sd.seq_dim(n) is not None}
+    if not producers:
+        return None
+    width = sum(per_token(b, sd) for b in dict.fromkeys(base))
+    fills = set()  # made from sizes alone, or from such tensors alone: the same at every position
+    for n in sorted(producers, key=_position):
+        tensors = [x for x in n.all_input_nodes if isinstance(x.meta.get("val"), torch.Tensor)]
+        if n.op == "call_function" and (n.target in FILLS and not tensors
+                                        or tensors and all(x in fills for x in tensors)):
+            fills.add(n)
+
+    def users(n):
+        return [u for u in n.users if u in inside]
+
+    def carries(x):
+        return isinstance(x, fx.Node) and x in producers
+
+    g = nx.DiGraph()
+    S, T = "source", "sink"
+    for n in producers:
+        outside = [u for u in users(n) if u not in producers and u not in site_nodes]
+        cuttable = (n not in outputs and not outside and sd.seq_is_atomic(n)
+                    and per_token(n, sd) != float("inf") and set(sd.roles(n)) <= {"q", None}
+                    and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_floating_point())
+        if cuttable:
+            g.add_edge((n, 0), (n, 1), capacity=per_token(n, sd))
+        else:
+            g.add_edge((n, 0), (n, 1))  # no capacity: never cut
+        if outside:  # used by the query side: computed on the chunk's rows, before the cut
+            g.add_edge(S, (n, 1))
+        if n not in fills and (n in inputs or not any(carries(x) for x in n.all_input_nodes)):
+            g.add_edge(S, (n, 0))
+        for x in n.all_input_nodes:
+            if carries(x):
+                g.add_edge((x, 1), (n, 0))
+    for b in base:
+        g.add_edge((b, 1), T)
+    try:  # (networkx's sink side: the nodes that reach the sink in the residual graph, so
+        # the cut is the one nearest the keys and values among minimum ones)
+        value, (_, near) = nx.minimum_cut(g, S, T)
+    except (nx.NetworkXUnbounded, nx.NetworkXError):
+        return None
+    if not value < width:
+        return None
+    cut = [n for n in producers if (n, 1) in near and (n, 0) not in near]
+    after = _descendants(cut, producers)
+    for f in sorted(fills, key=_position, reverse=True):
+        if any(u in after for u in f.users):
+            after.add(f)
+    # the cut property, checked: everything after the cut is computed from the cut alone
+    for n in after:
+        if any(carries(x) and x not in after and x not in cut for x in n.all_input_nodes):
+            return None
+    if not set(base) <= after | set(cut):
+        return None
+    return tuple(sorted(cut, key=_position)), frozenset(after)
+
+
+def _position(n: fx.Node):
+    """A node's position in its graph (fx keeps nodes in a linked list with order stamps)."""
+    return n._sort_key if hasattr(n, "_sort_key") else list(n.graph.nodes).index(n)
+
+
+def _ancestors(targets, within) -> set:
+    stack, seen = list(targets), set()
+    while stack:
+        n = stack.pop()
+        if n in seen or n not in within:
+            continue
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _descendants(roots, within) -> set:
+    stack, seen = [u for r in roots for u in r.users if u in within], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(u for u in n.users if u in within)
+    return seen

@@ -12,8 +12,8 @@ import dataclasses
 import torch
 
 from streamfx.errors import CannotStream
-from .graphs import ALIASES, ancestors, per_token, same
-from .kv import kv_boundary
+from .graphs import ALIASES, ancestors, in_order, per_token, same
+from .kv import kv_outputs
 from .schedule import auto_chunk
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
 from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
@@ -187,12 +187,17 @@ def _nonempty(x) -> bool:
 class LayerPlan(RegionPlan):
     site: object = None
     kv_nodes: list = dataclasses.field(default_factory=list)
-    kv_outputs: tuple = ()       # the keys and values the K/V graph produces (see kv.kv_boundary)
+    kv_outputs: tuple = ()       # what the K/V graph produces: keys and values, or MLA's latent (see kv)
     key_side: frozenset = frozenset()  # nodes between those and the attention's keys/values
+    kv_latent: bool = False      # the K/V graph ends before the keys and values (a narrower cut)
     unpulled: "LayerPlan | None" = None   # the same plan with its masks as token-by-token inputs
 
     def describe(self) -> str:
         text = super().describe()
+        if self.kv_outputs:
+            width = sum(per_token(x, self.sd) for x in dict.fromkeys(self.kv_outputs))
+            text += (f"; K/V graph keeps {[x.name for x in self.kv_outputs]} ({width:g} values per position)"
+                     + (", a latent the keys and values are computed from per chunk" if self.kv_latent else ""))
         if self.site is not None and self.site.mask is not None:
             text += f"; keys per chunk: those its rows may see under the mask ({self.site.mask_kind}), read from the mask per call"
         return text
@@ -230,6 +235,10 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
 
 
 def _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad=None) -> LayerPlan:
+    kv_out, key_side, latent = kv_outputs(site, set(nodes), inputs, region.outputs, sd, config.kv_boundary)
+    rebuilt = [x for x in inputs if x in key_side]  # made from sizes, rebuilt at the prefix's length
+    if rebuilt:
+        nodes, inputs = in_order(list(nodes) + rebuilt), [x for x in inputs if x not in rebuilt]
     inside = set(nodes)
     outputs, out_specs = [], []
     for o in region.outputs:
@@ -261,8 +270,7 @@ def _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad=N
         in_specs.append(spec)
         lengths += [(x, v.shape[d]) for d, _ in spec.seq_dims()]
     T = _one_length(lengths, "layer")
-    kv_out = tuple(kv_boundary(x, inside, sd) for x in (site.key, site.value))
-    kv = ancestors({b for b, _ in kv_out}, within=inside)
+    kv = ancestors(set(kv_out), within=inside)
     # every input the joint differentiates gets its gradient, mask and score inputs included (a
     # learned bias, slope or temperature): rows of the chunk, [rows, keys] blocks of a
     # token-by-token input, or the whole input, accumulated over chunks
@@ -273,5 +281,5 @@ def _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad=N
             raise CannotStream("a per-key input of the attention scores needs a gradient", inputs[i])
     return LayerPlan(region.name, "layer", nodes, inputs, outputs, [], in_specs, out_specs,
                      config.chunk_size, T, grad_inputs, sd, frozenset(pulled.nodes), site=site,
-                     kv_nodes=[n for n in nodes if n in kv], kv_outputs=tuple(b for b, _ in kv_out),
-                     key_side=frozenset().union(*(chain for _, chain in kv_out)))
+                     kv_nodes=[n for n in nodes if n in kv], kv_outputs=kv_out, key_side=key_side,
+                     kv_latent=latent)

@@ -116,6 +116,8 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
         if isinstance(n.meta.get("val"), torch.SymInt) and any(x not in env for x in n.all_input_nodes):
             continue  # a size computed from sizes outside (B * (T - 1) for a view): rebuilt where used
         new = _autograd_form(g.node_copy(n, lambda x: env.get(x, x)))
+        if n in key_side and new.target in (aten.view.default, aten._unsafe_view.default):
+            new.target = aten.reshape.default  # a prefix of a sequence-major buffer is strided
         sizes.patch(new, n, key_side=n in key_side)
         if not whole:
             made_by(new, STEP)

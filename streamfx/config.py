@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from .errors import StreamBPError
 
 CODEGENS = ("inductor", "eager")
+KV_BOUNDARIES = ("auto", "latent", "heads")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,6 +23,11 @@ class StreamConfig:
                      (the environment variable STREAMFX_DUMP_DIR does the same).
     strict:          raise StreamBPError instead of falling back when streaming cannot apply.
     return_logits:   keep the [B, T, V] logits output when the graph also computes a loss.
+    kv_boundary:     what a streamed layer keeps for the whole sequence to read keys from:
+                     "heads", its keys and values; "latent", the narrowest tensors they are
+                     computed from (multi-head latent attention's compressed latent and rotary
+                     key), each chunk then rebuilding the keys and values of its prefix;
+                     "auto", the latent where that keeps fewer bytes (see passes/kv.py).
     """
 
     chunk_size: int | None = None
@@ -30,6 +36,7 @@ class StreamConfig:
     dump_dir: str | None = None
     strict: bool = False
     return_logits: bool = False
+    kv_boundary: str = "auto"
 
     def __post_init__(self) -> None:
         for key in ("chunk_size", "head_chunk_size"):
@@ -38,6 +45,8 @@ class StreamConfig:
                 raise StreamBPError(f"option {key!r} must be a positive int or None, got {value!r}")
         if self.codegen not in CODEGENS:
             raise StreamBPError(f"option 'codegen' must be one of {CODEGENS}, got {self.codegen!r}")
+        if self.kv_boundary not in KV_BOUNDARIES:
+            raise StreamBPError(f"option 'kv_boundary' must be one of {KV_BOUNDARIES}, got {self.kv_boundary!r}")
         if self.dump_dir is not None:
             _check_dump_dir(self.dump_dir, "option 'dump_dir'")
         for key in ("strict", "return_logits"):

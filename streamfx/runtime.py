@@ -185,8 +185,9 @@ class MaskCheck:
 
 @dataclasses.dataclass
 class LayerProgram(RegionProgram):
-    """A transformer layer: ``kv`` gives a chunk's keys and values, ``chunk`` a chunk's output
-    from its queries and the keys/values [lo, hi) it reads.
+    """A transformer layer: ``kv`` gives a chunk's keys and values (or what they are computed
+    from, MLA's latent), ``chunk`` a chunk's output from its queries and the keys/values
+    [lo, hi) it reads.
 
     Keys per chunk: [0, e) for causal attention without a mask; with a mask, the keys its rows
     may see (``mask``, evaluated per call, cached while the mask's inputs do not change). A
@@ -201,7 +202,7 @@ class LayerProgram(RegionProgram):
     """
 
     kv: ChunkGraph | None = None
-    kv_dims: tuple = (None, None)
+    kv_dims: tuple = (None, None)  # the sequence dim of each K/V graph output
     mask: MaskCheck | None = None
 
     @property
@@ -232,20 +233,20 @@ class LayerProgram(RegionProgram):
 
     def keys_values(self, inputs, fn_kv):
         """Run the K/V graph chunk by chunk into full-length buffers; yields (s, e, the chunk's
-        inputs, (K, V)) after each chunk's rows are written."""
+        inputs, the buffers) after each chunk's rows are written."""
         bufs = None
         for s, e in self.bounds(inputs):
             xs = self.chunk_inputs(inputs, s, e)
-            k, v = fn_kv(*xs)
+            kvs = fn_kv(*xs)
             if bufs is None:
-                bufs = [seq_major_empty(t, d, self.length(inputs)) for t, d in zip((k, v), self.kv_dims)]
-            for buf, t, d in zip(bufs, (k, v), self.kv_dims):
+                bufs = [seq_major_empty(t, d, self.length(inputs)) for t, d in zip(kvs, self.kv_dims)]
+            for buf, t, d in zip(bufs, kvs, self.kv_dims):
                 buf.narrow(d, s, e - s).copy_(t)
             yield s, e, xs, bufs
 
-    def prefix(self, K, V, lo, ke):
-        """Keys and values [lo, ke): views of the sequence-major buffers, no copy."""
-        return K.narrow(self.kv_dims[0], lo, ke - lo), V.narrow(self.kv_dims[1], lo, ke - lo)
+    def prefix(self, bufs, lo, ke):
+        """Rows [lo, ke) of the K/V buffers: views of the sequence-major buffers, no copy."""
+        return [b.narrow(d, lo, ke - lo) for b, d in zip(bufs, self.kv_dims)]
 
     def forward(self, inputs):
         COUNTERS["region_forward"] += 1
@@ -253,19 +254,19 @@ class LayerProgram(RegionProgram):
         bounds = self.bounds(inputs)
         ranges = self.key_ranges(inputs, bounds)
         result = [None] * len(self.out_specs)
-        kv, done, K, V, xs = self.keys_values(inputs, fn_kv), 0, None, None, None
+        kv, done, KV, xs = self.keys_values(inputs, fn_kv), 0, None, None
 
         def written_up_to(end):
-            nonlocal done, K, V, xs
+            nonlocal done, KV, xs
             while done < end:
-                _, done, xs, (K, V) = next(kv)
+                _, done, xs, KV = next(kv)
 
         with torch.no_grad():
             for (s, e), (lo, hi) in zip(bounds, ranges):
                 COUNTERS["chunks_forward"] += 1
                 written_up_to(max(e, hi))
                 chunk = self.chunk_inputs(inputs, s, e, lo, hi, reuse=xs if done == e else None)
-                outs = fn(*chunk, *self.prefix(K, V, lo, hi))
+                outs = fn(*chunk, *self.prefix(KV, lo, hi))
                 for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
                     _put_rows(result, j, o, spec, s, e, T)
             written_up_to(T)  # (a generator left unfinished would hold its buffers)
@@ -274,32 +275,30 @@ class LayerProgram(RegionProgram):
     def backward(self, inputs, grads):
         COUNTERS["region_backward"] += 1
         with torch.no_grad():
-            for _, _, _, (K, V) in self.keys_values(inputs, self.fn(self.kv, train=False)):
+            for _, _, _, KV in self.keys_values(inputs, self.fn(self.kv, train=False)):
                 pass
         fn_kv, fn = self.fn(self.kv), self.fn()
-        dK = torch.zeros_like(K, dtype=torch.float32)
-        dV = torch.zeros_like(V, dtype=torch.float32)
+        dKV = [torch.zeros_like(b, dtype=torch.float32) for b in KV]
         acc = self._grad_buffers(inputs)
         bounds = self.bounds(inputs)
         ranges = self.key_ranges(inputs, bounds)
         # wide chunks first: their dK/dV reach rows after them
         for (s, e), (lo, hi) in zip(bounds, ranges):
             if hi > e:
-                self._query_backward(fn, inputs, grads, K, V, dK, dV, acc, s, e, lo, hi)
-        dk, dv = self.kv_dims
+                self._query_backward(fn, inputs, grads, KV, dKV, acc, s, e, lo, hi)
         for (s, e), (lo, hi) in reversed(list(zip(bounds, ranges))):
             COUNTERS["chunks_backward"] += 1
             sliced = None
             if hi <= e:
-                sliced = self._query_backward(fn, inputs, grads, K, V, dK, dV, acc, s, e, lo, hi)
+                sliced = self._query_backward(fn, inputs, grads, KV, dKV, acc, s, e, lo, hi)
             # rows [s, e) of dK/dV are final: push them through the K/V producers now
             with autograd_inside_op(), torch.enable_grad():
                 xs = self._leaves(sliced if sliced is not None else self.chunk_inputs(inputs, s, e))
-                k, v = fn_kv(*xs)
+                kvs = fn_kv(*xs)
                 # K or V may depend on nothing trainable (LoRA on q/v only: K comes from frozen
                 # weights and, in the first layer, from an input that needs no gradient)
                 pairs = [(t, g.narrow(d, s, e - s).to(t.dtype))
-                         for t, g, d in ((k, dK, dk), (v, dV, dv)) if t.requires_grad]
+                         for t, g, d in zip(kvs, dKV, self.kv_dims) if t.requires_grad]
                 if not pairs:
                     continue
                 got = torch.autograd.grad([p[0] for p in pairs], [xs[i] for i in self.grad_inputs],
@@ -307,31 +306,33 @@ class LayerProgram(RegionProgram):
             self._accumulate(acc, got, s, e)
         return [acc[i].to(inputs[i].dtype) for i in self.grad_inputs]
 
-    def _query_backward(self, fn, inputs, grads, K, V, dK, dV, acc, s, e, lo, hi):
+    def _query_backward(self, fn, inputs, grads, KV, dKV, acc, s, e, lo, hi):
         """Recompute chunk [s, e) against keys [lo, hi), backward it; accumulate the parameter
         and chunk input gradients and dK/dV over [lo, hi). Returns the chunk's sliced inputs."""
         with autograd_inside_op(), torch.enable_grad():
             sliced = self.chunk_inputs(inputs, s, e, lo, hi)
             xs = self._leaves(sliced)
-            Kp, Vp = (t.detach().requires_grad_(True) for t in self.prefix(K, V, lo, hi))
-            outs = fn(*xs, Kp, Vp)
+            prefix = [t.detach().requires_grad_(True) for t in self.prefix(KV, lo, hi)]
+            outs = fn(*xs, *prefix)
             T = self.length(inputs)
             pairs = [(o, spec.rows(g, s, e, T).reshape(o.shape)) for o, g, spec in zip(outs, grads, self.out_specs)
                      if g is not None and o.requires_grad]
             if not pairs:
                 return sliced
-            wrt = [xs[i] for i in self.grad_inputs] + [Kp, Vp]
+            wrt = [xs[i] for i in self.grad_inputs] + prefix
             got = torch.autograd.grad([p[0] for p in pairs], wrt, [p[1] for p in pairs], allow_unused=True)
-        self._accumulate(acc, got[:-2], s, e, lo, hi)
-        for buf, g, d in ((dK, got[-2], self.kv_dims[0]), (dV, got[-1], self.kv_dims[1])):
+        n = len(prefix)
+        self._accumulate(acc, got[:-n], s, e, lo, hi)
+        for buf, g, d in zip(dKV, got[-n:], self.kv_dims):
             if g is not None:
                 buf.narrow(d, lo, hi - lo).add_(g)
         return sliced
 
     def fn(self, graph: ChunkGraph | None = None, train: bool = True):
         graph = graph or self.chunk
-        # the query graph's last two inputs are the K/V prefix: with train, they get gradients
-        grads = list(self.grad_inputs) + ([len(self.in_specs), len(self.in_specs) + 1] if graph is self.chunk else [])
+        # the query graph's last inputs are the K/V prefix: with train, they get gradients
+        n = len(self.in_specs)
+        grads = list(self.grad_inputs) + (list(range(n, n + len(self.kv_dims))) if graph is self.chunk else [])
         return graph.fn(self.codegen, train, grads)
 
 

@@ -6,7 +6,7 @@
 ``check(model_type)`` returns a dict: ``status`` ("ok", "skip" with ``reason``, "eager-fails"),
 ``error`` (an exception that reached the user: none is allowed), ``loss_err`` and ``grad_err``
 (relative, against eager autograd), ``layers`` (the model's layer count: entries of a ModuleList that run), ``streamed`` (names of
-the regions that streamed), ``warnings`` (streamfx's), ``silent`` (layers that did not stream
+the regions that streamed), ``kv_latent`` (layers whose K/V graph keeps a latent), ``warnings`` (streamfx's), ``silent`` (layers that did not stream
 while streamfx said nothing).
 """
 from __future__ import annotations
@@ -124,6 +124,7 @@ def check(model_type: str, options: dict | None = None) -> dict:
     out["warnings"] = sorted({str(w.message) for w in caught if str(w.message).startswith("streamfx")})
     out["streamed"] = [p.name for a in analyses for p in a.plans]
     layers_streamed = sum(1 for a in analyses for p in a.plans if p.kind == "layer")
+    out["kv_latent"] = [p.name for a in analyses for p in a.plans if getattr(p, "kv_latent", False)]
     out["silent"] = 0 if out["warnings"] else max(out["layers"] - layers_streamed, 0)
     out["loss_err"] = abs(loss.item() - ref_loss.item()) / max(abs(ref_loss.item()), 1e-30)
     out["grad_err"] = _grad_error(ref, mine)

@@ -97,6 +97,63 @@ def test_chunked_attention_reads_keys_from_its_block_start():
         assert ranges == [(s // 4 * 4, e) for s, e in bounds], (bounds, ranges)
 
 
+@pytest.mark.parametrize("chunk", [pytest.param(1, marks=SLOW), pytest.param(5, marks=pytest.mark.fast),
+                                   pytest.param(T - 1, marks=SLOW), pytest.param(T + 7, marks=SLOW)])
+@pytest.mark.parametrize("codegen", ["eager", "inductor"])
+def test_mla_can_keep_the_latent_not_the_heads(monkeypatch, codegen, chunk):
+    """With ``kv_boundary="latent"`` MLA's K/V graph ends at the compressed latent and the rotary
+    key (r + dr = 12 values per token), not at the per-head keys and values (H * (dn + dr) +
+    H * dv = 80): the full-length buffers (and their fp32 gradients) hold the latent, and each
+    chunk up-projects the prefix it reads. Exact, every layer streamed, in every chunk."""
+    import streamfx
+    from streamfx.runtime import LayerProgram
+
+    kept, keys_values = [], LayerProgram.keys_values
+
+    def recording(self, inputs, fn_kv):  # the full-length buffers, as the first chunk allocates them
+        for i, item in enumerate(keys_values(self, inputs, fn_kv)):
+            if i == 0:
+                kept.append([tuple(b.shape) for b in item[3]])
+            yield item
+
+    monkeypatch.setattr(LayerProgram, "keys_values", recording)
+    model, make_inputs = zoo.mla()
+    attn = model.layers[0].attn
+    inputs = make_inputs("prompt")
+    options = {"chunk_size": chunk, "head_chunk_size": 4, "codegen": codegen, "kv_boundary": "latent"}
+    check("mla", "prompt", options)
+    B, T_ = inputs.args[0].shape
+    assert len(kept) == 2 * zoo.LAYERS, kept  # the forward and the backward of each layer
+    for shapes in kept:
+        values = sum(torch.Size(s).numel() for s in shapes) // (B * T_)
+        assert values == attn.r + attn.dr, shapes
+    text = str(streamfx.explain(model, *inputs.args, options=options, dynamic=False))
+    assert text.count("a latent the keys and values are computed from per chunk") == zoo.LAYERS, text
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("dtype, assemble, heads, dn, latent", [
+    # the zoo's MLA in fp32: what each chunk rebuilds from the latent (keys written into an empty
+    # tensor, then scaled) outweighs the per-head buffers
+    (torch.float32, "scatter", zoo.HEADS, 8, False),
+    # bf16, keys by cat, one head dim (fused attention reads them as they are), 16 heads from
+    # a 12-wide latent: the per-head buffers and their fp32 accumulators outweigh it
+    (torch.bfloat16, "cat", 16, 12, True),
+])
+def test_mla_kv_boundary_auto_takes_the_latent_where_it_holds_less(dtype, assemble, heads, dn, latent):
+    """``kv_boundary="auto"`` (the default) weighs the bytes a layer's backward holds for its
+    keys: the per-head buffers and fp32 accumulators, against the latent's plus what the longest
+    chunk rebuilds from it (``passes.kv.kept_bytes``)."""
+    import streamfx
+
+    torch.manual_seed(0)
+    model = zoo.MLALM(n_head=heads, r=8, dn=dn, dv=16, assemble=assemble).to(dtype).train()
+    ids, _, labels = zoo.tokens(zoo._case("b1"), zoo.VOCAB)
+    text = str(streamfx.explain(model, ids, labels, options={"chunk_size": 5}, dynamic=False))
+    assert text.count("K/V graph keeps") == zoo.LAYERS, text
+    assert text.count("a latent the keys and values are computed from per chunk") == (zoo.LAYERS if latent else 0), text
+
+
 def test_sink_gradient_is_streamed():
     """The sinks' gradient (a sum over every query of the sink's share of the softmax) leaves the
     streamed layer, equal to eager's."""

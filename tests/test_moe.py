@@ -227,6 +227,9 @@ def test_group_limited_routing_streams():
     assert result["status"] == "ok" and result["error"] is None, result
     assert result["warnings"] == [], result["warnings"]
     assert result["streamed"] == [f"layer.{i}" for i in range(result["layers"])] + ["head"], result
+    # fp32 (kv_boundary="auto"): the per-head keys and values hold less than the latent plus
+    # what each chunk would rebuild from it
+    assert result["kv_latent"] == [], result
     assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
 
 
@@ -234,11 +237,14 @@ def test_complex_rotary_streams():
     """DeepSeek-V2 (transformers' DeepseekV2ForCausalLM from a tiny config): its rotary embedding
     multiplies query and key in complex form (``view_as_complex`` of [..., 2] pairs, a complex
     product, ``view_as_real`` back), all per token. Every layer (MLA attention, the MoE) and the
-    head stream, exactly."""
+    head stream, exactly, with the K/V graph ending at MLA's latent."""
     import arch_sweep
 
-    result = arch_sweep.check("deepseek_v2")
+    result = arch_sweep.check("deepseek_v2", {"kv_boundary": "latent"})
     assert result["status"] == "ok" and result["error"] is None, result
     assert result["warnings"] == [], result["warnings"]
     assert result["streamed"] == [f"layer.{i}" for i in range(result["layers"])] + ["head"], result
+    # MLA with kv_boundary="latent": the K/V graph keeps the compressed latent and the rotary
+    # key, not the per-head keys and values
+    assert result["kv_latent"] == [f"layer.{i}" for i in range(result["layers"])], result
     assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result

@@ -21,6 +21,7 @@ def _model():
     ({"codegen": "triton"}, "codegen"),
     ({"strict": "yes"}, "strict"),
     ({"return_logits": 1}, "return_logits"),
+    ({"kv_boundary": "compressed"}, "kv_boundary"),
 ])
 def test_bad_options_raise_streambp_error_through_torch_compile(options, key):
     compiled = torch.compile(_model(), backend="streambp", options=options)
@@ -32,6 +33,8 @@ def test_bad_options_raise_streambp_error_through_torch_compile(options, key):
 def test_error_names_allowed_values():
     with pytest.raises(StreamBPError, match=r"\('inductor', 'eager'\)"):
         StreamConfig(codegen="fast")
+    with pytest.raises(StreamBPError, match=r"\('auto', 'latent', 'heads'\)"):
+        StreamConfig(kv_boundary=None)
     with pytest.raises(StreamBPError, match="allowed options are .*chunk_size.*head_chunk_size"):
         StreamConfig.from_options({"chunksize": 8})
 

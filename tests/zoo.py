@@ -563,9 +563,9 @@ class MLAAttention(nn.Module):
     plus one decoupled rotary key shared by the heads; the key is assembled per head by writing
     the no-rope and rope parts into an empty tensor (``slice_scatter``), then SDPA."""
 
-    def __init__(self, d, n_head, r=8, dn=8, dr=4, dv=8):
+    def __init__(self, d, n_head, r=8, dn=8, dr=4, dv=8, assemble="scatter"):
         super().__init__()
-        self.h, self.r, self.dn, self.dr, self.dv = n_head, r, dn, dr, dv
+        self.h, self.r, self.dn, self.dr, self.dv, self.assemble = n_head, r, dn, dr, dv, assemble
         self.q_proj = nn.Linear(d, n_head * (dn + dr), bias=False)
         self.kv_a = nn.Linear(d, r + dr, bias=False)
         self.kv_norm = RMSNorm(r)
@@ -583,18 +583,21 @@ class MLAAttention(nn.Module):
         q_rot = q_rot * cos + rotate_half(q_rot) * sin
         k_rot = k_rot * cos + rotate_half(k_rot) * sin
         q = torch.cat([q_pass, q_rot], -1)
-        key = k_pass.new_empty(B, self.h, T, self.dn + self.dr)
-        key[..., : self.dn] = k_pass
-        key[..., self.dn:] = k_rot
+        if self.assemble == "cat":  # as transformers' DeepseekV3Attention writes it
+            key = torch.cat([k_pass, k_rot.expand(B, self.h, T, self.dr)], -1)
+        else:
+            key = k_pass.new_empty(B, self.h, T, self.dn + self.dr)
+            key[..., : self.dn] = k_pass
+            key[..., self.dn:] = k_rot
         y = F.scaled_dot_product_attention(q, key, v, is_causal=True)
         return self.o(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class MLABlock(nn.Module):
-    def __init__(self, d, n_head):
+    def __init__(self, d, n_head, **attn):
         super().__init__()
         self.n1, self.n2 = RMSNorm(d), RMSNorm(d)
-        self.attn = MLAAttention(d, n_head)
+        self.attn = MLAAttention(d, n_head, **attn)
         self.mlp = SwiGLU(d, 2 * d)
 
     def forward(self, x, cos, sin):
@@ -603,10 +606,10 @@ class MLABlock(nn.Module):
 
 
 class MLALM(nn.Module):
-    def __init__(self, vocab=VOCAB, d=HIDDEN, n_head=HEADS, n_layer=LAYERS, dr=4, max_pos=MAX_POS):
+    def __init__(self, vocab=VOCAB, d=HIDDEN, n_head=HEADS, n_layer=LAYERS, dr=4, max_pos=MAX_POS, **attn):
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
-        self.layers = nn.ModuleList(MLABlock(d, n_head) for _ in range(n_layer))
+        self.layers = nn.ModuleList(MLABlock(d, n_head, dr=dr, **attn) for _ in range(n_layer))
         self.norm = RMSNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         inv = 1.0 / (10000.0 ** (torch.arange(0, dr, 2).float() / dr))
