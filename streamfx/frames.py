@@ -12,6 +12,7 @@ the graph break and what to change, once per function.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import warnings
 
@@ -111,4 +112,15 @@ def _describe(code, m) -> str:
             f"eagerly and unstreamed, and only the functions it calls are compiled and streamed. Remove the "
             f"graph break (TORCH_LOGS=graph_breaks lists them), or compile the parts that should stream "
             f"on their own (each decoder layer with layer.compile(backend='streambp'); the head and its "
-            f"loss as a function of the hidden states)")
+            f"loss as a function of the hidden states)" + _data_dependent_hint(reason))
+
+
+def _data_dependent_hint(reason: str) -> str:
+    """Dynamo breaks at a value read from a tensor (``.tolist()`` of tokens-per-expert counts,
+    ``.item()``) unless told to trace it as a symbol."""
+    if not re.search(r"data.dependent|\.item\(|tolist|_local_scalar_dense|dynamic output shape", reason, re.I):
+        return ""
+    return (". This break reads a value out of a tensor (.tolist(), .item(), nonzero): Dynamo traces it as a "
+            "symbol with torch._dynamo.config.capture_scalar_outputs = True (and "
+            "capture_dynamic_output_shape_ops = True for ops whose output size depends on the data), set "
+            "before the first call")

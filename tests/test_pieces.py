@@ -200,6 +200,41 @@ def test_graph_break_inside_block():
     assert ran["chunks_backward"] == 3 * 4, ran  # T=17 in chunks of 5
 
 
+class CountingBlock(zoo.LlamaBlock):
+    """A block that reads counts out of a tensor (JetMoE's tokens per expert: ``.tolist()``)."""
+
+    def forward(self, x, cos, sin):
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        self.sizes = (x[..., 0] > 0).long().sum(1).tolist()
+        return x + self.mlp(self.mlp_norm(x))
+
+
+@pytest.mark.fast
+def test_data_dependent_break_names_capture_scalar_outputs(monkeypatch):
+    """A ``.tolist()`` inside a block breaks the graph inside the model's loop: the warning names
+    the break and Dynamo's setting that traces it as a symbol; with that setting the model
+    compiles whole and every layer streams. Exact either way."""
+    torch.manual_seed(0)
+    model = zoo.TinyLlama(n_layer=2).train()
+    counting = CountingBlock(zoo.HIDDEN, zoo.HEADS, zoo.KV_HEADS, zoo.HIDDEN // zoo.HEADS, 64)
+    counting.load_state_dict(model.layers[1].state_dict())
+    model.layers[1] = counting
+    inputs = zoo._plain_inputs(zoo.VOCAB)("odd17")
+    ref_loss, ref_grads, _, _ = step(copy.deepcopy(model), inputs)
+    for capture in (False, True):
+        torch._dynamo.reset()
+        monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs", capture)
+        compiled = torch.compile(copy.deepcopy(model), backend="streambp", options=OPTIONS)
+        loss, grads, ran, messages = step(compiled, inputs)
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        assert_grads_match(ref_grads, grads, rtol=1e-5)
+        if not capture:
+            assert len(messages) == 1 and "Dynamo runs TinyLlama.forward" in messages[0], messages
+            assert "capture_scalar_outputs = True" in messages[0], messages
+        else:
+            assert messages == [] and ran["region_forward"] == 3, (messages, ran)  # 2 layers + head
+
+
 @pytest.mark.fast
 def test_skipped_function_is_an_error_under_strict():
     """With ``strict=True`` the model's forward that Dynamo skips (a graph break inside its loop
