@@ -177,9 +177,9 @@ def test_sliding_window_reads_only_the_window(name, attn, pad, codegen, monkeypa
     reads = []
     prefix = LayerProgram.prefix
 
-    def recording(self, K, V, lo, ke):
+    def recording(self, bufs, lo, ke):
         reads.append((self.name, lo, ke))
-        return prefix(self, K, V, lo, ke)
+        return prefix(self, bufs, lo, ke)
 
     monkeypatch.setattr(LayerProgram, "prefix", recording)
     T, c = 16, 3
