@@ -72,9 +72,9 @@ def kv_boundary(node, inside: set, sd):
 
 def kv_outputs(site, inside: set, inputs, outputs, sd, mode: str = "auto"):
     """The tensors the K/V graph produces for attention ``site``, the key side (nodes the query
-    graph computes from their prefix) and whether those tensors are a latent cut: the latent
-    cut where it is narrower than the keys and values, else the keys and values
-    (``kv_boundary``)."""
+    graph computes from their prefix) and whether those tensors are a latent cut. ``mode`` (the
+    ``kv_boundary`` option): "heads", the keys and values (``kv_boundary``); "latent", the
+    latent cut where there is a narrower one; "auto", the cut where ``kept_bytes`` is lower."""
     walked = [kv_boundary(x, inside, sd) for x in (site.key, site.value)]
     base = tuple(b for b, _ in walked)
     key_side = frozenset().union(*(chain for _, chain in walked))
@@ -121,15 +121,19 @@ def latent_cut(base, inside: set, inputs, outputs, site_nodes, sd):
     if not producers:
         return None
     width = sum(per_token(b, sd) for b in dict.fromkeys(base))
-    fills = set()  # made from sizes alone, or from such tensors alone: the same at every position
-    for n in sorted(producers, key=_position):
-        tensors = [x for x in n.all_input_nodes if isinstance(x.meta.get("val"), torch.Tensor)]
-        if n.op == "call_function" and (n.target in FILLS and not tensors
-                                        or tensors and all(x in fills for x in tensors)):
-            fills.add(n)
 
     def users(n):
         return [u for u in n.users if u in inside]
+
+    # made from sizes alone, or from such tensors alone (the same at every position), and read by
+    # the K/V producers only (one copy of a node serves one length: the prefix's or the chunk's)
+    fills = set()
+    for n in sorted(producers, key=_position):
+        tensors = [x for x in n.all_input_nodes if isinstance(x.meta.get("val"), torch.Tensor)]
+        if n.op == "call_function" and (n.target in FILLS and not tensors
+                                        or tensors and all(x in fills for x in tensors)) \
+                and all(u in producers or u in site_nodes for u in users(n)):
+            fills.add(n)
 
     def carries(x):
         return isinstance(x, fx.Node) and x in producers
