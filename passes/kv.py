@@ -29,7 +29,7 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from .graphs import per_token
+from .graphs import ancestors, order, per_token
 
 aten = torch.ops.aten
 
@@ -117,9 +117,10 @@ def latent_cut(base, inside: set, inputs, outputs, site_nodes, sd):
     ``base``, such inputs included)."""
     inputs, outputs = set(inputs), set(outputs)
     members = inside | inputs
-    producers = {n for n in _ancestors(base, members) if sd.seq_dim(n) is not None}
+    producers = {n for n in ancestors(base, within=members) if sd.seq_dim(n) is not None}
     if not producers:
         return None
+    rank = order(next(iter(producers)).graph).__getitem__
     width = sum(per_token(b, sd) for b in dict.fromkeys(base))
 
     def users(n):
@@ -128,7 +129,7 @@ def latent_cut(base, inside: set, inputs, outputs, site_nodes, sd):
     # made from sizes alone, or from such tensors alone (the same at every position), and read by
     # the K/V producers only (one copy of a node serves one length: the prefix's or the chunk's)
     fills = set()
-    for n in sorted(producers, key=_position):
+    for n in sorted(producers, key=rank):
         tensors = [x for x in n.all_input_nodes if isinstance(x.meta.get("val"), torch.Tensor)]
         if n.op == "call_function" and (n.target in FILLS and not tensors
                                         or tensors and all(x in fills for x in tensors)) \
@@ -167,7 +168,7 @@ def latent_cut(base, inside: set, inputs, outputs, site_nodes, sd):
         return None
     cut = [n for n in producers if (n, 1) in near and (n, 0) not in near]
     after = _descendants(cut, producers)
-    for f in sorted(fills, key=_position, reverse=True):
+    for f in sorted(fills, key=rank, reverse=True):
         if any(u in after for u in f.users):
             after.add(f)
     # the cut property, checked: everything after the cut is computed from the cut alone
@@ -176,23 +177,7 @@ def latent_cut(base, inside: set, inputs, outputs, site_nodes, sd):
             return None
     if not set(base) <= after | set(cut):
         return None
-    return tuple(sorted(cut, key=_position)), frozenset(after)
-
-
-def _position(n: fx.Node):
-    """A node's position in its graph (fx keeps nodes in a linked list with order stamps)."""
-    return n._sort_key if hasattr(n, "_sort_key") else list(n.graph.nodes).index(n)
-
-
-def _ancestors(targets, within) -> set:
-    stack, seen = list(targets), set()
-    while stack:
-        n = stack.pop()
-        if n in seen or n not in within:
-            continue
-        seen.add(n)
-        stack.extend(n.all_input_nodes)
-    return seen
+    return tuple(sorted(cut, key=rank)), frozenset(after)
 
 
 def _descendants(roots, within) -> set:

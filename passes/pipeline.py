@@ -218,6 +218,8 @@ def _reductions_back_on_tokens(a: Analysis, regions: set) -> list:
 
 # a softmax over the classes, fused or decomposed (its max over the classes comes first)
 CLASS_SOFTMAX = (aten._log_softmax.default, aten._softmax.default, aten.logsumexp.default, aten.amax.default)
+
+
 def _logits_from_outside(a: Analysis, plan):
     """The softmax over classes of a head whose logits are a graph input: no projection computes
     them in the graph (the LM head ran outside it), so they exist for the whole sequence and only
