@@ -684,3 +684,15 @@ def test_mean_of_per_token_loss_streams(dynamic):
     assert run.counters["region_backward"] == zoo.LAYERS + 1 and not run.warnings, (run.counters, run.warnings)
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-6, atol=1e-7)
     assert_grads_match(run.ref_grads, run.grads)
+    if dynamic:  # the symbolic compile, run: exact too
+        torch._dynamo.reset()
+        mine = copy.deepcopy(model)
+        compiled = torch.compile(mine, backend="streambp", options={**EAGER, "head_chunk_size": 4}, dynamic=True)
+        from streamfx.runtime import COUNTERS
+
+        before = COUNTERS["region_backward"]
+        loss = compiled(*inputs.args)
+        loss.backward()
+        assert COUNTERS["region_backward"] - before == zoo.LAYERS + 1, dict(COUNTERS)
+        torch.testing.assert_close(loss.detach(), run.ref_loss, rtol=1e-6, atol=1e-7)
+        assert_grads_match(run.ref_grads, {n: p.grad for n, p in mine.named_parameters()})
