@@ -97,10 +97,11 @@ def test_chunked_attention_reads_keys_from_its_block_start():
         assert ranges == [(s // 4 * 4, e) for s, e in bounds], (bounds, ranges)
 
 
-@pytest.mark.parametrize("codegen, chunk", [pytest.param("eager", 5, marks=pytest.mark.fast)] + [
-    pytest.param(codegen, chunk, marks=SLOW) for codegen, chunk in
+@pytest.mark.parametrize("form, codegen, chunk", [pytest.param("mla", "eager", 5, marks=pytest.mark.fast),
+                                                 pytest.param("mla_cat", "eager", 5, marks=pytest.mark.fast)] + [
+    pytest.param("mla", codegen, chunk, marks=SLOW) for codegen, chunk in
     [("eager", 1), ("eager", T - 1), ("eager", T + 7), ("inductor", 1), ("inductor", 5), ("inductor", T + 7)]])
-def test_mla_can_keep_the_latent_not_the_heads(monkeypatch, codegen, chunk):
+def test_mla_can_keep_the_latent_not_the_heads(monkeypatch, form, codegen, chunk):
     """With ``kv_boundary="latent"`` MLA's K/V graph ends at the compressed latent and the rotary
     key (r + dr = 12 values per token), not at the per-head keys and values (H * (dn + dr) +
     H * dv = 80): the full-length buffers (and their fp32 gradients) hold the latent, and each
@@ -117,11 +118,11 @@ def test_mla_can_keep_the_latent_not_the_heads(monkeypatch, codegen, chunk):
             yield item
 
     monkeypatch.setattr(LayerProgram, "keys_values", recording)
-    model, make_inputs = zoo.mla()
+    model, make_inputs = zoo.FORMS[form]()
     attn = model.layers[0].attn
     inputs = make_inputs("prompt")
     options = {"chunk_size": chunk, "head_chunk_size": 4, "codegen": codegen, "kv_boundary": "latent"}
-    check("mla", "prompt", options)
+    check(form, "prompt", options)
     B, T_ = inputs.args[0].shape
     assert len(kept) == 2 * zoo.LAYERS, kept  # the forward and the backward of each layer
     for shapes in kept:

@@ -634,3 +634,12 @@ def mla():
 
 
 FORMS["mla"] = mla
+
+
+def mla_cat():
+    """MLA with its keys assembled by ``cat``, as transformers' DeepseekV3Attention writes them."""
+    torch.manual_seed(0)
+    return MLALM(assemble="cat").float().train(), _plain_inputs(VOCAB)
+
+
+FORMS["mla_cat"] = mla_cat
