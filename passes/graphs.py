@@ -11,6 +11,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from .compat import size_hint
 from .stops import STOP
 
 aten = torch.ops.aten
@@ -158,10 +159,7 @@ def is_one(s) -> bool:
 def hint(s) -> int:
     """A size's value for this compile (a policy input, never a guard): ints as they are,
     symbols by their hint."""
-    if isinstance(s, int):
-        return s
-    h = getattr(getattr(s, "node", None), "hint", None)
-    return int(h) if h is not None else 1
+    return size_hint(s, fallback=1)
 
 
 def per_token(node: fx.Node, sd, nbytes: bool = False):

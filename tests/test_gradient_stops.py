@@ -238,3 +238,44 @@ def test_custom_autograd_function_outside_the_graph_lets_the_rest_stream():
     lm, _ = zoo.tiny_llama()
     run = run_eager_and_compiled(WithFunction(lm, disabled=True), _lm_inputs(), {"chunk_size": 5, "head_chunk_size": 4})
     _exact_and_streamed(run, {"layer.0", "layer.1", "head"})
+
+
+class IgnoresSecondOutput(torch.autograd.Function):
+    """Two outputs; the backward drops the second one's gradient (not the derivative)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.sin(), x * 3
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        x, = ctx.saved_tensors
+        return g1 * x.cos()
+
+
+def _judged(fn, dtype):
+    """``stops.custom_backward`` on Dynamo's graph of ``fn`` at an input of ``dtype``: the
+    refused Function's node, or None."""
+    found = []
+
+    def capture(gm, example_inputs):
+        found.append(stops.custom_backward(gm))
+        return gm
+
+    torch._dynamo.reset()
+    x = torch.randn(4, 33, dtype=dtype, requires_grad=True)
+    torch.compile(fn, backend=capture, fullgraph=True)(x)
+    return found[0]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_derivative_check_follows_the_dtype(dtype):
+    """A backward that is the derivative passes in every dtype (in bf16 the two differ by bf16's
+    rounding, far above fp32's tolerance); one that is not is refused in every dtype, also when
+    the output whose gradient it drops is the second one."""
+    assert _judged(lambda x: HandWrittenGelu.apply(x * 2).sum(), dtype) is None
+    assert _judged(lambda x: ScaledGradient.apply(x * 2).sum(), dtype) is not None
+    assert _judged(lambda x: sum(t.sum() for t in IgnoresSecondOutput.apply(x)), dtype) is not None
+    assert _judged(lambda x: IgnoresSecondOutput.apply(x)[0].sum(), dtype) is None  # second unread
