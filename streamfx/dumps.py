@@ -12,12 +12,23 @@ from __future__ import annotations
 import os
 import shutil
 
-import graphviz
-
+from streamfx.errors import StreamBPError
 from streamfx.passes.record import get
 
 COLORS = {"token-local": "#cfe8cf", "causal-mixing": "#f7c6a3", "sequence-reduction": "#b7d3f2",
           "sequence-free": "#eeeeee", "unknown-mixing": "#f29b9b"}
+
+
+def require_graphviz():
+    """The ``graphviz`` Python package, imported when a dump is asked for: only dumps need it (the
+    text form does not), and a GPU machine may well lack it."""
+    try:
+        import graphviz
+    except ImportError as err:
+        raise StreamBPError("graph dumps (option 'dump_dir' or STREAMFX_DUMP_DIR) need the Python package "
+                            "'graphviz', which is not installed: pip install graphviz (or install "
+                            "streamfx[dumps]); without a dump directory nothing needs it") from err
+    return graphviz
 
 
 def _label(node) -> str:
@@ -31,7 +42,9 @@ def _label(node) -> str:
     return f"{node.name}\\n{target}\\n{shape} {dims}"
 
 
-def to_dot(gm, title: str = "") -> graphviz.Digraph:
+def to_dot(gm, title: str = ""):
+    """A ``graphviz.Digraph`` of the graph."""
+    graphviz = require_graphviz()
     g = graphviz.Digraph(title or "graph", graph_attr={"rankdir": "TB", "label": title, "fontsize": "10"},
                          node_attr={"shape": "box", "style": "filled", "fontsize": "8"})
     clusters: dict = {}
@@ -93,6 +106,7 @@ def dump_graph(gm, analysis, directory: str, name: str, programs=()) -> list[str
     """Write <tag><name>.dot, .svg (if graphviz's dot is installed) and .txt, ``<tag>`` naming
     the process (``process_tag``); return the paths."""
     os.makedirs(directory, exist_ok=True)
+    graphviz = require_graphviz()
     base = os.path.join(directory, process_tag() + name)
     dot = to_dot(gm, name)
     if programs:

@@ -102,8 +102,9 @@ class Session:
         directory = self.config.effective_dump_dir
         if not directory:
             return None
-        from .dumps import dump_graph
+        from .dumps import dump_graph, require_graphviz
 
+        require_graphviz()  # asked for dumps: a missing package is the user's error, raised now
         count = itertools.count()
 
         def dump(step, gm, analysis, programs=()):

@@ -58,3 +58,23 @@ def test_dump_names_carry_the_process(tmp_path, monkeypatch):
     assert sorted(os.path.basename(p) for p in paths) == sorted(mine + ext for ext in (".dot", ".txt", ".svg"))
     assert other.read_text() == "not mine" and other_dot.read_text() == "digraph {}"
     assert not (tmp_path / mine).exists()  # no source file left behind
+
+
+def test_without_graphviz_only_dumps_need_it(tmp_path, monkeypatch):
+    """Without the ``graphviz`` package (a GPU machine's environment) streamfx compiles, and the
+    text form works; asking for dumps is an error that names the package."""
+    import sys
+
+    import streamfx
+    from streamfx.dumps import to_text
+
+    monkeypatch.setitem(sys.modules, "graphviz", None)  # import graphviz raises ImportError
+    model = TinyLM(V=16, d=8, H=2)
+    idx = torch.randint(0, 16, (1, 6))
+    torch._dynamo.reset()
+    torch.compile(model, backend="streambp", options={"codegen": "eager"})(idx, idx).backward()
+    assert "placeholder" in to_text(torch.fx.symbolic_trace(torch.nn.Linear(2, 2)))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "dump_dir": str(tmp_path)})
+    with pytest.raises(streamfx.StreamBPError, match="'graphviz', which is not installed"):
+        compiled(idx, idx)
