@@ -156,3 +156,32 @@ def test_fsdp_memory_per_rank(tmp_path):
             assert r["streamed_regions"] == preset.num_hidden_layers + 1, r   # every layer and the head
             assert r["grad_rel_err"] <= 1e-5, r
     assert "| streambp | 1 |" in fsdp.table(rows, "tiny", 64)
+
+
+@pytest.mark.slow
+def test_gpu_command_tiny_on_cpu(tmp_path):
+    """``python -m streamfx.bench gpu --device cpu --tiny``: every part runs (the GPU command's code
+    paths on tiny shapes) and writes its table, JSON and plot; the kernel the CPU has streams with
+    the gradients of eager, and the longest-length search probes without a compile per probe."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "gpu"
+    proc = subprocess.run([sys.executable, "-m", "streamfx.bench", "gpu", "--device", "cpu", "--tiny",
+                           "--deadline", "1500", "--out", str(out)], capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {p.name for p in out.iterdir()} >= {"gpu.md", "gpu.json", "gpu.png"}
+    parts = json.loads((out / "gpu.json").read_text())["parts"]
+    assert list(parts) == ["kernels", "memory", "max_len", "speed"]
+    flash = [r for r in parts["kernels"]["rows"] if r["kernel"] == "flash"]
+    assert [r["status"] for r in flash] == ["ok", "ok"] and all(r["streamed"] for r in flash), flash
+    fp32 = next(r for r in flash if r["dtype"] == "float32")
+    assert fp32["grad_error"] <= 1e-4, fp32
+    for name in ("memory", "speed"):
+        assert all(r["status"] == "ok" for r in parts[name]["rows"]), parts[name]["rows"]
+    assert len(parts["memory"]["rows"]) == 3 * 4
+    for r in parts["max_len"]["rows"]:
+        assert r["status"] == "ok" and r["max_len"] >= 128 and r["compiles"] <= 1, r
+    md = (out / "gpu.md").read_text()
+    assert "## kernels" in md and "## speed" in md and "| streamfx |" in md

@@ -4,6 +4,7 @@ Contract: :func:`main` parses the flags (see ``--help``), runs every measurement
 process (:mod:`streamfx.bench.runner`), writes results.md / results.json / results.csv /
 memory.png into ``--out`` (:mod:`streamfx.bench.report`) and returns 0.  A method that fails or
 does not apply is a row with the reason; only bad flags make it return non-zero.
+``python -m streamfx.bench gpu ...`` is the GPU headline command (:mod:`streamfx.bench.gpu`).
 """
 from __future__ import annotations
 
@@ -99,6 +100,11 @@ def _models(values: list[str] | None, quick: bool, device: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["gpu"]:  # the headline measurements in one command (streamfx.bench.gpu)
+        from .gpu import main as gpu_main
+
+        return gpu_main(args[1:])
     parser = build_parser()
     ns = parser.parse_args(argv)
     import torch

@@ -1,0 +1,325 @@
+"""The measurements of ``python -m streamfx.bench gpu``, each a function of a :class:`Setup`.
+
+Contract: every part returns a list of row dicts and never raises for what a method does (an
+out-of-memory step, a kernel the device lacks, a compile that fails: a row with the reason).
+Each part stops starting new measurements at ``setup.deadline`` (``time.monotonic()``) and
+records what it left out. All run in this process: the longest-length search keeps its compiled
+graphs across probes (one dynamic compile per method), which a process per probe would not.
+
+The compared methods (:data:`METHODS`): streamfx (``backend="streambp"``), Hugging Face gradient
+checkpointing in eager, and the same checkpointing under ``torch.compile``; every compile is
+``dynamic=True``, so no length recompiles.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import statistics
+import time
+import warnings
+
+from . import presets as presets_mod
+from .worker import _malloc_trim, _proc_status_bytes, _reset_hwm, compare_grads, describe_exception, is_oom
+
+METHODS = ("streamfx", "ckpt", "ckpt+compile")
+KERNELS = ("flash", "efficient", "cudnn")
+
+
+@dataclasses.dataclass
+class Setup:
+    """Where and how big: the device, the presets and lengths of each part, the time left."""
+
+    device: str
+    kernel_preset: str
+    kernel_seq: int
+    memory_preset: str
+    memory_seqs: tuple
+    speed_preset: str
+    speed_seq: int
+    speed_repeats: int
+    max_len_step: int
+    max_len_limit: int          # no probe above this length
+    mem_cap_bytes: int | None   # None: the device's memory
+    streamfx_options: dict
+    compile_backend: str        # the checkpointing row's torch.compile backend ("inductor"; tiny: "aot_eager")
+    deadline: float = float("inf")
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+# ---------------------------------------------------------------- memory and steps
+class Peak:
+    """Peak memory of a block: the CUDA allocator's allocated and reserved peaks; on CPU the
+    process's RSS high-water mark (reported as reserved; allocated is unknown there)."""
+
+    def __init__(self, device: str):
+        self.device, self.allocated, self.reserved = device, None, None
+
+    def __enter__(self):
+        import torch
+
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            _malloc_trim()
+            _reset_hwm()
+        return self
+
+    def __exit__(self, *exc):
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            self.allocated, self.reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+        else:
+            self.reserved = _proc_status_bytes("VmHWM")
+        return False
+
+
+def _free(device: str) -> None:
+    import torch
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def build(preset_name: str, dtype: str, device: str, max_seq: int):
+    preset = presets_mod.get_preset(preset_name)
+    return preset, presets_mod.build_model(preset, dtype, device, seed=0, max_seq=max_seq)
+
+
+def stepper(method: str, model, setup: Setup):
+    """``step(ids, labels) -> loss``: one BP step (forward with labels, backward; no optimizer)."""
+    import torch
+
+    from .methods import _streambp_backend
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        if method == "streamfx":
+            model.gradient_checkpointing_disable()
+            target = torch.compile(model, backend=_streambp_backend(), options=setup.streamfx_options, dynamic=True)
+        else:
+            model.gradient_checkpointing_enable()
+            target = model if method == "ckpt" else torch.compile(model, backend=setup.compile_backend, dynamic=True)
+
+    def step(ids, labels):
+        model.zero_grad(set_to_none=True)
+        loss = target(input_ids=ids, labels=labels, use_cache=False).loss
+        loss.backward()
+        return loss.detach()
+
+    return step
+
+
+def _sync(device):
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measured_step(step, preset, seq: int, setup: Setup) -> dict:
+    """One step at ``seq`` tokens: its peaks and seconds, or status "oom" / "error" and why."""
+    ids, labels = presets_mod.make_batch(preset, seq, setup.device)
+    row = {"seq": seq}
+    try:
+        with Peak(setup.device) as peak:
+            start = time.perf_counter()
+            step(ids, labels)
+            _sync(setup.device)
+            row["seconds"] = time.perf_counter() - start
+        row.update(status="ok", allocated=peak.allocated, reserved=peak.reserved)
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        row.update(status="oom" if is_oom(exc) else "error", reason=describe_exception(exc))
+    _free(setup.device)
+    return row
+
+
+def _compiles() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"].get("unique_graphs", 0))
+
+
+# ---------------------------------------------------------------- part 1: kernel forms
+def kernels(setup: Setup) -> list[dict]:
+    """Per SDPA kernel form and dtype (small model): whether streamfx streams the graph, and its
+    largest relative gradient error against eager with the same kernel; eager's own error against
+    fp32 with the math kernel gives the scale of that dtype's rounding."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                "cudnn": SDPBackend.CUDNN_ATTENTION}
+    preset, base = build(setup.kernel_preset, "float32", setup.device, setup.kernel_seq)
+    ids, labels = presets_mod.make_batch(preset, setup.kernel_seq, setup.device)
+    with sdpa_kernel(SDPBackend.MATH):
+        exact = _grads(base, ids, labels)
+    rows = []
+    for dtype in ("bfloat16", "float32"):
+        for name in KERNELS:
+            row = {"kernel": name, "dtype": dtype}
+            rows.append(row)
+            if setup.left() <= 0:
+                row.update(status="skipped", reason="time budget spent")
+                continue
+            model = copy.deepcopy(base).to(presets_mod.torch_dtype(dtype))
+            try:
+                with sdpa_kernel(backends[name]):
+                    ref = _grads(model, ids, labels)
+                    row.update(_streamed_grads(model, ids, labels, setup))
+            except Exception as exc:  # noqa: BLE001 - a kernel this device or dtype lacks
+                row.update(status="unavailable", reason=describe_exception(exc))
+                continue
+            row["grad_error"] = compare_grads(row.pop("grads"), ref)[0]
+            row["eager_rounding"] = compare_grads(ref, exact)[0]
+            torch._dynamo.reset()
+    del base
+    _free(setup.device)
+    return rows
+
+
+def _grads(model, ids, labels) -> dict:
+    model = copy.deepcopy(model)
+    model.gradient_checkpointing_disable()
+    model(input_ids=ids, labels=labels, use_cache=False).loss.backward()
+    return {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _streamed_grads(model, ids, labels, setup: Setup) -> dict:
+    """streamfx's gradients (Inductor left out: the kernel choice is in the graph), and whether
+    it streamed: regions ran chunk by chunk and streamfx warned of nothing."""
+    import torch
+
+    from streamfx.runtime import COUNTERS
+
+    from .methods import _streambp_backend
+
+    model = copy.deepcopy(model)
+    model.gradient_checkpointing_disable()
+    compiled = torch.compile(model, backend=_streambp_backend(), options={**setup.streamfx_options, "codegen": "eager"})
+    before = COUNTERS["region_forward"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled(input_ids=ids, labels=labels, use_cache=False).loss.backward()
+    notes = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    streamed = COUNTERS["region_forward"] > before and not notes
+    return {"status": "ok", "streamed": streamed, "reason": notes[0][:200] if notes else "",
+            "grads": {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}}
+
+
+# ---------------------------------------------------------------- part 2: memory at 4 lengths
+def memory(setup: Setup, state: dict) -> list[dict]:
+    """Peak allocated and reserved memory of one BP step per method and length (the large model,
+    bf16). The first length is stepped twice and measured the second time (compiles excluded).
+    Keeps the model, each method's step and its fit of memory against length in ``state``."""
+    preset, model = build(setup.memory_preset, "bfloat16", setup.device, setup.max_len_limit)
+    state.update(preset=preset, model=model, steps={}, fits={}, longest={})
+    rows = []
+    for method in METHODS:
+        step = state["steps"][method] = stepper(method, model, setup)
+        warm = False
+        for seq in setup.memory_seqs:
+            if setup.left() <= 0:
+                rows.append({"method": method, "seq": seq, "status": "skipped", "reason": "time budget spent"})
+                continue
+            if not warm:
+                measured_step(step, preset, seq, setup)  # compiles
+                warm = True
+            rows.append({"method": method, **measured_step(step, preset, seq, setup)})
+        ok = [(r["seq"], r["reserved"]) for r in rows if r["method"] == method and r["status"] == "ok"]
+        state["fits"][method], state["longest"][method] = _linear_fit(ok), max((s for s, _ in ok), default=0)
+    return rows
+
+
+def _linear_fit(points):
+    """(intercept, slope) of least squares, or None under two points."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mx, my = sum(p[0] for p in points) / n, sum(p[1] for p in points) / n
+    sxx = sum((p[0] - mx) ** 2 for p in points)
+    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / sxx if sxx else 0.0
+    return my - slope * mx, slope
+
+
+# ---------------------------------------------------------------- part 3: the longest length
+def max_len(setup: Setup, state: dict) -> list[dict]:
+    """Per method, the longest length whose step fits the memory cap: bisection between the
+    longest measured length that fits and the first that does not, seeded by the memory part's
+    linear fit, with the method's one dynamic compile (the number of compiles is reported)."""
+    import torch
+
+    cap = setup.mem_cap_bytes or (torch.cuda.mem_get_info()[1] if setup.device == "cuda" else None)
+    rows = []
+    for method in METHODS:
+        step, fit = state.get("steps", {}).get(method), state.get("fits", {}).get(method)
+        row = {"method": method, "cap": cap}
+        rows.append(row)
+        if step is None or cap is None:
+            row.update(status="skipped", reason="no memory part" if step is None else "no memory cap on this device")
+            continue
+        row.update(_bisect(step, state["preset"], fit, state["longest"][method], cap, setup))
+    return rows
+
+
+def _bisect(step, preset, fit, fitting: int, cap, setup: Setup) -> dict:
+    """Bisection from ``fitting`` (a length known to fit) and the fit's guess."""
+    quantum = setup.max_len_step
+    guess = int((cap - fit[0]) / fit[1]) if fit and fit[1] > 0 else 2 * max(setup.memory_seqs)
+    lo, hi, probes, last_s, before = fitting, None, [], 0.0, _compiles()
+    probe = max(lo + quantum, min(guess, setup.max_len_limit) // quantum * quantum)
+    while True:
+        if last_s * 2 > setup.left():  # (a probe takes at most about twice the last one's time)
+            reason = "time budget spent"
+            break
+        r = measured_step(step, preset, probe, setup)
+        fits = r["status"] == "ok" and r["reserved"] <= cap
+        probes.append((probe, "fits" if fits else r.get("status")))
+        last_s = r.get("seconds", last_s)
+        lo, hi = (max(lo, probe), hi) if fits else (lo, probe if hi is None else min(hi, probe))
+        if hi is None and probe >= setup.max_len_limit:
+            reason = f"fits at the search limit {setup.max_len_limit}"
+            break
+        if hi is not None and hi - lo <= quantum:
+            reason = ""
+            break
+        probe = min(setup.max_len_limit, probe * 5 // 4) if hi is None else (lo + hi) // 2
+        probe = max(quantum, probe // quantum * quantum)
+        if probe in (lo, hi):
+            reason = ""
+            break
+    return {"status": "ok" if lo else "none fits", "max_len": lo or None, "first_failure": hi,
+            "probes": probes, "compiles": _compiles() - before, "reason": reason}
+
+
+# ---------------------------------------------------------------- part 4: step time
+def speed(setup: Setup) -> list[dict]:
+    """Median step time at one length (the paper's comparison: a Qwen3-4B shape at 24k tokens)
+    per method, after a step that compiles; its peak memory too."""
+    preset, model = build(setup.speed_preset, "bfloat16", setup.device, setup.speed_seq)
+    rows = []
+    for method in METHODS:
+        if setup.left() <= 0:
+            rows.append({"method": method, "status": "skipped", "reason": "time budget spent"})
+            continue
+        step = stepper(method, model, setup)
+        first = measured_step(step, preset, setup.speed_seq, setup)
+        runs = [first] if first["status"] != "ok" else \
+            [measured_step(step, preset, setup.speed_seq, setup) for _ in range(setup.speed_repeats)]
+        ok = [r for r in runs if r["status"] == "ok"]
+        row = {"method": method, "seq": setup.speed_seq, "first_seconds": first.get("seconds")}
+        row.update(ok[-1] if len(ok) == len(runs) else runs[-1])
+        if ok and len(ok) == len(runs):
+            row["seconds"] = statistics.median(r["seconds"] for r in ok)
+        rows.append(row)
+    del model
+    _free(setup.device)
+    return rows
