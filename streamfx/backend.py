@@ -17,7 +17,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from torch._inductor.decomposition import select_decomp_table
 
 from .config import StreamConfig
-from . import frames
+from . import frames, untraceable
 from .errors import CannotStream, StreamBPError, failure
 from .passes import stops, verify
 from .session import DetachOutputs, Session
@@ -85,6 +85,10 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
     except (StreamBPError, DetachOutputs, RestartAnalysis):  # (Dynamo's restart is control flow, not a failure)
         raise
     except Exception as err:  # noqa: BLE001 - compiling the streamed graph failed: compile it unstreamed
+        cause = untraceable.refusal(gm, err)
+        if cause is not None:  # no compile can hold this graph: it runs as Dynamo captured it
+            session.refuse("graph", cause)
+            return gm.forward
         if session.unstreamed or verify.enabled():
             raise
         session.refuse("graph", failure(err, "compiling the streamed graph"))
