@@ -4,6 +4,8 @@ import pytest
 import torch
 
 import streamfx
+import zoo
+from conftest import assert_grads_match, run_eager_and_compiled
 
 
 @torch.library.custom_op("streamfx_test::grouped_rows", mutates_args=())
@@ -65,3 +67,16 @@ def test_custom_op_with_an_untraceable_backward_is_named():
     torch._dynamo.reset()
     with pytest.raises(streamfx.StreamBPError, match=r"grouped_rows reads a tensor's values"):
         torch.compile(model, backend="streambp", options={"codegen": "eager", "strict": True})(x)
+
+
+@pytest.mark.fast
+@pytest.mark.skipif(zoo.moe_streams(), reason="transformers >= 5.24: grouped_mm_fallback has a traceable backward")
+def test_moe_on_transformers_before_5_24_names_grouped_mm_fallback():
+    """transformers < 5.24: an fp32 Qwen3-MoE graph cannot be compiled (grouped_mm_fallback's
+    backward reads offs.tolist()); it runs exactly, and the warning names the op and the remedy."""
+    model, make_inputs = zoo.qwen3_moe()
+    run = run_eager_and_compiled(model, make_inputs(zoo.Case("t", 2, 16)), {"chunk_size": 5})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert any("transformers::grouped_mm_fallback reads a tensor's values" in w and "transformers >= 5.24" in w
+               for w in run.warnings), run.warnings

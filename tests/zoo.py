@@ -191,6 +191,16 @@ EXPERTS = 4
 TOP_K = 2
 
 
+def moe_streams() -> bool:
+    """Whether fp32 MoE layers can stream with the installed transformers: from 5.24 its
+    ``grouped_mm_fallback`` (the expert matmul for weights other than bf16 under torch.compile) has
+    a backward op of its own; before, the backward reads ``offs.tolist()``, no compile can hold it,
+    and streamfx names that cause (tests/test_untraceable.py)."""
+    import transformers.integrations.moe  # noqa: F401 - registers transformers' ops
+
+    return hasattr(torch.ops.transformers, "grouped_mm_fallback_backward")
+
+
 def qwen3_moe(attn: str = "sdpa", experts: int = EXPERTS, top_k: int = TOP_K, router_logits: bool = False):
     """Qwen3-MoE: every layer a mixture of ``experts`` (top-``top_k`` routing, transformers'
     grouped expert dispatch: a sort of token-expert pairs by expert, grouped matmuls, the inverse
