@@ -200,14 +200,17 @@ def _backward_is_derivative(gm: fx.GraphModule, node: fx.Node) -> bool:
 
 
 def _derivative(fwd, args, cotangents):
-    """Autograd's derivative of the forward body at ``args``, and the body's saved values."""
+    """Autograd's derivative of the forward body at ``args``, with ``cotangents`` (a list, or a
+    function of the body's outputs that makes one); also the body's saved values and the list."""
     xs = [a for a in args if isinstance(a, torch.Tensor)]
     with torch.enable_grad():
         outs, saved = fwd(*args)
+        cotangents = cotangents(outs) if callable(cotangents) else cotangents
         pairs = [(o, c) for o, c in zip(_tensors(outs), cotangents) if o.requires_grad]
         if not pairs:
-            return [None] * len(xs), saved
-        return torch.autograd.grad([o for o, _ in pairs], xs, [c for _, c in pairs], allow_unused=True), saved
+            return [None] * len(xs), saved, cotangents
+        grads = torch.autograd.grad([o for o, _ in pairs], xs, [c for _, c in pairs], allow_unused=True)
+    return grads, saved, cotangents
 
 
 def _tensors(outs):
@@ -219,16 +222,14 @@ def _agrees(fwd, bwd, args, read, g) -> bool:
     the call's dtypes. Each is judged by its distance to the same derivative computed in float64:
     the backward may be off by a few times what the derivative's own rounding is off (bf16 rounds
     at 2**-8, fp32 at 2**-24), never by more (a scaled or clipped gradient is off by far more)."""
-    with torch.no_grad():
-        outs, _ = fwd(*args)
-    cotangents = []
-    for i, o in enumerate(outs):
-        if isinstance(o, torch.Tensor):
-            c = torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype)
-            cotangents.append(c if read is None or i in read else torch.zeros_like(o))
-    derived, saved = _derivative(fwd, args, cotangents)
+
+    def random_cotangents(outs):  # none for an output the graph never reads
+        return [(torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) if read is None or i in read
+                 else torch.zeros_like(o)) for i, o in enumerate(outs) if isinstance(o, torch.Tensor)]
+
+    derived, saved, cotangents = _derivative(fwd, args, random_cotangents)
     wide = [a.detach().double().requires_grad_(True) if isinstance(a, torch.Tensor) else a for a in args]
-    exact, _ = _derivative(fwd, wide, [c.double() for c in cotangents])
+    exact, _, _ = _derivative(fwd, wide, [c.double() for c in cotangents])
     with torch.no_grad():
         own = bwd(*cotangents, *[s.detach() if isinstance(s, torch.Tensor) else s for s in saved])
     own = list(own) if isinstance(own, (tuple, list)) else [own]
