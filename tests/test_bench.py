@@ -182,6 +182,6 @@ def test_gpu_command_tiny_on_cpu(tmp_path):
         assert all(r["status"] == "ok" for r in parts[name]["rows"]), parts[name]["rows"]
     assert len(parts["memory"]["rows"]) == 3 * 4
     for r in parts["max_len"]["rows"]:
-        assert r["status"] == "ok" and r["max_len"] >= 128 and r["compiles"] <= 1, r
+        assert r["status"] == "ok" and r["max_len"] >= 128 and r["compiles"] == 0, r
     md = (out / "gpu.md").read_text()
     assert "## kernels" in md and "## speed" in md and "| streamfx |" in md
