@@ -91,10 +91,18 @@ def _free(device: str) -> None:
 
 def build(preset_name: str, dtype: str, device: str, max_seq: int):
     preset = presets_mod.get_preset(preset_name)
-    model = presets_mod.build_model(preset, dtype, device, seed=0, max_seq=max_seq)
-    _checkpointing(model, True)
-    _checkpointing(model, False)
-    return preset, model
+    return preset, presets_mod.build_model(preset, dtype, device, seed=0, max_seq=max_seq)
+
+
+def per_method(model) -> dict:
+    """Method -> the model it runs: the built one for streamfx, and for both checkpointing rows
+    a second module tree over the same parameters and buffers (no copy of their memory) with
+    checkpointing on. Switching one model's checkpointing instead would change state Dynamo
+    guards on (hooks, attributes) and recompile every method."""
+    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
+    twin = copy.deepcopy(model, memo=dict(tensors))
+    _checkpointing(twin, True)
+    return {"streamfx": model, "ckpt": twin, "ckpt+compile": twin}
 
 
 def stepper(method: str, model, setup: Setup):
@@ -109,7 +117,6 @@ def stepper(method: str, model, setup: Setup):
         target = model if method == "ckpt" else torch.compile(model, backend=setup.compile_backend, dynamic=True)
 
     def step(ids, labels):
-        _checkpointing(model, method != "streamfx")  # (the methods share one model)
         model.zero_grad(set_to_none=True)
         loss = target(input_ids=ids, labels=labels, use_cache=False).loss
         loss.backward()
@@ -119,14 +126,9 @@ def stepper(method: str, model, setup: Setup):
 
 
 def _checkpointing(model, on: bool) -> None:
-    """Hugging Face checkpointing on or off. The first switch leaves an attribute on every layer
-    that Dynamo guards on; :func:`build` switches it on and off once before any compile, so that
-    every later off state is the one each compile saw (no recompile)."""
-    if getattr(model, "_bench_checkpointing", None) != on:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            model.gradient_checkpointing_enable() if on else model.gradient_checkpointing_disable()
-        model._bench_checkpointing = on
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model.gradient_checkpointing_enable() if on else model.gradient_checkpointing_disable()
 
 
 def _sync(device):
@@ -199,7 +201,6 @@ def kernels(setup: Setup) -> list[dict]:
 
 def _grads(model, ids, labels) -> dict:
     model = copy.deepcopy(model)
-    _checkpointing(model, False)
     model(input_ids=ids, labels=labels, use_cache=False).loss.backward()
     return {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -214,7 +215,6 @@ def _streamed_grads(model, ids, labels, setup: Setup) -> dict:
     from .methods import _streambp_backend
 
     model = copy.deepcopy(model)
-    _checkpointing(model, False)
     compiled = torch.compile(model, backend=_streambp_backend(), options={**setup.streamfx_options, "codegen": "eager"})
     before = COUNTERS["region_forward"]
     with warnings.catch_warnings(record=True) as caught:
@@ -232,10 +232,11 @@ def memory(setup: Setup, state: dict) -> list[dict]:
     bf16). The first length is stepped twice and measured the second time (compiles excluded).
     Keeps the model, each method's step and its fit of memory against length in ``state``."""
     preset, model = build(setup.memory_preset, "bfloat16", setup.device, setup.max_len_limit)
+    models = per_method(model)
     state.update(preset=preset, model=model, steps={}, fits={}, longest={})
     rows = []
     for method in METHODS:
-        step = state["steps"][method] = stepper(method, model, setup)
+        step = state["steps"][method] = stepper(method, models[method], setup)
         warm = False
         for seq in setup.memory_seqs:
             if setup.left() <= 0:
@@ -316,12 +317,12 @@ def speed(setup: Setup) -> list[dict]:
     """Median step time at one length (the paper's comparison: a Qwen3-4B shape at 24k tokens)
     per method, after a step that compiles; its peak memory too."""
     preset, model = build(setup.speed_preset, "bfloat16", setup.device, setup.speed_seq)
-    rows = []
+    models, rows = per_method(model), []
     for method in METHODS:
         if setup.left() <= 0:
             rows.append({"method": method, "status": "skipped", "reason": "time budget spent"})
             continue
-        step = stepper(method, model, setup)
+        step = stepper(method, models[method], setup)
         first = measured_step(step, preset, setup.speed_seq, setup)
         runs = [first] if first["status"] != "ok" else \
             [measured_step(step, preset, setup.speed_seq, setup) for _ in range(setup.speed_repeats)]
@@ -331,6 +332,6 @@ def speed(setup: Setup) -> list[dict]:
         if ok and len(ok) == len(runs):
             row["seconds"] = statistics.median(r["seconds"] for r in ok)
         rows.append(row)
-    del model
+    del model, models
     _free(setup.device)
     return rows
