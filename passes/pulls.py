@@ -27,6 +27,9 @@ RANDOM_OPS = {aten.native_dropout.default, aten.bernoulli.default, aten.bernoull
 # ---- masks built per chunk ----------------------------------------------------------------------
 # Ops a token-by-token mask may be built with inside a chunk: each output dim lines up with the
 # same dim of every (broadcast) input, so a chunk of the mask is the op on chunks of its inputs.
+# Ops that make a token-by-token tensor from sizes alone (SDPA's math kernel starts its causal
+# mask as ``ones(L, S)``): a chunk makes its own [c, n] block (sizes are rebuilt per chunk).
+MASK_MAKERS = {aten.full.default, aten.ones.default, aten.zeros.default, aten.empty.memory_format}
 MASK_VIEW_OPS = {aten.expand.default, aten.clone.default, aten.alias.default, aten._to_copy.default,
                  torch.ops.prims.convert_element_type.default, aten.where.self,
                  aten.masked_fill.Scalar, aten.masked_fill.Tensor}
@@ -54,7 +57,8 @@ def pull_masks(region, sd):
         if n in pullable:
             return pullable[n]
         ok = (n.op == "call_function" and "k" in sd.roles(n)
-              and (n.target in MASK_VIEW_OPS or is_pointwise(n.target) or unpadded(n) is not None)
+              and (n.target in MASK_VIEW_OPS or n.target in MASK_MAKERS or is_pointwise(n.target)
+                   or unpadded(n) is not None)
               and all(frontier_role(x, n, sd) is not False or can_pull(x) for x in _mask_inputs(n)))
         pullable[n] = ok
         return ok

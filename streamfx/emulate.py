@@ -15,8 +15,9 @@ what a chunk schedule depends on:
   keys merged) is exact, as on the GPU;
 - how the composite prepares its inputs: boolean masks become additive; the efficient kernel's
   mask is padded on its key dim to a multiple of 8 and sliced back (``preprocess_mask``); flash
-  pads the head dim to a multiple of 8; flash and cuDNN take grouped K/V heads, the efficient
-  kernel gets them repeated; flash takes no mask (SDPA picks the efficient kernel then).
+  pads the head dim to a multiple of 8; flash and cuDNN take grouped K/V heads, and grouped heads
+  that would go to the efficient kernel go to the math kernel instead; flash takes no mask (SDPA
+  picks the efficient kernel then).
 
 The arithmetic is float32 math attention; dropout is not emulated. The registrations live as
 long as the context.
@@ -177,11 +178,6 @@ def _additive(mask, dtype):
     return torch.where(mask, torch.zeros((), dtype=dtype), torch.full((), float("-inf"), dtype=dtype))
 
 
-def _repeat_kv(q, k, v):
-    n = q.shape[-3] // k.shape[-3]
-    return k.repeat_interleave(n, dim=-3), v.repeat_interleave(n, dim=-3)
-
-
 def _aligned(mask, align=8):
     return all(st % align == 0 for st in mask.stride()[:-1]) and mask.stride(-1) == 1
 
@@ -196,8 +192,9 @@ def _composite(kernel):
         mask = _additive(attn_mask, q.dtype)
         grouped = q.shape[-3] != k.shape[-3]
         use = "efficient" if kernel == "flash" and mask is not None else kernel
-        if grouped and (use == "efficient" or not enable_gqa):
-            k, v = _repeat_kv(q, k, v) if enable_gqa else (k, v)
+        if grouped and enable_gqa and use == "efficient":  # no grouped heads: SDPA takes the math kernel
+            return aten._scaled_dot_product_attention_math(q, k, v, mask, dropout_p, is_causal, scale=scale,
+                                                           enable_gqa=True)[0]
         if use == "flash":  # the head dim padded to a multiple of 8, the scale of the unpadded one
             d = q.shape[-1]
             scale = 1.0 / math.sqrt(d) if scale is None else scale
