@@ -240,3 +240,35 @@ def test_efficient_mask_is_padded_per_chunk():
     with emulate.cuda_attention("efficient"), pytest.raises(RuntimeError, match="aligned"):
         torch.ops.aten._scaled_dot_product_efficient_attention(q, q, q, torch.zeros(1, 2, 5, 5), False)
     run_form("efficient", "left_pad")   # T = 24 keys, chunks of 5: n = 5, 10, 15, ... keys per chunk
+
+
+@pytest.mark.fast
+def test_masks_of_a_cuda_graph_are_read_on_the_cpu():
+    """A mask's pattern is read at compile time by evaluating its subgraph; a graph captured on a
+    GPU creates its positions on the GPU (``arange(T, device="cuda")``) and holds CUDA constants.
+    The evaluation runs on the CPU (no GPU is touched, none is needed): the pattern is causal, read
+    from the position data, not "unknown" (which refused the layer as "not causal")."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from streamfx.passes import masks
+    from streamfx.passes.attention import AttentionSite
+
+    def mask(pos, w):
+        ar = torch.arange(pos.shape[-1], device=pos.device)
+        allowed = (ar[None, :] <= ar[:, None]) & (pos[:, None, :] >= 0)
+        return torch.where(allowed, 0.0, float("-inf")) + w.sum() * 0
+
+    gm = make_fx(mask, tracing_mode="fake")(torch.zeros(2, 16, dtype=torch.long), torch.zeros(3))
+    with FakeTensorMode():  # the same graph as captured on a GPU
+        for n in gm.graph.nodes:
+            if "device" in n.kwargs:
+                n.kwargs = {**n.kwargs, "device": torch.device("cuda")}
+            v = n.meta.get("val")
+            if isinstance(v, torch.Tensor):
+                n.meta["val"] = torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="cuda")
+    pos, w = gm.graph.find_nodes(op="placeholder")
+    out = gm.graph.find_nodes(op="output")[0].args[0]
+    site = AttentionSite(0, "sdpa:test", None, None, None, out, frozenset([out]), False, out)
+    masks.classify(site, {w: torch.zeros(3)}, 16)
+    assert (site.mask_kind, site.data, site.is_causal) == ("causal", (pos,), True)

@@ -100,10 +100,10 @@ def test_gpt2_graph_break_head_streams_in_its_own_graph(monkeypatch):
     from streamfx import logging_calls
 
     monkeypatch.setattr(logging_calls, "install", lambda: None)
-    monkeypatch.setattr(torch._dynamo.config, "ignore_logging_functions", set())
     model, make_inputs = zoo.gpt2()
     inputs = make_inputs("b1")
-    run = run_eager_and_compiled(model, inputs, {"head_chunk_size": HEAD_CHUNK})
+    with torch._dynamo.config.patch(ignore_logging_functions=set()):
+        run = run_eager_and_compiled(model, inputs, {"head_chunk_size": HEAD_CHUNK})
     assert_grads_match(run.ref_grads, run.grads)
     assert [p.name for p in run.programs if p.name == "head"] == ["head"], [p.name for p in run.programs]
     caveats = [m for m in run.warnings if "region 'head' streams, but its logits arrive as an input" in m]
