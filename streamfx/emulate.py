@@ -31,6 +31,7 @@ import torch
 
 aten = torch.ops.aten
 KERNELS = ("flash", "efficient", "cudnn")
+_CHECK_ALIGNMENT = [True]
 
 
 def _meta_layout(op, args, kwargs) -> tuple:
@@ -124,7 +125,7 @@ def flash_backward(dout, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, dropout_
 
 def efficient_forward(q, k, v, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False, *, scale=None):
     _no_dropout(dropout_p)
-    if attn_bias is not None and not _aligned(attn_bias):
+    if attn_bias is not None and _CHECK_ALIGNMENT[0] and not _aligned(attn_bias):
         raise RuntimeError(f"attn_bias is not correctly aligned (strides {attn_bias.stride()}): the efficient "
                            "kernel reads mask rows aligned to 8 elements")
     lay = _meta_layout(aten._scaled_dot_product_efficient_attention.default,
@@ -226,14 +227,20 @@ _IMPLS = {
 
 
 @contextlib.contextmanager
-def cuda_attention(kernel: str):
+def cuda_attention(kernel: str, check_alignment: bool = True):
     """Within the context, SDPA on CPU tensors runs CUDA's ``kernel`` ("flash", "efficient",
     "cudnn") as emulated here; the CPU ops of all three kernels are registered (a graph may hold
-    another kernel than the one dispatched to, as the efficient kernel where flash gets a mask)."""
+    another kernel than the one dispatched to, as the efficient kernel where flash gets a mask).
+
+    ``check_alignment``: the efficient kernel raises on a mask whose rows are not aligned to 8
+    elements, as on the GPU. Inductor realigns that mask itself for CUDA tensors only
+    (``sdpa_constraint`` in its lowerings), so code Inductor compiled for the CPU runs with the
+    check off."""
     import warnings
 
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, not {kernel!r}")
+    _CHECK_ALIGNMENT[0] = check_alignment
     lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
@@ -245,3 +252,4 @@ def cuda_attention(kernel: str):
         yield
     finally:
         lib._destroy()
+        _CHECK_ALIGNMENT[0] = True
