@@ -12,33 +12,15 @@ import dataclasses
 import torch
 import torch.fx as fx
 
+from . import kernels
 from .axes import RuleOut
 from .graphs import bind, same
 from .rules import register, shape
 
 aten = torch.ops.aten
 
-SDPA_OPS = tuple(
-    op for op in (
-        getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None),
-        getattr(aten, "_scaled_dot_product_flash_attention", None),
-        getattr(aten, "_scaled_dot_product_efficient_attention", None),
-        getattr(aten, "_scaled_dot_product_cudnn_attention", None),
-        getattr(aten, "_scaled_dot_product_attention_math", None),
-        getattr(aten, "_scaled_dot_product_fused_attention_overrideable", None),
-        getattr(aten, "scaled_dot_product_attention", None),
-    ) if op is not None
-)
-SDPA_OVERLOADS = tuple(op.default for op in SDPA_OPS)
-SDPA_BACKWARD = tuple(
-    getattr(aten, name).default for name in (
-        "_scaled_dot_product_flash_attention_for_cpu_backward",
-        "_scaled_dot_product_flash_attention_backward",
-        "_scaled_dot_product_efficient_attention_backward",
-        "_scaled_dot_product_cudnn_attention_backward",
-        "_scaled_dot_product_fused_attention_overrideable_backward",
-    ) if hasattr(aten, name)
-)
+SDPA_OVERLOADS = kernels.FORWARD_OPS
+SDPA_BACKWARD = kernels.BACKWARD_OPS
 
 
 @register(*SDPA_OVERLOADS)
@@ -49,8 +31,7 @@ def sdpa(node, table, ax):
     for i in range(len(qa) - 2):
         if same(shape(q)[i], shape(k)[i]):
             table.unify(qa[i], ka[i])
-    b = bind(node)
-    mask = b.get("attn_mask", b.get("attn_bias"))
+    mask = _mask_of(node)
     if isinstance(mask, fx.Node):  # the mask is (..., queries, keys)
         ma = ax(mask)
         table.unify(ma[-2], qa[-2]) if ma[-2] else None
@@ -61,6 +42,12 @@ def sdpa(node, table, ax):
     outs = [out] + [tuple(qa[: len(v_.shape)]) if isinstance(v_, torch.Tensor) else None
                     for v_ in (list(vals)[1:] if n_out > 1 else [])]
     return RuleOut(outs, mixed=((k, len(ka) - 2), (v, len(va) - 2)))
+
+
+def _mask_of(node):
+    """The mask argument of a fused attention node (None where its kernel takes none)."""
+    name = kernels.of(node).mask
+    return bind(node).get(name) if name else None
 
 
 @register(*SDPA_BACKWARD)
@@ -105,7 +92,7 @@ def find_sites(graph: fx.Graph, sd, forward: set) -> list[AttentionSite]:
             continue
         if node.target in SDPA_OVERLOADS:
             b = bind(node)
-            mask = b.get("attn_mask", b.get("attn_bias"))
+            mask = _mask_of(node)
             site = AttentionSite(len(sites), "sdpa:" + node.target._overloadpacket.__name__,
                                  b["query"], b["key"], b["value"], node, frozenset([node]),
                                  bool(b.get("is_causal", False)), mask, scale=b.get("scale"))

@@ -131,6 +131,22 @@ def normalize_dim(d: int, ndim: int) -> int:
     return d + ndim if d < 0 else d
 
 
+def unpadded(node):
+    """``x`` where ``node`` is ``slice(constant_pad_nd(x, [0, p]), -1, 0, size(x, -1))``: a pad of the
+    last dim taken back off (how the efficient attention kernel's composite aligns its mask rows),
+    whose values are ``x``'s; else None."""
+    if not (isinstance(node, fx.Node) and node.target is torch.ops.aten.slice.Tensor and len(node.args) >= 4):
+        return None
+    pad = node.args[0]
+    if not (isinstance(pad, fx.Node) and pad.target is torch.ops.aten.constant_pad_nd.default):
+        return None
+    x, pads = pad.args[0], list(pad.args[1])
+    ndim = len(val(x).shape)
+    if node.args[1] not in (-1, ndim - 1) or len(pads) != 2 or pads[0] != 0 or node.args[2] != 0:
+        return None
+    return x if same(val(node).shape[-1], val(x).shape[-1]) else None
+
+
 # ---- sizes ------------------------------------------------------------------------------------
 def same(a, b) -> bool:
     """True when two sizes are equal for every value of their symbols (adds no guard)."""

@@ -148,20 +148,29 @@ def _evaluate(target, nodes, constants, preset):
 
 
 def _run(target, nodes, constants, env):
+    """Evaluate the mask subgraph on the CPU, whatever device the graph runs on (a GPU graph's
+    mask is read at compile time without touching the GPU, or needing one): its constants are
+    copied to the CPU and tensors it creates are created there."""
     within = set(nodes)
     for n in nodes:
         if n in env:
             continue
         v = val(n)
         if n.op == "placeholder":
-            env[n] = constants[n] if n in constants else (hint(v) if not is_tensor(v) else _neutral(n, within))
+            env[n] = _on_cpu(constants[n]) if n in constants else (hint(v) if not is_tensor(v) else _neutral(n, within))
         elif n.op == "call_function":
             args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda x: env[x])
+            if "device" in kwargs:
+                kwargs = {**kwargs, "device": torch.device("cpu")}
             env[n] = n.target(*args, **kwargs)
         else:
             return None
     value = env[target]
     return value if type(value) is torch.Tensor else None
+
+
+def _on_cpu(x):
+    return x.cpu() if isinstance(x, torch.Tensor) else x
 
 
 def _allowed(value: torch.Tensor) -> torch.Tensor:

@@ -88,6 +88,8 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
         a.refusals.append(("all", err))
         a.plans = []
         return joint, a
+    for _, program in streamed.programs:  # a chunk that fails at run time raises under strict
+        program.strict = config.strict
     a.plans = [p for p, _ in streamed.programs]
     a.programs, a.dropped = streamed.programs, streamed.dropped
     dump("streamed", streamed.joint, None, programs=streamed.programs)

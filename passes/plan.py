@@ -14,6 +14,7 @@ import torch
 from streamfx.errors import CannotStream
 from .graphs import ALIASES, ancestors, in_order, per_token, same
 from .kv import kv_outputs
+from .positions import rebuild_positions
 from .schedule import auto_chunk
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
 from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
@@ -226,11 +227,11 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
             raise CannotStream(f"{cls} op inside a layer", n)
     nodes, inputs, pulled = pull_masks(region, sd)
     nodes, inputs = pull_producers(nodes, inputs, pulled, sd, classes, requires_grad)
-    nodes, inputs = pull_created(nodes, inputs, sd)
+    nodes, inputs = rebuild_positions(region.nodes, *pull_created(nodes, inputs, sd), sd)
     plan = _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad)
     if pulled.nodes:  # the rewrite uses this one if the masks do not rebuild per chunk
-        plan.unpulled = _layer_plan(region, sd, config, site, *pull_created(region.nodes, region.inputs, sd),
-                                    PulledMasks(), requires_grad)
+        unpulled = rebuild_positions(region.nodes, *pull_created(region.nodes, region.inputs, sd), sd)
+        plan.unpulled = _layer_plan(region, sd, config, site, *unpulled, PulledMasks(), requires_grad)
     return plan
 
 

@@ -15,7 +15,7 @@ import dataclasses
 
 import torch
 
-from .graphs import in_order, per_token
+from .graphs import in_order, per_token, unpadded
 from .rules import is_pointwise
 from .seq_dims import SEQ_FREE, TOKEN_LOCAL
 from .specs import WHOLE, Spec
@@ -27,6 +27,9 @@ RANDOM_OPS = {aten.native_dropout.default, aten.bernoulli.default, aten.bernoull
 # ---- masks built per chunk ----------------------------------------------------------------------
 # Ops a token-by-token mask may be built with inside a chunk: each output dim lines up with the
 # same dim of every (broadcast) input, so a chunk of the mask is the op on chunks of its inputs.
+# Ops that make a token-by-token tensor from sizes alone (SDPA's math kernel starts its causal
+# mask as ``ones(L, S)``): a chunk makes its own [c, n] block (sizes are rebuilt per chunk).
+MASK_MAKERS = {aten.full.default, aten.ones.default, aten.zeros.default, aten.empty.memory_format}
 MASK_VIEW_OPS = {aten.expand.default, aten.clone.default, aten.alias.default, aten._to_copy.default,
                  torch.ops.prims.convert_element_type.default, aten.where.self,
                  aten.masked_fill.Scalar, aten.masked_fill.Tensor}
@@ -54,8 +57,9 @@ def pull_masks(region, sd):
         if n in pullable:
             return pullable[n]
         ok = (n.op == "call_function" and "k" in sd.roles(n)
-              and (n.target in MASK_VIEW_OPS or is_pointwise(n.target))
-              and all(frontier_role(x, n, sd) is not False or can_pull(x) for x in _tensor_inputs(n)))
+              and (n.target in MASK_VIEW_OPS or n.target in MASK_MAKERS or is_pointwise(n.target)
+                   or unpadded(n) is not None)
+              and all(frontier_role(x, n, sd) is not False or can_pull(x) for x in _mask_inputs(n)))
         pullable[n] = ok
         return ok
 
@@ -68,7 +72,9 @@ def pull_masks(region, sd):
         if n in chosen:
             continue
         chosen.add(n)
-        for x in _tensor_inputs(n):
+        if unpadded(n) is not None:
+            chosen.add(n.args[0])  # (the pad, which a chunk copy leaves out)
+        for x in _mask_inputs(n):
             if "k" in sd.roles(x) and can_pull(x):
                 stack.append(x)
             else:
@@ -112,6 +118,13 @@ def keys_only(x, inside, sd) -> bool:
     users = [u for u in x.users if u in inside]
     roles = [frontier_role(x, u, sd) for u in users]
     return bool(users) and all(r not in (None, False) and r[0] == "k" for r in roles)
+
+
+def _mask_inputs(n) -> list:
+    """The tensor inputs a pulled mask node is built from; a pad taken back off is its unpadded
+    input (a chunk copy reads that directly, see ``rewrite.build_graph``)."""
+    x = unpadded(n)
+    return [x] if x is not None else _tensor_inputs(n)
 
 
 def _tensor_inputs(n) -> list:

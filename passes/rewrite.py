@@ -18,13 +18,13 @@ from torch._guards import detect_fake_mode
 from torch._inductor.decomposition import select_decomp_table
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from streamfx import chunks
+from streamfx import blocks, chunks  # noqa: F401  (blocks registers streamfx::causal_blocks)
 from streamfx.chunks import ChunkGraph, Slot
 from streamfx.errors import CannotStream
 from streamfx.runtime import LayerProgram, MaskCheck, RegionProgram
-from . import reach, verify
+from . import kernels, reach, verify
 from .graphs import (ALIASES, COPIES, bind, is_tangent, order, outputs as graph_outputs, primals,
-                     tangents, written_input)
+                     tangents, unpadded, written_input)
 from .record import made_by
 from .sizes import Sizes
 
@@ -115,6 +115,11 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
             continue
         if isinstance(n.meta.get("val"), torch.SymInt) and any(x not in env for x in n.all_input_nodes):
             continue  # a size computed from sizes outside (B * (T - 1) for a view): rebuilt where used
+        if unpadded(n) in env:  # a kernel's alignment of its mask rows: redone for the copy's length
+            env[n] = env[unpadded(n)]
+            continue
+        if n.target is aten.constant_pad_nd.default and n.users and all(unpadded(u) is not None for u in n.users):
+            continue
         new = _autograd_form(g.node_copy(n, lambda x: env.get(x, x)))
         if n in key_side and new.target in (aten.view.default, aten._unsafe_view.default):
             new.target = aten.reshape.default  # a prefix of a sequence-major buffer is strided
@@ -123,6 +128,9 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
             made_by(new, STEP)
         env[n] = new
     g.output(tuple(env[o] for o in outputs))
+    for n in list(g.nodes):
+        if kernels.of(n) is not None and kernels.of(n).mask_align and bind(n).get(kernels.of(n).mask) is not None:
+            _align_mask(g, n, kernels.of(n))
     g.eliminate_dead_code()
     _canonical_names(g)
     return fx.GraphModule(_attributes(g, nodes), g), list(size_inputs)
@@ -182,8 +190,7 @@ def layer_program(plan, codegen: str) -> LayerProgram:
 
     def attention_edits(gm):
         if site.kind.startswith("sdpa"):
-            _lower_right_causal(gm, site)
-            _grouped_kv_in_place(gm)
+            _chunk_attention(gm, site)
 
     q = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, sd, extra=kv_out,
                     extra_dims=kv_dims, key_side=plan.key_side, edit=attention_edits)
@@ -195,16 +202,93 @@ def layer_program(plan, codegen: str) -> LayerProgram:
                         plan.grad_inputs, codegen, kv=kv, kv_dims=kv_dims, mask=mask)
 
 
-def _lower_right_causal(gm: fx.GraphModule, site) -> None:
-    """Give the chunk's fused attention an explicit mask: query i of a chunk of c queries sees
-    keys 0..(e - c + i) of the e-key prefix (causal, aligned to the bottom right)."""
+def _chunk_attention(gm: fx.GraphModule, site) -> None:
+    """The chunk's fused attention on the model's own kernel (``kernels``), aligned to the bottom
+    right of the keys it reads, with no [c, n] mask where the pattern is causal:
+
+    - a mask whose pattern is plain causal and read from no data (Hugging Face's 4-D mask of an
+      unpadded batch) gives way to the kernel's own causal flag;
+    - a kernel that aligns causal to the bottom right (flash) runs as it is;
+    - a top-left kernel whose backward reads its output and log-sum-exp runs as its prefix and
+      diagonal blocks merged through the log-sum-exp (``streamfx.blocks``);
+    - any other kernel gets the chunk's causal mask;
+    - a data mask (padding, documents) stays, built per chunk (padded for a kernel that reads
+      aligned rows: ``build_graph``);
+    - grouped K/V heads go to a kernel that takes them without being repeated."""
     node = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is site.output.target)
+    kern = kernels.of(node)
+    if kern.grouped_kv:
+        _grouped_kv_in_place(gm, node)
     b = bind(node)
-    mask_key = "attn_mask" if "attn_mask" in b else "attn_bias"
-    if not b.get("is_causal"):
-        return  # the mask is an input, sliced per chunk like any other
-    if b.get(mask_key) is not None:
-        raise CannotStream("fused attention with both is_causal and a mask", site.output)
+    mask = b.get(kern.mask) if kern.mask else None
+    if mask is not None and site.mask_kind == "causal" and not site.data and not b.get("is_causal"):
+        _set_args(node, {kern.mask: None, "is_causal": True})
+        b, mask = bind(node), None
+    if mask is not None:
+        if b.get("is_causal"):
+            raise CannotStream("fused attention with both is_causal and a mask", site.output)
+    elif b.get("is_causal") and kern.alignment != "bottom-right":
+        if kern.blocks and not b.get("dropout_p"):
+            _causal_blocks(gm, node, kern)
+        else:
+            _lower_right_mask(gm, node, kern, site)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+
+
+def _set_args(node: fx.Node, values: dict) -> None:
+    """Set arguments of ``node`` by name, positional or keyword as its schema has them."""
+    names = [a.name for a in node.target._schema.arguments]
+    args, kwargs = list(node.args), dict(node.kwargs)
+    for name, value in values.items():
+        i = names.index(name)
+        if i < len(args):
+            args[i] = value
+        else:
+            kwargs[name] = value
+    node.args, node.kwargs = tuple(args), kwargs
+
+
+def _causal_blocks(gm: fx.GraphModule, node: fx.Node, kern) -> None:
+    """Replace the kernel call by ``streamfx::causal_blocks`` (the kernel's prefix and diagonal
+    blocks merged): the attention's users read only its output."""
+    users = list(node.users)
+    if any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+        raise CannotStream(f"the {kern.name} attention's log-sum-exp is read inside the chunk", node)
+    b = bind(node)
+    with gm.graph.inserting_before(node):
+        call = gm.graph.call_function(torch.ops.streamfx.causal_blocks.default,
+                                      (kern.name, b["query"], b["key"], b["value"], b.get("scale")))
+    for u in users:
+        u.args = (call, 0)
+    gm.graph.erase_node(node)
+
+
+def _align_mask(g: fx.Graph, node: fx.Node, kern) -> None:
+    """Pad the mask's key dim to a multiple of ``kern.mask_align`` for the copy's key length and
+    slice it back, as the kernel's composite does for the whole sequence (the kernel reads
+    aligned rows); ``build_graph`` leaves the whole sequence's pad and slice out of a copy."""
+    base = bind(node)[kern.mask]
+    while base.target is aten.expand.default:
+        base = base.args[0]
+    align, b = kern.mask_align, bind(node)
+    with g.inserting_before(node):
+        n = g.call_function(aten.sym_size.int, (base, -1))
+        pad = g.call_function(operator.sub, (align, g.call_function(operator.mod, (n, align))))
+        padded = g.call_function(aten.constant_pad_nd.default, (base, [0, pad], 0.0))
+        sliced = g.call_function(aten.slice.Tensor, (padded, -1, 0, n))
+        shape = [g.call_function(aten.sym_size.int, (x, d))
+                 for x, d in ((b["query"], 0), (b["query"], 1), (b["query"], 2), (b["key"], 2))]
+        full = g.call_function(aten.expand.default, (sliced, shape))
+    _set_args(node, {kern.mask: full})
+
+
+def _lower_right_mask(gm: fx.GraphModule, node: fx.Node, kern, site) -> None:
+    """Give the chunk's attention an explicit mask: query i of a chunk of c queries sees keys
+    0..(n - c + i) of the n-key prefix (causal, aligned to the bottom right)."""
+    if kern.mask is None:
+        raise CannotStream(f"a causal chunk on the {kern.name} kernel, which takes no mask and aligns top-left",
+                           site.output)
     device = site.query.meta["val"].device
     g = gm.graph
     with g.inserting_before(node):
@@ -215,34 +299,17 @@ def _lower_right_causal(gm: fx.GraphModule, site) -> None:
         kpos = g.call_function(aten.arange.default, (k_len,), {"dtype": torch.int64, "device": device})
         allowed = g.call_function(aten.ge.Tensor, (g.call_function(aten.unsqueeze.default, (qpos, 1)),
                                                    g.call_function(aten.unsqueeze.default, (kpos, 0))))
-        dtype = site.query.meta["val"].dtype  # fused CPU attention wants an additive mask of q's dtype
+        dtype = site.query.meta["val"].dtype  # fused attention wants an additive mask of q's dtype
         zero = g.call_function(aten.scalar_tensor.default, (0.0,), {"dtype": dtype, "device": device})
         ninf = g.call_function(aten.scalar_tensor.default, (float("-inf"),), {"dtype": dtype, "device": device})
         mask = g.call_function(aten.where.self, (allowed, zero, ninf))
-    names = [a.name for a in node.target._schema.arguments]
-    args = list(node.args)
-    i = names.index("is_causal")
-    if i < len(args):
-        args[i] = False
-    kwargs = dict(node.kwargs)
-    kwargs.pop("is_causal", None)
-    if i >= len(args):
-        kwargs["is_causal"] = False
-    kwargs[mask_key] = mask
-    node.args, node.kwargs = tuple(args), kwargs
-    gm.recompile()
+    _set_args(node, {kern.mask: mask, "is_causal": False})
 
 
-GQA_SDPA = {aten._scaled_dot_product_flash_attention_for_cpu.default}
-
-
-def _grouped_kv_in_place(gm: fx.GraphModule) -> None:
-    """Fused CPU attention takes grouped K/V heads as they are (query head h reads K/V head
+def _grouped_kv_in_place(gm: fx.GraphModule, node: fx.Node) -> None:
+    """A kernel that takes grouped K/V heads as they are (query head h reads K/V head
     h // n_rep): drop the repeat (unsqueeze, expand, clone, view) in front of the attention, so
     no chunk copies the K/V prefix n_rep times or sums its gradient back."""
-    node = next((n for n in gm.graph.nodes if n.op == "call_function" and n.target in GQA_SDPA), None)
-    if node is None:
-        return
     args = list(node.args)
     bases = [_head_repeat_base(args[pos]) for pos in (1, 2)]
     # both or neither: K and V must keep one head count (a cast between K's repeat and the
@@ -250,8 +317,6 @@ def _grouped_kv_in_place(gm: fx.GraphModule) -> None:
     if all(b is not None for b in bases) and bases[0].meta["val"].shape[1] == bases[1].meta["val"].shape[1]:
         args[1], args[2] = bases
         node.args = tuple(args)
-        gm.graph.eliminate_dead_code()
-        gm.recompile()
 
 
 def _head_repeat_base(x):

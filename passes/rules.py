@@ -13,7 +13,7 @@ import torch
 import torch.fx as fx
 
 from .axes import AxisTable, RuleOut
-from .graphs import bind, normalize_dim, same, val as tensor_meta
+from .graphs import bind, normalize_dim, same, unpadded, val as tensor_meta
 from .stops import STOP
 
 aten = torch.ops.aten
@@ -239,6 +239,8 @@ def slice_(node, table, ax):
     """A slice keeps its dim's axis only if it is the whole dim; a part of a dim is a shift: a new
     axis, recorded as a slice of the old one (a part of the sequence is a sequence too)."""
     x = node.args[0]
+    if unpadded(node) is not None:  # a pad taken back off: the unpadded tensor's dims
+        return RuleOut([tuple(ax(unpadded(node)))])
     a, n = list(ax(x)), len(shape(x))
     d = normalize_dim(node.args[1] if len(node.args) > 1 else 0, n)
     if same(shape(x)[d], out_shape(node)[d]):

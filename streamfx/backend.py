@@ -19,8 +19,11 @@ from torch._inductor.decomposition import select_decomp_table
 from .config import StreamConfig
 from . import frames, untraceable
 from .errors import CannotStream, StreamBPError, failure
+from . import logging_calls
 from .passes import stops, verify
 from .session import DetachOutputs, Session
+
+logging_calls.install()  # (loaded as a backend: before Dynamo traces the first model)
 
 
 def streambp_backend(gm: torch.fx.GraphModule, example_inputs, options=None, **kwargs):
@@ -65,6 +68,7 @@ class _Partitioner(CustomPartitionerFn):
 
 def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None):
     session = session or Session(config)
+    logging_calls.install()  # (again: a Dynamo reset clears the start callback)
     frames.check_callers(config.strict)  # a caller that Dynamo skipped runs eagerly around this graph
     stops.mark(gm)
     session.begin_graph(gm, example_inputs)

@@ -29,7 +29,7 @@ from torch._functorch import config as functorch_config
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chunks_backward": 0,
-            "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0}
+            "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0, "region_fallbacks": 0}
 _COMPILED: dict[tuple, Callable] = {}
 _CHECKED: dict[tuple, list | Exception] = {}
 # sample sizes of the symbols a chunk graph is compiled with: distinct, so that no two symbols
@@ -105,7 +105,9 @@ class ChunkGraph:
         "eager"), or compiled by Inductor once per key. ``grads``: the slots that get a gradient
         (with ``train``: the training compile)."""
         if codegen == "eager":
-            return self._with_sizes(self.gm)
+            # (its forward, not the module: a module call of a GraphModule prints the failing line
+            # and drops the traceback, which ``failures`` reads the failing node from)
+            return self._with_sizes(self.gm.forward)
         grads = tuple(sorted(grads)) if train else ()
         key = (self.key(), grads, train)
         if key not in _COMPILED:

@@ -26,6 +26,7 @@ class Report:
     moved: list = dataclasses.field(default_factory=list)  # sequence slices moved in front of the head
     caveats: list = dataclasses.field(default_factory=list)  # (region, what limits its streaming) pairs
     settings: dict = dataclasses.field(default_factory=dict)  # the compile settings explained: dynamic, options
+    fallbacks: list = dataclasses.field(default_factory=list)  # (region, cause): streamed regions that ran whole
     _later: object = dataclasses.field(default=None, repr=False)  # () -> Report for dynamic=None's later lengths
 
     @property
@@ -63,6 +64,10 @@ class Report:
         if self.not_streamed:
             lines.append("  not streamed:")
             for where, why in self.not_streamed:
+                lines.append(f"    {where}: {why}")
+        if self.fallbacks:
+            lines.append(f"  ran whole at run time ({len(self.fallbacks)}: a chunk failed; strict=True raises):")
+            for where, why in self.fallbacks:
                 lines.append(f"    {where}: {why}")
         later = self.later_lengths
         if later is not None:
@@ -161,7 +166,7 @@ def _fresh(x: torch.Tensor) -> torch.Tensor:
 
 
 def build_report(analyses) -> Report:
-    sites, regions, plans, refusals, saved, moved, caveats = [], [], [], [], [], [], []
+    sites, regions, plans, refusals, saved, moved, caveats, fallbacks = [], [], [], [], [], [], [], []
     classes: Counter = Counter()
     peak = 0
     for a in analyses:
@@ -181,8 +186,9 @@ def build_report(analyses) -> Report:
         for p in a.plans:
             saved += [x.name for x in p.saved]
             peak += _chunk_peak(p)
+        fallbacks += [(prog.name, f"{phase}: {cause}") for _, prog in a.programs for phase, cause in prog.fallbacks]
     return Report([a.seq_len for a in analyses], sites, regions, plans, refusals, classes, saved, peak, analyses,
-                  moved, caveats)
+                  moved, caveats, fallbacks=fallbacks)
 
 
 def _chunk_peak(p) -> int:

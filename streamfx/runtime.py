@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from streamfx.passes.schedule import auto_chunk
 
-from . import keyranges
+from . import failures, keyranges
 from .chunks import COUNTERS, ChunkGraph  # noqa: F401  (COUNTERS is part of the runtime's interface)
 
 _PROGRAMS: dict[int, "RegionProgram"] = {}
@@ -35,6 +35,8 @@ class RegionProgram:
     grad_inputs: list                 # indices of inputs that get a gradient
     codegen: str = "eager"
     key: int = -1
+    strict: bool = False              # a run-time chunk failure raises (``failures.settle``)
+    fallbacks: list = dataclasses.field(default_factory=list)  # (phase, cause) of each call run whole
 
     def register(self) -> int:
         self.key = next(_ids)
@@ -87,14 +89,15 @@ class RegionProgram:
         with torch.no_grad():
             for s, e in self.bounds(inputs):
                 COUNTERS["chunks_forward"] += 1
-                outs = fn(*self.chunk_inputs(inputs, s, e))
-                for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
-                    if spec.kind == "cat":
-                        _put_rows(result, j, o, spec, s, e, T)
-                    elif result[j] is None:
-                        result[j] = o.float()
-                    else:
-                        result[j].add_(o)
+                with failures.chunk("forward", s, e, T):
+                    outs = fn(*self.chunk_inputs(inputs, s, e))
+                    for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
+                        if spec.kind == "cat":
+                            _put_rows(result, j, o, spec, s, e, T)
+                        elif result[j] is None:
+                            result[j] = o.float()
+                        else:
+                            result[j].add_(o)
         return [r if spec.kind == "cat" else r.to(dtype)
                 for r, spec, dtype in zip(result, self.out_specs, self._out_dtypes)]
 
@@ -108,7 +111,7 @@ class RegionProgram:
         acc = self._grad_buffers(inputs)
         for s, e in reversed(self.bounds(inputs)):
             COUNTERS["chunks_backward"] += 1
-            with autograd_inside_op(), torch.enable_grad():
+            with failures.chunk("backward", s, e, T), autograd_inside_op(), torch.enable_grad():
                 xs = self._leaves(self.chunk_inputs(inputs, s, e))
                 outs = fn(*xs)
                 pairs = [(o, spec.rows(g, s, e, T).reshape(o.shape) if spec.kind == "cat" else g.to(o.dtype))
@@ -225,8 +228,9 @@ class LayerProgram(RegionProgram):
         rows = []
         with torch.no_grad():
             for s, e in bounds:
-                block = fn(*[spec.take(x, s, e, 0, T) for x, spec in zip(reads, specs)])[0]
-                rows.append(keyranges.reach(block, m.kind, m.fill_finite, m.key_dim))
+                with failures.chunk("mask check", s, e, T):
+                    block = fn(*[spec.take(x, s, e, 0, T) for x, spec in zip(reads, specs)])[0]
+                    rows.append(keyranges.reach(block, m.kind, m.fill_finite, m.key_dim))
         ranges = keyranges.ranges_from_reach(torch.stack(rows), bounds, T)
         m.cache.put(reads, extra, ranges)
         return ranges
@@ -234,14 +238,15 @@ class LayerProgram(RegionProgram):
     def keys_values(self, inputs, fn_kv):
         """Run the K/V graph chunk by chunk into full-length buffers; yields (s, e, the chunk's
         inputs, the buffers) after each chunk's rows are written."""
-        bufs = None
+        bufs, T = None, self.length(inputs)
         for s, e in self.bounds(inputs):
-            xs = self.chunk_inputs(inputs, s, e)
-            kvs = fn_kv(*xs)
-            if bufs is None:
-                bufs = [seq_major_empty(t, d, self.length(inputs)) for t, d in zip(kvs, self.kv_dims)]
-            for buf, t, d in zip(bufs, kvs, self.kv_dims):
-                buf.narrow(d, s, e - s).copy_(t)
+            with failures.chunk("keys and values", s, e, T):
+                xs = self.chunk_inputs(inputs, s, e)
+                kvs = fn_kv(*xs)
+                if bufs is None:
+                    bufs = [seq_major_empty(t, d, T) for t, d in zip(kvs, self.kv_dims)]
+                for buf, t, d in zip(bufs, kvs, self.kv_dims):
+                    buf.narrow(d, s, e - s).copy_(t)
             yield s, e, xs, bufs
 
     def prefix(self, bufs, lo, ke):
@@ -264,11 +269,12 @@ class LayerProgram(RegionProgram):
         with torch.no_grad():
             for (s, e), (lo, hi) in zip(bounds, ranges):
                 COUNTERS["chunks_forward"] += 1
-                written_up_to(max(e, hi))
-                chunk = self.chunk_inputs(inputs, s, e, lo, hi, reuse=xs if done == e else None)
-                outs = fn(*chunk, *self.prefix(KV, lo, hi))
-                for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
-                    _put_rows(result, j, o, spec, s, e, T)
+                with failures.chunk("forward", s, e, T):
+                    written_up_to(max(e, hi))
+                    chunk = self.chunk_inputs(inputs, s, e, lo, hi, reuse=xs if done == e else None)
+                    outs = fn(*chunk, *self.prefix(KV, lo, hi))
+                    for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
+                        _put_rows(result, j, o, spec, s, e, T)
             written_up_to(T)  # (a generator left unfinished would hold its buffers)
         return result
 
@@ -280,7 +286,7 @@ class LayerProgram(RegionProgram):
         fn_kv, fn = self.fn(self.kv), self.fn()
         dKV = [torch.zeros_like(b, dtype=torch.float32) for b in KV]
         acc = self._grad_buffers(inputs)
-        bounds = self.bounds(inputs)
+        bounds, T = self.bounds(inputs), self.length(inputs)
         ranges = self.key_ranges(inputs, bounds)
         # wide chunks first: their dK/dV reach rows after them
         for (s, e), (lo, hi) in zip(bounds, ranges):
@@ -292,7 +298,7 @@ class LayerProgram(RegionProgram):
             if hi <= e:
                 sliced = self._query_backward(fn, inputs, grads, KV, dKV, acc, s, e, lo, hi)
             # rows [s, e) of dK/dV are final: push them through the K/V producers now
-            with autograd_inside_op(), torch.enable_grad():
+            with failures.chunk("backward", s, e, T), autograd_inside_op(), torch.enable_grad():
                 xs = self._leaves(sliced if sliced is not None else self.chunk_inputs(inputs, s, e))
                 kvs = fn_kv(*xs)
                 # K or V may depend on nothing trainable (LoRA on q/v only: K comes from frozen
@@ -309,12 +315,12 @@ class LayerProgram(RegionProgram):
     def _query_backward(self, fn, inputs, grads, KV, dKV, acc, s, e, lo, hi):
         """Recompute chunk [s, e) against keys [lo, hi), backward it; accumulate the parameter
         and chunk input gradients and dK/dV over [lo, hi). Returns the chunk's sliced inputs."""
-        with autograd_inside_op(), torch.enable_grad():
+        T = self.length(inputs)
+        with failures.chunk("backward", s, e, T), autograd_inside_op(), torch.enable_grad():
             sliced = self.chunk_inputs(inputs, s, e, lo, hi)
             xs = self._leaves(sliced)
             prefix = [t.detach().requires_grad_(True) for t in self.prefix(KV, lo, hi)]
             outs = fn(*xs, *prefix)
-            T = self.length(inputs)
             pairs = [(o, spec.rows(g, s, e, T).reshape(o.shape)) for o, g, spec in zip(outs, grads, self.out_specs)
                      if g is not None and o.requires_grad]
             if not pairs:
@@ -368,28 +374,10 @@ def region(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     prog = _PROGRAMS[key]
     try:
         return prog.forward(list(inputs))
-    except Exception as err:  # noqa: BLE001 - a failing chunk schedule runs the region whole
-        _run_whole(prog, err)
+    except Exception as err:  # noqa: BLE001 - raised as the error asks, or the region runs whole
+        failures.settle(prog, err, "forward")
         with torch.no_grad():
             return [o.clone() for o in prog.full.fn("eager", train=False)(*inputs)]
-
-
-def _run_whole(prog: RegionProgram, err: Exception) -> None:
-    """A region whose chunk schedule failed at run time runs whole for this call (exact, not
-    streamed), with a warning; under ``STREAMFX_VERIFY`` (tests) the failure is raised."""
-    import warnings
-
-    from streamfx.passes import verify
-
-    if verify.enabled():
-        raise err
-    text = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
-    message = (f"streamfx: region '{prog.name}' could not run chunk by chunk ({type(err).__name__}: {text}); "
-               f"it runs without streaming")
-    warned = prog.__dict__.setdefault("_warned_whole", set())
-    if message not in warned:  # once per region program and cause, as the compile-time refusals
-        warned.add(message)
-        warnings.warn(message, stacklevel=3)
 
 
 def _backward_whole(prog: RegionProgram, inputs: list, grads: list) -> list:
@@ -418,8 +406,8 @@ def region_backward(key: int, inputs: list[torch.Tensor], grads: list[torch.Tens
     grads = [g if p else None for g, p in zip(grads, present)]
     try:
         return prog.backward(list(inputs), grads)
-    except Exception as err:  # noqa: BLE001 - a failing chunk schedule runs the region whole
-        _run_whole(prog, err)
+    except Exception as err:  # noqa: BLE001 - raised as the error asks, or the region runs whole
+        failures.settle(prog, err, "backward")
         return _backward_whole(prog, list(inputs), grads)
 
 

@@ -42,6 +42,22 @@ def _fresh_dynamo():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _no_run_time_fallback(request):
+    """A streamed region that runs whole at run time (its chunk schedule failed) is a bug found
+    late: a test in which one does fails, unless it is marked ``expect_fallback``. (With
+    ``STREAMFX_VERIFY=1`` such a failure raises at once; this count watches the tests that turn
+    verification off to test the user's contract.)"""
+    from streamfx.chunks import COUNTERS
+
+    before = COUNTERS["region_fallbacks"]
+    yield
+    ran = COUNTERS["region_fallbacks"] - before
+    if ran and request.node.get_closest_marker("expect_fallback") is None:
+        pytest.fail(f"{ran} streamed region call(s) failed at run time and ran whole (see the streamfx "
+                    "warnings); mark the test expect_fallback if that is what it tests", pytrace=False)
+
+
 def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     """max|got - ref| / max|ref| (computed in fp64; 0 when both are all zero)."""
     got, ref = got.detach().double(), ref.detach().double()

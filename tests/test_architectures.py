@@ -302,6 +302,7 @@ def test_sliced_key_assembly_is_token_local():
 
 
 @pytest.mark.fast
+@pytest.mark.expect_fallback
 @pytest.mark.parametrize("part", ["forward", "backward"])
 def test_a_failing_chunk_schedule_runs_the_region_whole(monkeypatch, part):
     """A streamed region that fails at run time (a chunk graph that does not run) runs whole for

@@ -62,7 +62,7 @@ def test_layers_share_their_chunk_graphs(codegen):
 def test_inputs_sharing_a_symbolic_axis_must_agree_at_run_time():
     """Two inputs whose dims are one axis of one symbolic size (an equality the analysis assumed
     where Dynamo had not proven it) are read through one size: a call where they differ raises,
-    and the region runs whole (runtime.region's fallback) instead of computing on wrong rows."""
+    and the region runs whole or strict raises (``failures.settle``), instead of computing on wrong rows."""
     import sympy
 
     s = sympy.Symbol("s7", positive=True, integer=True)

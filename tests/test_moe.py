@@ -4,6 +4,7 @@ from the sorted ids, the inverse permutation and a sum over the top-k slots) is 
 a chunk's tokens and its inverse, so every layer streams with exact gradients."""
 import pytest
 import torch
+from hypothesis import HealthCheck, Phase, example, given, settings, strategies as st
 
 import streamfx
 from conftest import assert_grads_match, run_eager_and_compiled
@@ -124,6 +125,83 @@ def test_gather_by_an_index_of_other_tokens_mixes():
 
     gm, sd = _sort_graph(f, (8, 4))
     assert UNKNOWN_MIXING in _classes(gm, sd).values()
+
+
+@pytest.mark.fast
+def test_one_expert_per_token_at_batch_one_streams():
+    """Batch 1, one expert per token: the dispatch's flat dim has exactly T elements, on the
+    tokens' own axis. The arange its inverse permutation is written from holds positions of the
+    layer's rows (read as an index), so each chunk makes its own instead of slicing the whole
+    sequence's (whose positions would point outside the chunk)."""
+    model, make_inputs = zoo.qwen3_moe(top_k=1)
+    run = _parity(make_inputs(zoo.Case("t", 1, T)), {"chunk_size": 5, "strict": True}, model)
+    _layers_streamed(run, 5)
+
+
+# (no shrinking: each example compiles a model)
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
+          phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@example(B=1, length=16, top_k=1, experts=4, chunk=5)
+@example(B=1, length=7, top_k=1, experts=2, chunk=3)
+@given(B=st.integers(1, 3), length=st.integers(2, 20), top_k=st.integers(1, 3), experts=st.integers(2, 6),
+       chunk=st.integers(1, 8))
+def test_dispatch_streams_for_any_batch_length_and_routing(B, length, top_k, experts, chunk):
+    """Random batch (1 included), length, experts per token (1 included), expert count and chunk
+    size: every layer streams under strict=True, and loss and gradients equal eager's."""
+    top_k = min(top_k, experts)
+    torch._dynamo.reset()
+    model, make_inputs = zoo.qwen3_moe(experts=experts, top_k=top_k)
+    run = _parity(make_inputs(zoo.Case("p", B, length)), {"chunk_size": chunk, "strict": True}, model)
+    _layers_streamed(run, chunk, length)
+
+
+def _positions(fn, region_from):
+    """The axes of ``fn``'s graph (its input's dim 0 the sequence) and the nodes of a region that
+    starts at the first node named ``region_from``."""
+    gm, sd = _sort_graph(fn, (8, 4))
+    start = next(n for n in gm.graph.nodes if n.name == region_from)
+    inside, nodes = {start}, [start]
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n not in inside and any(x in inside for x in n.all_input_nodes):
+            inside.add(n)
+            nodes.append(n)
+    inputs = [x for n in nodes for x in n.all_input_nodes if x not in inside]
+    return gm, sd, nodes, list(dict.fromkeys(inputs))
+
+
+@pytest.mark.fast
+def test_an_arange_read_as_row_positions_is_made_per_chunk():
+    """An arange made outside the layer whose values become the inverse permutation of the
+    layer's rows is made per chunk (rebuilt at the chunk's length), whatever its size."""
+    from streamfx.passes.positions import rebuild_positions
+
+    def f(x):
+        h = x * 2
+        _, perm = torch.sort(h.sum(-1))
+        inv = torch.empty_like(perm).index_put((perm,), torch.arange(x.shape[0]))
+        return (h[perm] * 3)[inv]
+
+    gm, sd, nodes, inputs = _positions(f, "mul")
+    arange = next(x for x in inputs if x.target is torch.ops.aten.arange.default)
+    got_nodes, got_inputs = rebuild_positions(nodes, nodes, inputs, sd)
+    assert arange in got_nodes and arange not in got_inputs
+
+
+@pytest.mark.fast
+def test_positions_computed_outside_the_layer_are_refused():
+    """A sort's indices computed before the layer and used to gather the layer's rows: sliced per
+    chunk they would hold positions of the whole sequence; the layer is refused with that cause."""
+    from streamfx.errors import CannotStream
+    from streamfx.passes.positions import rebuild_positions
+
+    def f(x):
+        _, perm = torch.sort(x.sum(-1))
+        h = x * 2
+        return h[perm] * 3
+
+    gm, sd, nodes, inputs = _positions(f, "mul")
+    with pytest.raises(CannotStream, match="positions along the sequence computed outside the layer"):
+        rebuild_positions(nodes, nodes, inputs, sd)
 
 
 @pytest.mark.parametrize("case", ["right_pad", "t", "b1"])

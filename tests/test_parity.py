@@ -37,8 +37,8 @@ PARAMS = [pytest.param(m, c, id=f"{m}-{c}", marks=[pytest.mark.fast] if i == 0 e
 
 def gpt2_loss_type():
     """GPT-2 with ``model.loss_type = "ForCausalLM"``: without it, transformers' ``loss_function``
-    property logs a ``warning_once`` that Dynamo cannot trace, the graph breaks between the LM head
-    and the loss, and the head is not streamed (see ``test_gpt2_default_graph_break_head_not_streamed``)."""
+    property logs a ``warning_once`` between the LM head and the loss (a graph break, unless Dynamo
+    ignores it: see ``test_gpt2_logging_between_head_and_loss_costs_no_streaming``)."""
     model, make_inputs = zoo.gpt2()
     model.loss_type = "ForCausalLM"
     return model, make_inputs
@@ -74,15 +74,36 @@ def test_every_case_and_model_covered():
         assert sum(c in cs for cs in EAGER_MATRIX.values()) >= 2, c
 
 
-def test_gpt2_default_graph_break_head_streams_in_its_own_graph():
-    """Stock GPT2LMHeadModel graph-breaks before its loss (``PreTrainedModel.loss_function`` logs a
-    ``warning_once`` for a class name that names no loss type): graph 1 ends at the logits and
-    graph 2 computes the loss from them. Graph 2 is a head-only graph: its sequence axis comes from
-    the labels, and it streams. Gradients are exact. The logits exist whole between the graphs,
-    and one warning says so."""
+@pytest.mark.fast
+def test_gpt2_logging_between_head_and_loss_costs_no_streaming():
+    """Stock GPT2LMHeadModel logs a ``warning_once`` between its LM head and its loss
+    (``PreTrainedModel.loss_function``: it sets no loss type). Dynamo ignores logging calls in code
+    compiled through streamfx (``streamfx/logging_calls.py``), so one graph holds the LM head and
+    the loss: the head streams over the logits too, the logits output is None, nothing warns."""
+    from streamfx import logging_calls
+
     model, make_inputs = zoo.gpt2()
+    logging_calls.install()  # (as loading streamfx does in a fresh process: this file's Dynamo reset cleared it)
     inputs = make_inputs("b1")
     run = run_eager_and_compiled(model, inputs, {"head_chunk_size": HEAD_CHUNK})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert_streamed(run, T=inputs.T, head_chunk_size=HEAD_CHUNK)
+    assert inputs.logits_of(run.out) is None and not run.warnings, run.warnings
+
+
+def test_gpt2_graph_break_head_streams_in_its_own_graph(monkeypatch):
+    """With logging calls traced as Dynamo does by default (a graph break at GPT-2's ``warning_once``
+    before its loss), graph 1 ends at the logits and graph 2 computes the loss from them. Graph 2 is
+    a head-only graph: its sequence axis comes from the labels, and it streams. Gradients are
+    exact. The logits exist whole between the graphs, and one warning says so."""
+    from streamfx import logging_calls
+
+    monkeypatch.setattr(logging_calls, "install", lambda: None)
+    model, make_inputs = zoo.gpt2()
+    inputs = make_inputs("b1")
+    with torch._dynamo.config.patch(ignore_logging_functions=set()):
+        run = run_eager_and_compiled(model, inputs, {"head_chunk_size": HEAD_CHUNK})
     assert_grads_match(run.ref_grads, run.grads)
     assert [p.name for p in run.programs if p.name == "head"] == ["head"], [p.name for p in run.programs]
     caveats = [m for m in run.warnings if "region 'head' streams, but its logits arrive as an input" in m]

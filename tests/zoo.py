@@ -324,9 +324,9 @@ def rotate_half(x):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, d, n_head, n_kv, head_dim):
+    def __init__(self, d, n_head, n_kv, head_dim, gqa="repeat"):
         super().__init__()
-        self.n_head, self.n_kv, self.hd = n_head, n_kv, head_dim
+        self.n_head, self.n_kv, self.hd, self.gqa = n_head, n_kv, head_dim, gqa
         self.q_proj = nn.Linear(d, n_head * head_dim, bias=False)
         self.k_proj = nn.Linear(d, n_kv * head_dim, bias=False)
         self.v_proj = nn.Linear(d, n_kv * head_dim, bias=False)
@@ -339,10 +339,13 @@ class LlamaAttention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        rep = self.n_head // self.n_kv
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.gqa == "native":  # grouped K/V heads handed to the kernel as they are
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            rep = self.n_head // self.n_kv
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -358,10 +361,10 @@ class SwiGLU(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    def __init__(self, d, n_head, n_kv, head_dim, ffn):
+    def __init__(self, d, n_head, n_kv, head_dim, ffn, gqa="repeat"):
         super().__init__()
         self.attn_norm = RMSNorm(d)
-        self.attn = LlamaAttention(d, n_head, n_kv, head_dim)
+        self.attn = LlamaAttention(d, n_head, n_kv, head_dim, gqa)
         self.mlp_norm = RMSNorm(d)
         self.mlp = SwiGLU(d, ffn)
 
@@ -379,11 +382,11 @@ class TinyLlama(nn.Module):
     """
 
     def __init__(self, vocab=VOCAB, d=HIDDEN, n_head=HEADS, n_kv=KV_HEADS, n_layer=LAYERS, ffn=64,
-                 max_pos=MAX_POS, theta=10000.0, shift="labels"):
+                 max_pos=MAX_POS, theta=10000.0, shift="labels", gqa="repeat"):
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
         hd = d // n_head
-        self.layers = nn.ModuleList(LlamaBlock(d, n_head, n_kv, hd, ffn) for _ in range(n_layer))
+        self.layers = nn.ModuleList(LlamaBlock(d, n_head, n_kv, hd, ffn, gqa) for _ in range(n_layer))
         self.norm = RMSNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         inv = 1.0 / (theta ** (torch.arange(0, hd, 2).float() / hd))
@@ -421,9 +424,14 @@ def _plain_inputs(vocab):
     return make_inputs
 
 
-def tiny_llama(shift: str = "labels"):
+def tiny_llama(shift: str = "labels", gqa: str = "repeat"):
     torch.manual_seed(0)
-    return TinyLlama(shift=shift).float().train(), _plain_inputs(VOCAB)
+    return TinyLlama(shift=shift, gqa=gqa).float().train(), _plain_inputs(VOCAB)
+
+
+def tiny_llama_gqa():
+    """TinyLlama handing its 2 K/V heads to SDPA with ``enable_gqa=True`` (4 query heads)."""
+    return tiny_llama(gqa="native")
 
 
 def tiny_llama_logit_shift():
@@ -441,6 +449,7 @@ ZOO: dict[str, Callable] = {
     "qwen3_moe": qwen3_moe,
     "nanogpt": nanogpt,
     "tiny_llama": tiny_llama,
+    "tiny_llama_gqa": tiny_llama_gqa,
 }
 HF_MODELS = ("qwen3_sdpa", "qwen3_eager", "llama_tied", "mistral_sliding", "gemma3", "gpt2")
 

@@ -1,0 +1,111 @@
+"""Fused attention kernels as data: one entry per ATen op that attention lowers to.
+
+Every fact a pass needs about a kernel lives here, and every pass reads it from here: where the
+query, key, value, mask, causal flag and scale sit (its schema: argument names), how
+``is_causal`` aligns when a chunk has fewer queries than keys, whether it takes a mask and
+grouped K/V heads, how its composite pads the mask, its log-sum-exp layout, and how to call it
+and its backward for one block of keys (``streamfx.blocks``). A new kernel is one entry.
+
+Alignment when a chunk [s, e) reads keys [k0, e) (c = e - s queries, n = e - k0 keys): query i
+of the chunk must see keys up to n - c + i ("bottom-right", FlashAttention-2's contract, and
+``torch.nn.attention.bias.causal_lower_right``); a "top-left" kernel lets it see keys up to i.
+A chunk on a top-left kernel runs as two calls: its unmasked prefix block [k0, s) and its
+square diagonal block [s, e) (where both alignments agree), merged through their log-sum-exp.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+aten = torch.ops.aten
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    name: str
+    op: object                          # the forward overload
+    backward: object | None             # its backward overload (reads the forward's output and lse)
+    mask: str | None                    # the name of its mask argument; None: takes no mask
+    alignment: str                      # is_causal with fewer queries than keys: "bottom-right" | "top-left"
+    grouped_kv: bool                    # takes fewer K/V heads than query heads (query head h reads h // groups)
+    mask_align: int | None = None       # its composite pads the mask's key dim to a multiple of this
+    call: Callable | None = None        # (q, k, v, causal, scale) -> (out, raw lse): one block of keys, no mask
+    call_backward: Callable | None = None  # (dout, q, k, v, out, raw lse, causal, scale) -> (dq, dk, dv)
+    lse_view: Callable | None = None    # (raw lse, L queries) -> its [B, H, L] float32 view
+
+    @property
+    def blocks(self) -> bool:
+        """Whether a chunk can run as blocks merged through the log-sum-exp (the backward reads
+        the output and log-sum-exp it is given)."""
+        return self.call is not None
+
+
+def _no_rng(q):
+    """Philox seed and offset for a backward without dropout (read only when dropout is on)."""
+    return torch.zeros((), dtype=torch.int64, device=q.device), torch.zeros((), dtype=torch.int64, device=q.device)
+
+
+def _efficient(q, k, v, causal, scale):
+    return aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal, scale=scale)[:2]
+
+
+def _efficient_backward(dout, q, k, v, out, lse, causal, scale):
+    return aten._scaled_dot_product_efficient_attention_backward(dout, q, k, v, None, out, lse, *_no_rng(q), 0.0,
+                                                                 [True, True, True, False], causal, scale=scale)[:3]
+
+
+def _cudnn(q, k, v, causal, scale):
+    return aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)[:2]
+
+
+def _cudnn_backward(dout, q, k, v, out, lse, causal, scale):
+    return aten._scaled_dot_product_cudnn_attention_backward(dout, q, k, v, out, lse, *_no_rng(q), None, None, None,
+                                                             q.shape[-2], k.shape[-2], 0.0, causal, scale=scale)
+
+
+def _cpu_flash(q, k, v, causal, scale):
+    return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+
+
+def _cpu_flash_backward(dout, q, k, v, out, lse, causal, scale):
+    return aten._scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal,
+                                                                     scale=scale)
+
+
+def _entries():
+    def op(name):
+        packet = getattr(aten, name, None)
+        return packet.default if packet is not None else None
+
+    same = lambda lse, n: lse  # noqa: E731
+    rows = [
+        Kernel("cpu-flash", op("_scaled_dot_product_flash_attention_for_cpu"),
+               op("_scaled_dot_product_flash_attention_for_cpu_backward"), "attn_mask", "top-left", True,
+               call=_cpu_flash, call_backward=_cpu_flash_backward, lse_view=same),
+        Kernel("flash", op("_scaled_dot_product_flash_attention"), op("_scaled_dot_product_flash_attention_backward"),
+               None, "bottom-right", True),
+        Kernel("efficient", op("_scaled_dot_product_efficient_attention"),
+               op("_scaled_dot_product_efficient_attention_backward"), "attn_bias", "top-left", False, mask_align=8,
+               call=_efficient, call_backward=_efficient_backward, lse_view=lambda lse, n: lse[..., :n]),
+        Kernel("cudnn", op("_scaled_dot_product_cudnn_attention"), op("_scaled_dot_product_cudnn_attention_backward"),
+               "attn_bias", "top-left", True, call=_cudnn, call_backward=_cudnn_backward,
+               lse_view=lambda lse, n: lse[..., 0]),
+        Kernel("math", op("_scaled_dot_product_attention_math"), None, "attn_mask", "top-left", False),
+        Kernel("overrideable", op("_scaled_dot_product_fused_attention_overrideable"),
+               op("_scaled_dot_product_fused_attention_overrideable_backward"), "attn_bias", "top-left", False),
+        Kernel("composite", op("scaled_dot_product_attention"), None, "attn_mask", "top-left", False),
+    ]
+    return {k.op: k for k in rows if k.op is not None}
+
+
+KERNELS: dict = _entries()
+BY_NAME: dict = {k.name: k for k in KERNELS.values()}
+FORWARD_OPS = tuple(KERNELS)
+BACKWARD_OPS = tuple(k.backward for k in KERNELS.values() if k.backward is not None)
+
+
+def of(node) -> Kernel | None:
+    """The kernel a graph node calls, or None."""
+    return KERNELS.get(getattr(node, "target", None))

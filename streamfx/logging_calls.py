@@ -1,0 +1,45 @@
+"""Logging calls inside compiled code cost no graph break.
+
+Dynamo cannot trace a ``logging.Logger`` method: each call inside a model breaks the graph there.
+transformers' ``loss_function`` property calls ``logger.warning_once`` on every forward of a
+model that sets no ``loss_type`` (GPT-2): the LM head and the loss then land in two graphs, and
+the head's logits exist for the whole sequence between them. Torch's
+``torch._dynamo.config.ignore_logging_functions`` makes such calls no-ops in traced code (they do
+not run, and nothing breaks). streamfx adds transformers' once-per-process Logger methods to it
+when it is loaded as a backend, at the start of every Dynamo compile (a library imported later, transformers
+with its ``warning_once``, adds methods to ``logging.Logger``; ``install`` registers the start
+callback, which ``torch._dynamo.reset()`` clears and the next streamfx compile registers again),
+and at every streamfx compile. Every other logging call is left alone: it breaks the graph and
+runs, as under any backend.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+# transformers' once-per-process messages (it adds them to ``logging.Logger``): skipping them in
+# traced code hides nothing a user relies on; a model's own ``logger.info`` / ``warning`` calls
+# keep running (and breaking the graph), as under any other backend
+METHODS = ("warning_once", "info_once")
+
+
+def ignore_logging_calls() -> None:
+    """Add the ``METHODS`` of ``logging.Logger`` that exist now to Dynamo's ignored logging
+    functions (idempotent)."""
+    config = torch._dynamo.config
+    methods = {getattr(logging.Logger, m) for m in METHODS if hasattr(logging.Logger, m)}
+    if not methods <= set(config.ignore_logging_functions):
+        config.ignore_logging_functions = set(config.ignore_logging_functions) | methods
+
+
+def _on_compile_start(args) -> None:
+    ignore_logging_calls()
+
+
+def install() -> None:
+    """Ignore the logging methods that exist now and at the start of every later Dynamo compile."""
+    ignore_logging_calls()
+    handler = torch._dynamo.callback_handler
+    if _on_compile_start not in handler.start_callbacks:
+        handler.register_start_callback(_on_compile_start)
