@@ -129,8 +129,9 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
         env[n] = new
     g.output(tuple(env[o] for o in outputs))
     for n in list(g.nodes):
-        if kernels.of(n) is not None and kernels.of(n).mask_align and bind(n).get(kernels.of(n).mask) is not None:
-            _align_mask(g, n, kernels.of(n))
+        kern = kernels.of(n)
+        if kern is not None and kern.mask_align and bind(n).get(kern.mask) is not None:
+            _align_mask(g, n, kern)
     g.eliminate_dead_code()
     _canonical_names(g)
     return fx.GraphModule(_attributes(g, nodes), g), list(size_inputs)

@@ -28,6 +28,7 @@ EAGER_MATRIX = {
     "gemma3": ["right_pad", "odd17"],                  # sliding (4) + global layers, logit softcapping
     "nanogpt": ["b1", "right_pad"],
     "tiny_llama": ["left_pad", "prompt", "odd17"],
+    "tiny_llama_gqa": ["right_pad", "odd13"],          # grouped K/V heads given to SDPA (enable_gqa)
     "gpt2_loss_type": ["left_pad", "odd13"],
 }
 # the first case of every model is in the fast tier (-m fast)
