@@ -268,20 +268,21 @@ def _causal_blocks(gm: fx.GraphModule, node: fx.Node, kern) -> None:
 def _align_mask(g: fx.Graph, node: fx.Node, kern) -> None:
     """Pad the mask's key dim to a multiple of ``kern.mask_align`` for the copy's key length and
     slice it back, as the kernel's composite does for the whole sequence (the kernel reads
-    aligned rows); ``build_graph`` leaves the whole sequence's pad and slice out of a copy."""
-    base = bind(node)[kern.mask]
+    aligned rows); ``build_graph`` leaves the whole sequence's pad and slice out of a copy. The
+    composite's broadcast to [B, H, L, S] (an expand, its sizes rebuilt for the copy) is kept."""
+    mask = bind(node)[kern.mask]
+    base = mask
     while base.target is aten.expand.default:
         base = base.args[0]
-    align, b = kern.mask_align, bind(node)
+    align = kern.mask_align
     with g.inserting_before(node):
         n = g.call_function(aten.sym_size.int, (base, -1))
         pad = g.call_function(operator.sub, (align, g.call_function(operator.mod, (n, align))))
         padded = g.call_function(aten.constant_pad_nd.default, (base, [0, pad], 0.0))
-        sliced = g.call_function(aten.slice.Tensor, (padded, -1, 0, n))
-        shape = [g.call_function(aten.sym_size.int, (x, d))
-                 for x, d in ((b["query"], 0), (b["query"], 1), (b["query"], 2), (b["key"], 2))]
-        full = g.call_function(aten.expand.default, (sliced, shape))
-    _set_args(node, {kern.mask: full})
+        aligned = g.call_function(aten.slice.Tensor, (padded, -1, 0, n))
+        if mask.target is aten.expand.default:
+            aligned = g.call_function(aten.expand.default, (aligned, mask.args[1]))
+    _set_args(node, {kern.mask: aligned})
 
 
 def _lower_right_mask(gm: fx.GraphModule, node: fx.Node, kern, site) -> None:

@@ -68,7 +68,6 @@ class _Partitioner(CustomPartitionerFn):
 
 def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None):
     session = session or Session(config)
-    logging_calls.install()  # (again: a Dynamo reset clears the start callback)
     frames.check_callers(config.strict)  # a caller that Dynamo skipped runs eagerly around this graph
     stops.mark(gm)
     session.begin_graph(gm, example_inputs)

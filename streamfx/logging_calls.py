@@ -8,8 +8,9 @@ the head's logits exist for the whole sequence between them. Torch's
 not run, and nothing breaks). streamfx adds transformers' once-per-process Logger methods to it
 when it is loaded as a backend, at the start of every Dynamo compile (a library imported later, transformers
 with its ``warning_once``, adds methods to ``logging.Logger``; ``install`` registers the start
-callback, which ``torch._dynamo.reset()`` clears and the next streamfx compile registers again),
-and at every streamfx compile. Every other logging call is left alone: it breaks the graph and
+callback, which ``torch._dynamo.reset()`` clears; the config itself outlives a reset). Changing
+Dynamo's config from inside a compile is avoided: on torch 2.11 it hides the functions Dynamo
+skipped from ``streamfx.frames``. Every other logging call is left alone: it breaks the graph and
 runs, as under any backend.
 """
 from __future__ import annotations
