@@ -6,12 +6,11 @@ model that sets no ``loss_type`` (GPT-2): the LM head and the loss then land in 
 the head's logits exist for the whole sequence between them. Torch's
 ``torch._dynamo.config.ignore_logging_functions`` makes such calls no-ops in traced code (they do
 not run, and nothing breaks). streamfx adds transformers' once-per-process Logger methods to it
-when it is loaded as a backend, at the start of every Dynamo compile (a library imported later, transformers
-with its ``warning_once``, adds methods to ``logging.Logger``; ``install`` registers the start
-callback, which ``torch._dynamo.reset()`` clears; the config itself outlives a reset). Changing
-Dynamo's config from inside a compile is avoided: on torch 2.11 it hides the functions Dynamo
-skipped from ``streamfx.frames``. Every other logging call is left alone: it breaks the graph and
-runs, as under any backend.
+when it is loaded as a backend (``torch.compile(..., backend="streambp")`` loads it before Dynamo
+traces; transformers, imported to build the model, has added ``warning_once`` by then). It is
+never changed from inside a compile: on torch 2.11 that hides the functions Dynamo skipped from
+``streamfx.frames``. Every other logging call is left alone: it breaks the graph and runs, as
+under any backend.
 """
 from __future__ import annotations
 
@@ -34,13 +33,9 @@ def ignore_logging_calls() -> None:
         config.ignore_logging_functions = set(config.ignore_logging_functions) | methods
 
 
-def _on_compile_start(args) -> None:
-    ignore_logging_calls()
-
-
 def install() -> None:
-    """Ignore the logging methods that exist now and at the start of every later Dynamo compile."""
+    """Ignore the logging methods that exist now (when streamfx is loaded as a backend; the
+    config outlives ``torch._dynamo.reset()``). No Dynamo callback sets it again during a compile:
+    on torch 2.11 a config change from inside a compile hides the functions Dynamo skipped from
+    ``streamfx.frames``."""
     ignore_logging_calls()
-    handler = torch._dynamo.callback_handler
-    if _on_compile_start not in handler.start_callbacks:
-        handler.register_start_callback(_on_compile_start)
