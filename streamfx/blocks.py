@@ -48,13 +48,6 @@ def _causal_blocks_fake(kernel, q, k, v, scale):
     return torch.empty_like(diag), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
-def _raw_lse(kern, raw, lse):
-    """``lse`` ([B, H, L] fp32) in the layout of the kernel's own log-sum-exp ``raw``."""
-    full = raw.clone()
-    kern.lse_view(full, lse.shape[-1]).copy_(lse.view(kern.lse_view(full, lse.shape[-1]).shape))
-    return full
-
-
 @torch.library.custom_op("streamfx::causal_blocks_backward", mutates_args=())
 def causal_blocks_backward(kernel: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            out: torch.Tensor, lse: torch.Tensor,
@@ -67,26 +60,24 @@ def causal_blocks_backward(kernel: str, dout: torch.Tensor, q: torch.Tensor, k: 
     dk, dv = torch.empty_like(k), torch.empty_like(v)  # (the layouts the fake kernel gives)
     for start, length, causal in blocks:
         kb, vb = k.narrow(-2, start, length), v.narrow(-2, start, length)
-        raw = _lse_like(kern, q, kb, vb, causal, scale)
-        g = kern.call_backward(dout, q, kb, vb, _out_like(kern, q, kb, vb, out), _raw_lse(kern, raw, lse),
-                               causal, scale)
+        out_b, lse_b = _in_kernel_layout(kern, q, kb, vb, causal, scale, out, lse)
+        g = kern.call_backward(dout, q, kb, vb, out_b, lse_b, causal, scale)
         dq = g[0].float() if dq is None else dq + g[0]
         dk.narrow(-2, start, length).copy_(g[1])
         dv.narrow(-2, start, length).copy_(g[2])
     return torch.empty_like(q).copy_(dq), dk, dv
 
 
-def _lse_like(kern, q, kb, vb, causal, scale):
-    """An empty tensor in the layout of the kernel's log-sum-exp for these inputs (from its meta kernel)."""
-    meta = lambda x: torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")  # noqa: E731
-    raw = kern.call(meta(q), meta(kb), meta(vb), causal, scale)[1]
-    return torch.empty_strided(raw.shape, raw.stride(), dtype=raw.dtype, device=q.device)
-
-
-def _out_like(kern, q, kb, vb, out):
-    meta = lambda x: torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")  # noqa: E731
-    lay = kern.call(meta(q), meta(kb), meta(vb), False, None)[0]
-    return torch.empty_strided(lay.shape, lay.stride(), dtype=out.dtype, device=out.device).copy_(out)
+def _in_kernel_layout(kern, q, kb, vb, causal, scale, out, lse):
+    """``out`` and ``lse`` ([B, H, L] fp32) in the layouts the kernel's own forward gives for these
+    inputs (read from its meta kernel), as its backward expects them."""
+    meta = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta") for x in (q, kb, vb)]
+    out_lay, lse_lay = kern.call(*meta, causal, scale)
+    out_k = torch.empty_strided(out_lay.shape, out_lay.stride(), dtype=out.dtype, device=out.device).copy_(out)
+    lse_k = torch.empty_strided(lse_lay.shape, lse_lay.stride(), dtype=lse_lay.dtype, device=lse.device)
+    view = kern.lse_view(lse_k, lse.shape[-1])
+    view.copy_(lse.view(view.shape))
+    return out_k, lse_k
 
 
 @causal_blocks_backward.register_fake
