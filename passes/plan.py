@@ -40,6 +40,9 @@ class RegionPlan:
     grad_inputs: list
     sd: object
     shared: frozenset = frozenset()   # nodes computed inside the region and also outside it
+    # (output, flat index) of each scalar output element whose gradient the forward computes
+    # (the head's loss sums), or None: the backward recomputes each chunk (see ``grad_seeds``)
+    seeds: tuple | None = None
 
     def chunk_at(self, T: int) -> int:
         """Tokens per chunk at sequence length T."""
@@ -75,8 +78,10 @@ class RegionPlan:
             c = f"{self.chunk_size} tokens" if self.chunk_size else "an automatic size (T/4 in [64, 512])"
             schedule = (f"chunks of {c} (T={self.length}, symbolic: the schedule is computed per call; "
                         f"depends on {self.symbols()})")
+        saves = (f"computes the gradients of {len(self.seeds)} output value(s) in the forward, keeps them "
+                 f"instead of its inputs" if self.seeds is not None else f"saves {[x.name for x in self.saved]}")
         return (f"{self.name}: {schedule}; "
-                f"saves {[x.name for x in self.saved]}; outputs {[f'{o.name}:{s.kind}' for o, s in zip(self.outputs, self.out_specs)]}"
+                f"{saves}; outputs {[f'{o.name}:{s.kind}' for o, s in zip(self.outputs, self.out_specs)]}"
                 + (f"; drops {[d.name for d in self.dropped]}" if self.dropped else ""))
 
 
@@ -133,8 +138,41 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
     grad_inputs = [i for i, x in enumerate(region.inputs) if x.meta["val"].is_floating_point()
                    and _nonempty(x) and (requires_grad is None or x in requires_grad)]
     chunk = config.head_chunk_size or _auto_head_chunk(region, sd)
+    seeds = grad_seeds(outputs, out_specs, requires_grad, config.head_grad) if grad_inputs else None
     return RegionPlan("head", "head", region.nodes, region.inputs, outputs, dropped, in_specs,
-                      out_specs, chunk, T, grad_inputs, sd, region.shared)
+                      out_specs, chunk, T, grad_inputs, sd, region.shared, seeds=seeds)
+
+
+MAX_SEEDS = 64  # head_grad="forward": at most this many output values get their gradients in the forward
+
+
+def grad_seeds(outputs, out_specs, requires_grad, mode: str):
+    """The output values whose gradients the head computes in its forward pass, or None where its
+    backward recomputes the chunks.
+
+    A head whose outputs that carry a gradient are sums over the sequence (a loss, its numerator;
+    per-row sums) can compute, per chunk, the gradient of each sum's value with respect to its
+    inputs (the hidden state's rows and the head's weights) right after the chunk's forward, and
+    keep those: one logits product per chunk instead of two, and its input is not kept. Each value
+    costs one backward per chunk, so it pays where one value carries a gradient ("auto": a
+    1-element loss), and ``head_grad="forward"`` asks for it with up to ``MAX_SEEDS`` values.
+    A per-token output with a gradient (log-probs) needs the backward's own gradient per token:
+    the chunks are recomputed."""
+    if mode == "recompute":
+        return None
+    seeds = []
+    for j, (o, spec) in enumerate(zip(outputs, out_specs)):
+        v = o.meta.get("val")
+        if not (isinstance(v, torch.Tensor) and v.is_floating_point()) or \
+                (requires_grad is not None and o not in requires_grad):
+            continue
+        n = v.numel()
+        if spec.kind != "sum" or not isinstance(n, int):
+            return None
+        seeds += [(j, k) for k in range(n)]
+    if not seeds or len(seeds) > (1 if mode == "auto" else MAX_SEEDS):
+        return None
+    return tuple(seeds)
 
 
 def _reaches_only_outputs(node, fwd: set, inside: set) -> bool:

@@ -37,7 +37,7 @@ def region_program(plan, codegen: str) -> RegionProgram:
     full = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, plan.sd, whole=True)
     chunk = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, plan.sd)
     return RegionProgram(plan.name, chunk, full, plan.in_specs, plan.out_specs, plan.chunk_size,
-                         plan.grad_inputs, codegen)
+                         plan.grad_inputs, codegen, seeds=plan.seeds)
 
 
 def chunk_graph(name, inputs, specs, nodes, outputs, sd, extra=(), extra_dims=(), key_side=frozenset(),

@@ -9,6 +9,7 @@ from .errors import StreamBPError
 
 CODEGENS = ("inductor", "eager")
 KV_BOUNDARIES = ("auto", "latent", "heads")
+HEAD_GRADS = ("auto", "forward", "recompute")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +29,11 @@ class StreamConfig:
                      computed from (multi-head latent attention's compressed latent and rotary
                      key), each chunk then rebuilding the keys and values of its prefix;
                      "auto", the latent where that keeps fewer bytes (see passes/kv.py).
+    head_grad:       how the LM head + loss region gets its gradients: "forward", computed in
+                     the forward pass for each loss value (one logits product per chunk; its
+                     input is not kept); "recompute", its backward recomputes each chunk;
+                     "auto", "forward" where one value (the loss) carries a gradient, else
+                     "recompute" (see passes/plan.py, ``grad_seeds``).
     """
 
     chunk_size: int | None = None
@@ -37,6 +43,7 @@ class StreamConfig:
     strict: bool = False
     return_logits: bool = False
     kv_boundary: str = "auto"
+    head_grad: str = "auto"
 
     def __post_init__(self) -> None:
         for key in ("chunk_size", "head_chunk_size"):
@@ -47,6 +54,8 @@ class StreamConfig:
             raise StreamBPError(f"option 'codegen' must be one of {CODEGENS}, got {self.codegen!r}")
         if self.kv_boundary not in KV_BOUNDARIES:
             raise StreamBPError(f"option 'kv_boundary' must be one of {KV_BOUNDARIES}, got {self.kv_boundary!r}")
+        if self.head_grad not in HEAD_GRADS:
+            raise StreamBPError(f"option 'head_grad' must be one of {HEAD_GRADS}, got {self.head_grad!r}")
         if self.dump_dir is not None:
             _check_dump_dir(self.dump_dir, "option 'dump_dir'")
         for key in ("strict", "return_logits"):

@@ -37,6 +37,10 @@ class RegionProgram:
     key: int = -1
     strict: bool = False              # a run-time chunk failure raises (``failures.settle``)
     fallbacks: list = dataclasses.field(default_factory=list)  # (phase, cause) of each call run whole
+    # the gradient computed in the forward: (output, flat index) of each scalar output element
+    # whose gradients with respect to the inputs the forward keeps (``forward_with_grads``), or
+    # None: the backward recomputes the chunks
+    seeds: tuple | None = None
 
     def register(self) -> int:
         self.key = next(_ids)
@@ -101,6 +105,88 @@ class RegionProgram:
         return [r if spec.kind == "cat" else r.to(dtype)
                 for r, spec, dtype in zip(result, self.out_specs, self._out_dtypes)]
 
+    def forward_with_grads(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The outputs, then the gradient of every seed (one scalar output element) with respect
+        to every input in ``grad_inputs`` (seed-major), each chunk run once with grad: a head
+        whose outputs are a few sums computes its logits once per chunk, and its backward only
+        scales these by the incoming gradients (``scale_grads``)."""
+        COUNTERS["region_forward"] += 1
+        fn, T = self.fn(), self.length(inputs)
+        result = [None] * len(self.out_specs)
+        stored = [[None] * len(self.grad_inputs) for _ in self.seeds]
+        last = len(self.seeds) - 1
+        for s, e in self.bounds(inputs):
+            COUNTERS["chunks_forward"] += 1
+            COUNTERS["chunks_backward"] += 1  # (each chunk's backward runs here, in the forward)
+            with failures.chunk("forward", s, e, T), autograd_inside_op(), torch.enable_grad():
+                xs = self._leaves(self.chunk_inputs(inputs, s, e))
+                outs = fn(*xs)
+                wrt = [xs[i] for i in self.grad_inputs]
+                for k, (j, flat) in enumerate(self.seeds):
+                    target = outs[j].reshape(-1)[flat]
+                    got = torch.autograd.grad(target, wrt, allow_unused=True, retain_graph=k < last) \
+                        if target.requires_grad else [None] * len(wrt)
+                    self._store(stored[k], got, inputs, s, e)
+            with torch.no_grad():
+                for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
+                    o = o.detach()
+                    if spec.kind == "cat":
+                        _put_rows(result, j, o, spec, s, e, T)
+                    elif result[j] is None:
+                        result[j] = o.float()
+                    else:
+                        result[j].add_(o)
+            del outs, xs, wrt
+        outs = [r if spec.kind == "cat" else r.to(dtype)
+                for r, spec, dtype in zip(result, self.out_specs, self._out_dtypes)]
+        return outs + [g if g is not None else self._stored_zeros(inputs, i)
+                       for per_seed in stored for i, g in zip(self.grad_inputs, per_seed)]
+
+    def _store(self, stored: list, got, inputs, s: int, e: int) -> None:
+        """Chunk [s, e)'s gradients into one seed's buffers: rows of a per-token input written
+        once (its buffer has the input's dtype), whole inputs summed over chunks in fp32."""
+        for n, (i, g) in enumerate(zip(self.grad_inputs, got)):
+            spec = self.in_specs[i]
+            if spec.kind == "chunk":
+                if stored[n] is None:
+                    stored[n] = self._stored_zeros(inputs, i)
+                if g is not None:
+                    stored[n].narrow(spec.dim, s, e - s).copy_(g)
+            elif g is not None:
+                stored[n] = _sum_into(stored[n], g)
+
+    def _stored_zeros(self, inputs, i: int) -> torch.Tensor:
+        x = inputs[i]
+        return torch.zeros_like(x, dtype=x.dtype if self.in_specs[i].kind == "chunk" else _acc_dtype(x))
+
+    def stored_fakes(self, inputs) -> list:
+        """Fake values of what ``forward_with_grads`` returns after the outputs."""
+        return [torch.empty_like(inputs[i], dtype=inputs[i].dtype if self.in_specs[i].kind == "chunk"
+                                 else _acc_dtype(inputs[i]))
+                for _ in self.seeds for i in self.grad_inputs]
+
+    def scale_grads(self, grads: list, stored: list) -> list[torch.Tensor]:
+        """The gradients of ``grad_inputs`` from the incoming output gradients (None where an
+        output got none) and the stored seed gradients: the sum over seeds of the seed's
+        incoming gradient times its stored gradient, in fp32, cast to each input's dtype."""
+        COUNTERS["region_backward"] += 1
+        n = len(self.grad_inputs)
+        result = []
+        for m, i in enumerate(self.grad_inputs):
+            acc = None
+            for k, (j, flat) in enumerate(self.seeds):
+                if grads[j] is None:
+                    continue
+                term = stored[k * n + m].float() * grads[j].reshape(-1)[flat].float()
+                acc = term if acc is None else acc.add_(term)
+            dtype = self._in_dtypes[i]
+            result.append(acc.to(dtype) if acc is not None else torch.zeros_like(stored[m], dtype=dtype))
+        return result
+
+    @functools.cached_property
+    def _in_dtypes(self):
+        return [n.meta["val"].dtype for n in self.full_gm.graph.find_nodes(op="placeholder")[:len(self.in_specs)]]
+
     @functools.cached_property
     def _out_dtypes(self):
         return [n.meta["val"].dtype for n in self.full_gm.graph.find_nodes(op="output")[0].args[0]]
@@ -121,12 +207,20 @@ class RegionProgram:
                     continue
                 got = torch.autograd.grad([p[0] for p in pairs], [xs[i] for i in self.grad_inputs],
                                           [p[1] for p in pairs], allow_unused=True)
-            self._accumulate(acc, got, s, e)
-        return [acc[i].to(inputs[i].dtype) for i in self.grad_inputs]
+            self._accumulate(acc, got, s, e, given=[p[1] for p in pairs])
+        return self._gradients(acc, inputs)
 
     def _grad_buffers(self, inputs) -> dict:
-        """Gradient buffers; parameters (whole inputs) accumulate over chunks in fp32."""
-        return {i: torch.zeros_like(inputs[i], dtype=_acc_dtype(inputs[i])) for i in self.grad_inputs}
+        """Gradient buffers: zeros for inputs read in parts; a whole input's (a parameter's)
+        buffer is its first chunk's gradient, when that is a dense fp32 tensor of its own (else a
+        copy in its accumulation dtype), and later chunks add into it: no zero-filled buffer and
+        no full-size add for the first chunk."""
+        return {i: (torch.zeros_like(inputs[i], dtype=_acc_dtype(inputs[i])) if self.in_specs[i].sliced else None)
+                for i in self.grad_inputs}
+
+    def _gradients(self, acc: dict, inputs) -> list:
+        return [acc[i].to(inputs[i].dtype) if acc[i] is not None else torch.zeros_like(inputs[i])
+                for i in self.grad_inputs]
 
     def _leaves(self, xs):
         xs = [x.detach() for x in xs]
@@ -134,7 +228,9 @@ class RegionProgram:
             xs[i].requires_grad_(True)
         return xs
 
-    def _accumulate(self, acc, got, s, e, lo=0, ke=None):
+    def _accumulate(self, acc, got, s, e, lo=0, ke=None, given=()):
+        """Chunk [s, e)'s gradients (keys [lo, ke)) into the buffers; ``given``: the output
+        gradients autograd was called with."""
         ke = e if ke is None else ke
         for i, g in zip(self.grad_inputs, got):
             if g is None:
@@ -147,7 +243,22 @@ class RegionProgram:
             elif spec.kind == "prefix":
                 acc[i].narrow(spec.dim, lo, ke - lo).add_(g)
             else:
-                acc[i].add_(g)
+                acc[i] = _sum_into(acc[i], g, given)
+
+
+def _sum_into(buf, g: torch.Tensor, given=()) -> torch.Tensor:
+    """``buf + g`` in ``buf`` (a gradient accumulated over chunks); with no ``buf`` yet, ``g``
+    itself when it is a dense tensor of its own in the accumulation dtype (not sharing memory
+    with one of the ``given`` output gradients, which autograd may hand back as they are), else
+    a copy."""
+    if buf is not None:
+        return buf.add_(g)
+    dtype = _acc_dtype(g)
+    ptr = g.untyped_storage().data_ptr()
+    if g.dtype == dtype and g._base is None and g.is_contiguous() \
+            and not any(t.untyped_storage().data_ptr() == ptr for t in given):
+        return g
+    return g.to(dtype, copy=True, memory_format=torch.contiguous_format)
 
 
 def _put_rows(result: list, j: int, o: torch.Tensor, spec, s: int, e: int, T: int) -> None:
@@ -309,8 +420,8 @@ class LayerProgram(RegionProgram):
                     continue
                 got = torch.autograd.grad([p[0] for p in pairs], [xs[i] for i in self.grad_inputs],
                                           [p[1] for p in pairs], allow_unused=True)
-            self._accumulate(acc, got, s, e)
-        return [acc[i].to(inputs[i].dtype) for i in self.grad_inputs]
+            self._accumulate(acc, got, s, e, given=[p[1] for p in pairs])
+        return self._gradients(acc, inputs)
 
     def _query_backward(self, fn, inputs, grads, KV, dKV, acc, s, e, lo, hi):
         """Recompute chunk [s, e) against keys [lo, hi), backward it; accumulate the parameter
@@ -328,7 +439,7 @@ class LayerProgram(RegionProgram):
             wrt = [xs[i] for i in self.grad_inputs] + prefix
             got = torch.autograd.grad([p[0] for p in pairs], wrt, [p[1] for p in pairs], allow_unused=True)
         n = len(prefix)
-        self._accumulate(acc, got[:-n], s, e, lo, hi)
+        self._accumulate(acc, got[:-n], s, e, lo, hi, given=[p[1] for p in pairs])
         for buf, g, d in zip(dKV, got[-n:], self.kv_dims):
             if g is not None:
                 buf.narrow(d, lo, hi - lo).add_(g)
@@ -370,14 +481,33 @@ def _acc_dtype(x: torch.Tensor) -> torch.dtype:
 # ---- the custom ops --------------------------------------------------------------------------
 @torch.library.custom_op("streamfx::region", mutates_args=())
 def region(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Run a streamed region forward, chunk by chunk."""
+    """Run a streamed region forward, chunk by chunk (and for a region with ``seeds``, its
+    seeds' gradients after its outputs, see ``RegionProgram.forward_with_grads``)."""
     prog = _PROGRAMS[key]
     try:
-        return prog.forward(list(inputs))
+        return prog.forward_with_grads(list(inputs)) if prog.seeds is not None else prog.forward(list(inputs))
     except Exception as err:  # noqa: BLE001 - raised as the error asks, or the region runs whole
         failures.settle(prog, err, "forward")
+        if prog.seeds is not None:
+            return _forward_with_grads_whole(prog, list(inputs))
         with torch.no_grad():
             return [o.clone() for o in prog.full.fn("eager", train=False)(*inputs)]
+
+
+def _forward_with_grads_whole(prog: RegionProgram, inputs: list) -> list:
+    """What ``forward_with_grads`` returns, from the whole region graph (no chunks)."""
+    with autograd_inside_op(), torch.enable_grad():
+        xs = prog._leaves(inputs)
+        outs = prog.full.fn("eager", train=True)(*xs)
+        wrt = [xs[i] for i in prog.grad_inputs]
+        stored = []
+        for k, (j, flat) in enumerate(prog.seeds):
+            target = outs[j].reshape(-1)[flat]
+            got = torch.autograd.grad(target, wrt, allow_unused=True, retain_graph=True) \
+                if target.requires_grad else [None] * len(wrt)
+            stored += [g.to(z.dtype) if g is not None else z
+                       for g, z in zip(got, (prog._stored_zeros(inputs, i) for i in prog.grad_inputs))]
+    return [o.detach().clone() for o in outs] + stored
 
 
 def _backward_whole(prog: RegionProgram, inputs: list, grads: list) -> list:
@@ -394,7 +524,8 @@ def _backward_whole(prog: RegionProgram, inputs: list, grads: list) -> list:
 @region.register_fake
 def _region_fake(key, inputs):
     prog = _PROGRAMS[key]
-    return [o.clone() if o is not None else o for o in prog.full.fn("eager", train=False)(*inputs)]
+    outs = [o.clone() if o is not None else o for o in prog.full.fn("eager", train=False)(*inputs)]
+    return outs + (prog.stored_fakes(inputs) if prog.seeds is not None else [])
 
 
 @torch.library.custom_op("streamfx::region_backward", mutates_args=())
@@ -416,18 +547,47 @@ def _region_backward_fake(key, inputs, grads, present):
     return [torch.empty_like(inputs[i]) for i in _PROGRAMS[key].grad_inputs]
 
 
+@torch.library.custom_op("streamfx::region_scale", mutates_args=())
+def region_scale(key: int, grads: list[torch.Tensor], present: list[bool],
+                 stored: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The backward of a region whose forward kept its seeds' gradients (``stored``): they
+    scaled by the incoming gradients (``RegionProgram.scale_grads``); nothing is recomputed."""
+    grads = [g if p else None for g, p in zip(grads, present)]
+    return _PROGRAMS[key].scale_grads(grads, list(stored))
+
+
+@region_scale.register_fake
+def _region_scale_fake(key, grads, present, stored):
+    prog = _PROGRAMS[key]
+    return [torch.empty_like(g, dtype=prog._in_dtypes[i]) for g, i in zip(stored, prog.grad_inputs)]
+
+
 def _setup(ctx, inputs, output):
     key, xs = inputs
     ctx.key = key
-    ctx.save_for_backward(*xs)
+    prog = _PROGRAMS[key]
+    if prog.seeds is not None:  # the backward reads the stored gradients, not the inputs
+        stored = output[len(prog.out_specs):]
+        ctx.mark_non_differentiable(*stored)
+        ctx.save_for_backward(*stored)
+        ctx.n_inputs = len(xs)
+    else:
+        ctx.save_for_backward(*xs)
 
 
 def _backward(ctx, grads):
     prog = _PROGRAMS[ctx.key]
-    xs = list(ctx.saved_tensors)
+    saved = list(ctx.saved_tensors)
     grads = list(grads)[:len(prog.out_specs)]
     present = [g is not None for g in grads]
-    gs = [g if g is not None else xs[0].new_empty(0) for g in grads]
+    gs = [g if g is not None else saved[0].new_empty(0) for g in grads]
+    if prog.seeds is not None:
+        got = region_scale(ctx.key, gs, present, saved)
+        result = [None] * ctx.n_inputs
+        for i, g in zip(prog.grad_inputs, got):
+            result[i] = g
+        return None, result
+    xs = saved
     got = region_backward(ctx.key, xs, gs, present)
     result = [None] * len(xs)
     for i, g in zip(prog.grad_inputs, got):

@@ -43,7 +43,8 @@ def test_head_chunk_sizes(chunk):
     inputs = make_inputs("prompt")
     run = parity(model, inputs, chunk)
     n_chunks = -(-T_PROMPT // chunk)  # 16, 3, 2, 1, 1
-    assert run.schedules["head"] == [n_chunks, n_chunks]  # one forward, one backward pass
+    # one forward pass that also computes the loss's gradients (a scalar loss: head_grad="auto")
+    assert run.head_passes == 1 and run.schedules["head"] == [n_chunks]
 
 
 # ---- ignored labels -------------------------------------------------------------------------------
@@ -437,7 +438,7 @@ def test_grpo_logit_shift_parity(chunk):
     assert_grads_match(run.ref_grads, run.grads)
     n = -(-15 // chunk)
     assert_streamed(run, T=15, head_chunk_size=chunk)
-    assert run.schedules["head"] == [n, n], run.schedules
+    assert run.schedules["head"] == [n] * run.head_passes, run.schedules
 
 
 class NeighbourLoss(nn.Module):
@@ -520,7 +521,7 @@ def test_trl_grpo_logits_to_keep_streams():
     (plan,) = head_plans(report)
     assert plan.length == K and [(m.start, m.stop, m.length) for m in report.moved] == [(0, K, K + 1)]
     run = parity(loss, inputs, 4, exact_schedule=True, T=K)
-    assert run.schedules["head"] == [3, 3]
+    assert run.schedules["head"] == [3] * run.head_passes
 
 
 def test_logit_shift_graphs_hold_no_whole_sequence_logits(monkeypatch):
@@ -696,3 +697,66 @@ def test_mean_of_per_token_loss_streams(dynamic):
         assert COUNTERS["region_backward"] - before == zoo.LAYERS + 1, dict(COUNTERS)
         torch.testing.assert_close(loss.detach(), run.ref_loss, rtol=1e-6, atol=1e-7)
         assert_grads_match(run.ref_grads, {n: p.grad for n, p in mine.named_parameters()})
+
+
+# ---- the head's gradient in the forward pass (head_grad) ------------------------------------------
+HEAD_GRAD_CASES = {
+    "mean": lambda: (lambda m, mk: (m, mk("prompt")))(*zoo.nanogpt()),
+    "dpo": lambda: dpo_case("softplus"),
+    "grpo": lambda: grpo_case("logits"),
+}
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("mode", ["forward", "recompute"])
+@pytest.mark.parametrize("case", sorted(HEAD_GRAD_CASES))
+def test_head_grad_modes(case, mode):
+    """head_grad="forward": each chunk's gradients of the head's loss values are computed right
+    after its forward and kept (the backward only scales them; one pass over the chunks);
+    "recompute": the backward reruns each chunk. Both exact for a mean loss, DPO's per-row sums
+    (4 values) and GRPO's objective; "forward" keeps no input of the head for its backward."""
+    model, inputs = HEAD_GRAD_CASES[case]()
+    T = 15 if case == "grpo" else inputs.T
+    run = parity(model, inputs, 4, T=T, head_grad=mode)
+    head = run.programs_named("head")[-1]
+    n = -(-T // 4)
+    if mode == "forward":
+        assert head.seeds is not None and run.schedules["head"] == [n], (head.seeds, run.schedules)
+    else:
+        assert head.seeds is None and run.schedules["head"] == [n, n], run.schedules
+
+
+@pytest.mark.fast
+def test_head_grad_auto_is_forward_for_one_loss_value_only():
+    """head_grad="auto" (the default) computes the gradient in the forward where one value carries
+    it (a scalar loss: one backward per chunk, no recompute), and recomputes where several do
+    (DPO's per-row sums: one backward per value per chunk would cost more than a recompute)."""
+    model, mk = zoo.nanogpt()
+    report = streamfx.explain(model, *mk("prompt").args, options={**EAGER, "head_chunk_size": 4})
+    (plan,) = head_plans(report)
+    assert plan.seeds == ((0, 0),) and "in the forward" in str(report), plan.seeds
+    model, inputs = dpo_case("softplus")
+    (plan,) = head_plans(streamfx.explain(model, *inputs.args, options={**EAGER, "head_chunk_size": 4}))
+    assert plan.seeds is None
+
+
+@pytest.mark.fast
+def test_head_grad_twice_with_retain_graph():
+    """A second backward through the same step (retain_graph=True, here of half the loss) scales
+    the kept gradients again: every gradient sums both, as eager autograd's does."""
+    model, mk = zoo.nanogpt()
+    inputs = mk("prompt")
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp", options={**EAGER, "head_chunk_size": 4})
+    for m in (ref, compiled):
+        loss = inputs.loss_of(m(*inputs.args, **inputs.kwargs))
+        loss.backward(retain_graph=True)
+        (loss * 0.5).backward()
+    assert_grads_match({n: p.grad for n, p in ref.named_parameters()},
+                       {n: p.grad for n, p in model.named_parameters()}, rtol=1e-5)
+
+
+@pytest.mark.fast
+def test_head_grad_option_is_checked():
+    with pytest.raises(streamfx.StreamBPError, match="'auto', 'forward', 'recompute'"):
+        streamfx.StreamConfig(head_grad="fused")
