@@ -15,14 +15,13 @@ from streamfx.errors import CannotStream
 from .graphs import ALIASES, ancestors, in_order, per_token, same
 from .kv import kv_outputs
 from .positions import rebuild_positions
-from .schedule import auto_chunk
+from .schedule import auto_chunk, auto_head_chunk
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
 from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
 from .specs import SUM, WHOLE, Spec
 
 aten = torch.ops.aten
 SUM_OPS = (aten.sum.dim_IntList, aten.sum.default)
-HEAD_CHUNK_ELEMENTS = 1 << 22  # auto head chunk: about 4M logits values (16 MB in fp32) per chunk
 
 
 @dataclasses.dataclass
@@ -185,10 +184,10 @@ def _reaches_only_outputs(node, fwd: set, inside: set) -> bool:
 
 
 def _auto_head_chunk(region, sd) -> int:
-    """Chunk so that the widest per-token tensor of the head holds about HEAD_CHUNK_ELEMENTS values."""
-    widths = [per_token(n, sd) for n in region.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
-    widest = max([w for w in widths if w != float("inf")] + [1])
-    return max(16, HEAD_CHUNK_ELEMENTS // widest)
+    """Chunk so that the widest per-token tensor of the head holds about HEAD_CHUNK_BYTES
+    (``schedule.auto_head_chunk``)."""
+    widths = [per_token(n, sd, nbytes=True) for n in region.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    return auto_head_chunk(max([w for w in widths if w != float("inf")] + [1]))
 
 
 def _one_length(lengths: list, what: str):

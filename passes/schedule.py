@@ -12,3 +12,21 @@ def auto_chunk(T: int) -> int:
     mask, its attention gradients), so past 4 x 512 tokens the chunk stays at 512: memory per
     token stays flat as T grows."""
     return min(T, max(AUTO_CHUNK_MIN, min(AUTO_CHUNK_MAX, -(-T // 4))))
+
+
+HEAD_CHUNK_BYTES = 128 << 20  # the head's widest per-token tensor (its logits) per chunk, in bytes
+HEAD_CHUNK_MIN = 16
+
+
+def auto_head_chunk(bytes_per_token: float) -> int:
+    """Automatic head chunk: as many tokens as fit HEAD_CHUNK_BYTES of the head's widest
+    per-token tensor (the logits; in fp32, 128 MiB is 1,048 tokens of a 32,000-token vocabulary,
+    220 of a 151,936-token one), at least HEAD_CHUNK_MIN.
+
+    Sized in bytes, not tokens, so that a large vocabulary still gets a chunk large enough for
+    an efficient logits product (a fixed count of values per chunk shrank to 27 tokens for
+    Qwen3's vocabulary); the chunk's working set (its logits, their softmax and gradient) stays
+    a constant few times HEAD_CHUNK_BYTES whatever the length."""
+    if not bytes_per_token or bytes_per_token == float("inf"):
+        return HEAD_CHUNK_MIN
+    return max(HEAD_CHUNK_MIN, int(HEAD_CHUNK_BYTES // bytes_per_token))

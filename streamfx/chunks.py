@@ -32,6 +32,14 @@ COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chu
             "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0, "region_fallbacks": 0}
 _COMPILED: dict[tuple, Callable] = {}
 _CHECKED: dict[tuple, list | Exception] = {}
+_GENERATION = [0]   # bumped by ``forget``: what a chunk graph remembers of _COMPILED is stale
+
+
+def forget() -> None:
+    """Forget every compiled and checked chunk graph."""
+    _COMPILED.clear()
+    _CHECKED.clear()
+    _GENERATION[0] += 1
 # sample sizes of the symbols a chunk graph is compiled with: distinct, so that no two symbols
 # are ever taken for one
 HINTS = {"q": 5, "k": 13}
@@ -75,6 +83,8 @@ class ChunkGraph:
     gm: fx.GraphModule
     slots: tuple                # one per tensor placeholder
     sizes: tuple = ()           # the size placeholders after them: "q", "k" or a shape symbol
+    _key: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    _fns: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self.locate = tuple(self._locate(key) for key in self.sizes)
@@ -96,9 +106,13 @@ class ChunkGraph:
         raise ValueError(f"size {key} is not a dim of any input")
 
     def key(self) -> tuple:
-        """What running the graph depends on: its structure, its slots, its sizes, its constants."""
-        return (structure_key(self.gm), tuple(s.key() for s in self.slots), tuple(map(str, self.sizes)),
-                _constants_key(self.gm))
+        """What running the graph depends on: its structure, its slots, its sizes, its constants.
+        Computed once (a chunk graph is not changed after it is made: every region call reads
+        its compiled code by this key)."""
+        if self._key is None:
+            self._key = (structure_key(self.gm), tuple(s.key() for s in self.slots), tuple(map(str, self.sizes)),
+                         _constants_key(self.gm))
+        return self._key
 
     def fn(self, codegen: str, train: bool, grads=()) -> Callable:
         """The graph as run, taking the tensors (sizes are read from them): itself (codegen
@@ -109,6 +123,9 @@ class ChunkGraph:
             # and drops the traceback, which ``failures`` reads the failing node from)
             return self._with_sizes(self.gm.forward)
         grads = tuple(sorted(grads)) if train else ()
+        mine = self._fns.get((grads, train))
+        if mine is not None and mine[1] == _GENERATION[0]:
+            return mine[0]
         key = (self.key(), grads, train)
         if key not in _COMPILED:
             COUNTERS["chunk_compiles"] += 1
@@ -120,6 +137,7 @@ class ChunkGraph:
                 warnings.warn(f"streamfx: a chunk graph of {self.name} runs as an FX graph, Inductor "
                               f"could not compile it ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
                 _COMPILED[key] = self._with_sizes(self.gm)
+        self._fns[(grads, train)] = (_COMPILED[key], _GENERATION[0])
         return _COMPILED[key]
 
     def _with_sizes(self, f: Callable, fit: bool = False) -> Callable:

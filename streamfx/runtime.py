@@ -10,9 +10,12 @@ it, so only one chunk's activations exist at a time.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 import functools
 import itertools
+import time
 
 import torch
 import torch.fx as fx
@@ -24,6 +27,25 @@ from .chunks import COUNTERS, ChunkGraph  # noqa: F401  (COUNTERS is part of the
 
 _PROGRAMS: dict[int, "RegionProgram"] = {}
 _ids = itertools.count()
+# seconds spent in region calls per (region kind, phase), while TIMING[0] is True (the bench's
+# time split; the device is synchronized around each call)
+TIMING = [False]
+TIMES: dict = collections.defaultdict(float)
+
+
+@contextlib.contextmanager
+def _timed(prog, phase: str):
+    if not TIMING[0]:
+        yield
+        return
+    sync = torch.cuda.synchronize if torch.cuda.is_available() and torch.cuda.is_initialized() else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        sync()
+        TIMES[("layer" if isinstance(prog, LayerProgram) else "head", phase)] += time.perf_counter() - t0
 @dataclasses.dataclass
 class RegionProgram:
     name: str
@@ -157,12 +179,12 @@ class RegionProgram:
 
     def _stored_zeros(self, inputs, i: int) -> torch.Tensor:
         x = inputs[i]
-        return torch.zeros_like(x, dtype=x.dtype if self.in_specs[i].kind == "chunk" else _acc_dtype(x))
+        return _dense_zeros(x, x.dtype if self.in_specs[i].kind == "chunk" else _acc_dtype(x))
 
     def stored_fakes(self, inputs) -> list:
-        """Fake values of what ``forward_with_grads`` returns after the outputs."""
-        return [torch.empty_like(inputs[i], dtype=inputs[i].dtype if self.in_specs[i].kind == "chunk"
-                                 else _acc_dtype(inputs[i]))
+        """Fake values of what ``forward_with_grads`` returns after the outputs (dense)."""
+        return [inputs[i].new_empty(inputs[i].shape, dtype=inputs[i].dtype if self.in_specs[i].kind == "chunk"
+                                    else _acc_dtype(inputs[i]))
                 for _ in self.seeds for i in self.grad_inputs]
 
     def scale_grads(self, grads: list, stored: list) -> list[torch.Tensor]:
@@ -180,7 +202,7 @@ class RegionProgram:
                 term = stored[k * n + m].float() * grads[j].reshape(-1)[flat].float()
                 acc = term if acc is None else acc.add_(term)
             dtype = self._in_dtypes[i]
-            result.append(acc.to(dtype) if acc is not None else torch.zeros_like(stored[m], dtype=dtype))
+            result.append(acc.to(dtype) if acc is not None else _dense_zeros(stored[m], dtype))
         return result
 
     @functools.cached_property
@@ -215,11 +237,12 @@ class RegionProgram:
         buffer is its first chunk's gradient, when that is a dense fp32 tensor of its own (else a
         copy in its accumulation dtype), and later chunks add into it: no zero-filled buffer and
         no full-size add for the first chunk."""
-        return {i: (torch.zeros_like(inputs[i], dtype=_acc_dtype(inputs[i])) if self.in_specs[i].sliced else None)
+        return {i: (_dense_zeros(inputs[i], _acc_dtype(inputs[i])) if self.in_specs[i].sliced else None)
                 for i in self.grad_inputs}
 
     def _gradients(self, acc: dict, inputs) -> list:
-        return [acc[i].to(inputs[i].dtype) if acc[i] is not None else torch.zeros_like(inputs[i])
+        """The gradients returned, dense (as their fake values say) in each input's dtype."""
+        return [acc[i].to(inputs[i].dtype) if acc[i] is not None else _dense_zeros(inputs[i])
                 for i in self.grad_inputs]
 
     def _leaves(self, xs):
@@ -244,6 +267,11 @@ class RegionProgram:
                 acc[i].narrow(spec.dim, lo, ke - lo).add_(g)
             else:
                 acc[i] = _sum_into(acc[i], g, given)
+
+
+def _dense_zeros(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Zeros of ``x``'s shape, contiguous whatever ``x``'s strides (a weight's transposed view)."""
+    return torch.zeros(x.shape, dtype=dtype or x.dtype, device=x.device)
 
 
 def _sum_into(buf, g: torch.Tensor, given=()) -> torch.Tensor:
@@ -276,8 +304,7 @@ def clear_caches() -> None:
     compile counts measured after this are one model's alone)."""
     from . import chunks
 
-    chunks._COMPILED.clear()
-    chunks._CHECKED.clear()
+    chunks.forget()
     _RANGE_CACHES.clear()
 
 
@@ -291,10 +318,13 @@ class MaskCheck:
     fill_finite: bool
     key_dim: int
 
+    @functools.cached_property
+    def _cache_key(self) -> tuple:
+        return (self.graph.gm.code, tuple(s.key() for s in self.graph.slots), self.kind, self.fill_finite, self.key_dim)
+
     @property
     def cache(self) -> keyranges.RangeCache:
-        key = (self.graph.gm.code, tuple(s.key() for s in self.graph.slots), self.kind, self.fill_finite, self.key_dim)
-        return _RANGE_CACHES.setdefault(key, keyranges.RangeCache())
+        return _RANGE_CACHES.setdefault(self._cache_key, keyranges.RangeCache())
 
 
 @dataclasses.dataclass
@@ -485,7 +515,8 @@ def region(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     seeds' gradients after its outputs, see ``RegionProgram.forward_with_grads``)."""
     prog = _PROGRAMS[key]
     try:
-        return prog.forward_with_grads(list(inputs)) if prog.seeds is not None else prog.forward(list(inputs))
+        with _timed(prog, "forward"):
+            return prog.forward_with_grads(list(inputs)) if prog.seeds is not None else prog.forward(list(inputs))
     except Exception as err:  # noqa: BLE001 - raised as the error asks, or the region runs whole
         failures.settle(prog, err, "forward")
         if prog.seeds is not None:
@@ -505,7 +536,7 @@ def _forward_with_grads_whole(prog: RegionProgram, inputs: list) -> list:
             target = outs[j].reshape(-1)[flat]
             got = torch.autograd.grad(target, wrt, allow_unused=True, retain_graph=True) \
                 if target.requires_grad else [None] * len(wrt)
-            stored += [g.to(z.dtype) if g is not None else z
+            stored += [g.to(z.dtype).contiguous() if g is not None else z
                        for g, z in zip(got, (prog._stored_zeros(inputs, i) for i in prog.grad_inputs))]
     return [o.detach().clone() for o in outs] + stored
 
@@ -518,7 +549,7 @@ def _backward_whole(prog: RegionProgram, inputs: list, grads: list) -> list:
         pairs = [(o, g.to(o.dtype)) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
         got = torch.autograd.grad([o for o, _ in pairs], [xs[i] for i in prog.grad_inputs],
                                   [g for _, g in pairs], allow_unused=True) if pairs else [None] * len(prog.grad_inputs)
-    return [g if g is not None else torch.zeros_like(inputs[i]) for i, g in zip(prog.grad_inputs, got)]
+    return [g.contiguous() if g is not None else _dense_zeros(inputs[i]) for i, g in zip(prog.grad_inputs, got)]
 
 
 @region.register_fake
@@ -536,7 +567,8 @@ def region_backward(key: int, inputs: list[torch.Tensor], grads: list[torch.Tens
     prog = _PROGRAMS[key]
     grads = [g if p else None for g, p in zip(grads, present)]
     try:
-        return prog.backward(list(inputs), grads)
+        with _timed(prog, "backward"):
+            return prog.backward(list(inputs), grads)
     except Exception as err:  # noqa: BLE001 - raised as the error asks, or the region runs whole
         failures.settle(prog, err, "backward")
         return _backward_whole(prog, list(inputs), grads)
@@ -544,7 +576,7 @@ def region_backward(key: int, inputs: list[torch.Tensor], grads: list[torch.Tens
 
 @region_backward.register_fake
 def _region_backward_fake(key, inputs, grads, present):
-    return [torch.empty_like(inputs[i]) for i in _PROGRAMS[key].grad_inputs]
+    return [inputs[i].new_empty(inputs[i].shape) for i in _PROGRAMS[key].grad_inputs]
 
 
 @torch.library.custom_op("streamfx::region_scale", mutates_args=())
@@ -553,13 +585,14 @@ def region_scale(key: int, grads: list[torch.Tensor], present: list[bool],
     """The backward of a region whose forward kept its seeds' gradients (``stored``): they
     scaled by the incoming gradients (``RegionProgram.scale_grads``); nothing is recomputed."""
     grads = [g if p else None for g, p in zip(grads, present)]
-    return _PROGRAMS[key].scale_grads(grads, list(stored))
+    with _timed(_PROGRAMS[key], "backward"):
+        return _PROGRAMS[key].scale_grads(grads, list(stored))
 
 
 @region_scale.register_fake
 def _region_scale_fake(key, grads, present, stored):
     prog = _PROGRAMS[key]
-    return [torch.empty_like(g, dtype=prog._in_dtypes[i]) for g, i in zip(stored, prog.grad_inputs)]
+    return [g.new_empty(g.shape, dtype=prog._in_dtypes[i]) for g, i in zip(stored, prog.grad_inputs)]
 
 
 def _setup(ctx, inputs, output):
