@@ -120,16 +120,19 @@ def recording(monkeypatch):
     import streamfx.session as session
 
     rec = Record()
-    for cls in (RegionProgram, LayerProgram):
-        for kind in ("forward", "backward"):
-            original = cls.__dict__[kind]
+    # (a head that computes its gradients in the forward runs forward_with_grads, then scale_grads)
+    for cls, method, kind in [(RegionProgram, "forward", "forward"), (RegionProgram, "backward", "backward"),
+                              (RegionProgram, "forward_with_grads", "forward"),
+                              (RegionProgram, "scale_grads", "backward"),
+                              (LayerProgram, "forward", "forward"), (LayerProgram, "backward", "backward")]:
+        original = cls.__dict__[method]
 
-            def spy(self, *args, _original=original, _kind=kind, **kwargs):
-                if rec.current is not None:
-                    rec.current[_kind].append(self.name)
-                return _original(self, *args, **kwargs)
+        def spy(self, *args, _original=original, _kind=kind, **kwargs):
+            if rec.current is not None:
+                rec.current[_kind].append(self.name)
+            return _original(self, *args, **kwargs)
 
-            monkeypatch.setattr(cls, kind, spy)
+        monkeypatch.setattr(cls, method, spy)
     from streamfx.passes import pipeline
 
     stream_joint = pipeline.stream_joint

@@ -52,6 +52,8 @@ def _prepare(method: str, model, options: dict):
         if method == "ckpt-offload":
             if not hasattr(model, "activation_checkpointing_enable"):
                 raise RuntimeError("this transformers has no activation_checkpointing_enable(offload=True)")
+            if not torch.cuda.is_available():
+                raise RuntimeError("not on a CPU: its offload copies to pinned host memory, which needs a GPU")
             model.activation_checkpointing_enable(offload=True)
             return model
         if method == "eager":
