@@ -15,6 +15,7 @@ import torch.fx as fx
 from .axes import AxisTable, RuleOut
 from .graphs import bind, normalize_dim, same, unpadded, val as tensor_meta
 from .stops import STOP
+from . import units
 
 aten = torch.ops.aten
 RULES: dict = {}
@@ -83,6 +84,9 @@ register(aten.where.self, aten.clone.default, aten._to_copy.default, aten.alias.
          aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.threshold_backward.default,
          aten.native_dropout_backward.default, aten.fill.Scalar, aten.zeros_like.default,
          aten.ones_like.default, aten.full_like.default, aten.empty_like.default, STOP)(pointwise)
+
+
+register(units.UNIT)(units.rule)  # a Function with its own backward: its axes from its bodies
 
 
 # ---- reduction family ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from .config import StreamConfig
 from . import frames, untraceable
 from .errors import CannotStream, StreamBPError, failure
 from . import logging_calls
-from .passes import stops, verify
+from .passes import stops, units, verify
 from .session import DetachOutputs, Session
 
 logging_calls.install()  # (loaded as a backend: before Dynamo traces the first model)
@@ -70,6 +70,7 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
     session = session or Session(config)
     frames.check_callers(config.strict)  # a caller that Dynamo skipped runs eagerly around this graph
     stops.mark(gm)
+    units.wrap(gm)  # a Function with a backward of its own: one op, per chunk where it is per token
     session.begin_graph(gm, example_inputs)
     custom = stops.custom_backward(gm)
     if custom is not None:

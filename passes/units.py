@@ -1,0 +1,417 @@
+"""A ``torch.autograd.Function`` as one op with its own backward: a unit.
+
+Dynamo captures ``Fn.apply(...)`` as ``autograd_function_apply(fwd_body, bwd_body, *args)``;
+AOTAutograd inlines both bodies into the joint graph, and the streamed joint, which
+differentiates the forward graph again (and each chunk graph at run time), would differentiate
+the forward body instead of calling the Function's backward. ``wrap(gm)`` runs on Dynamo's graph
+and replaces each such call by ``streamfx::unit(key, inputs)``: its forward runs the forward
+body, its autograd formula runs the backward body (``streamfx::unit_backward``), so every later
+pass sees one op, and differentiating it, for the whole sequence or a chunk, calls the
+Function's own backward. The op returns the body's outputs and then the values the backward
+reads that are not inputs (its saved intermediates); on torch 2.11 the body's outputs include
+intermediates too, whose gradient placeholders the backward leaves unused.
+
+A unit runs per chunk only where it is per token: ``signature`` traces forward and backward
+together to ATen and runs the axis analysis over them. The unit's rule (``rule``) lines its
+outputs' dims up with its inputs' dims and reports as mixed every dim along which the Function
+combines positions: a mixing op (cumsum, softmax along it, a sort), a reduction whose result
+does not only flow linearly into the gradient of an input without that dim (a weight gradient
+is a sum over the tokens; chunks add up), or an op no rule knows. A unit that mixes the
+sequence is then unknown-mixing, and its region is refused with the op that mixes (``refusal``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+from torch.fx import traceback as fx_traceback
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from streamfx.errors import CannotStream, op_name, source_line
+
+aten = torch.ops.aten
+
+
+@dataclasses.dataclass
+class Unit:
+    name: str              # the Function's class, as Dynamo names its bodies' owner
+    fwd: fx.GraphModule    # the forward body, grad toggles removed: (outputs, saved values)
+    bwd: fx.GraphModule    # the backward body: (*output grads, *saved values) -> input grads
+    args: tuple            # per body argument: ("in", i) a tensor input, ("const", value)
+    n_out: int             # outputs of the forward body (the op's first outputs)
+    saved: tuple           # per saved value: ("in", i), ("out", j) an op output, ("const", value)
+    non_differentiable: frozenset
+    grads: tuple           # body arguments the backward returns a gradient for (not None)
+    signature: "Signature | None" = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Signature:
+    """Axes of a unit's tensor inputs and outputs (per tensor, per dim, a tuple of atoms of the
+    unit's own axis table); ``mixed``: atoms along which it combines positions, each with the
+    op that does it (name and source line)."""
+    ins: tuple
+    outs: tuple
+    sizes: dict
+    mixed: dict
+
+
+_UNITS: dict[int, Unit] = {}
+_KEYS: dict = {}  # structure -> key: layers that apply one Function share a unit (and chunk graphs)
+RANDOM = ("rand", "randn", "rand_like", "randn_like", "bernoulli", "dropout", "normal", "randint")
+
+
+# ---- the ops ----------------------------------------------------------------------------------
+def _run(body: fx.GraphModule, args) -> tuple:
+    with torch.no_grad():
+        return fx.Interpreter(body).run(*args)
+
+
+def _body_args(unit: Unit, inputs) -> list:
+    return [inputs[a[1]] if a[0] == "in" else a[1] for a in unit.args]
+
+
+def _fresh(values, inputs) -> list:
+    """Outputs that share no memory with an input or an earlier output (a custom op returns
+    new tensors)."""
+    out: list = []
+    for v in values:
+        if any(v is o or torch._C._is_alias_of(v, o) for o in list(inputs) + out):
+            v = v.clone()
+        out.append(v)
+    return out
+
+
+def _forward(unit: Unit, inputs) -> list:
+    outs, saved = _run(unit.fwd, _body_args(unit, inputs))
+    extra = [s for s, where in zip(saved, unit.saved) if where[0] == "out"]
+    return _fresh(list(outs) + extra, inputs)
+
+
+@torch.library.custom_op("streamfx::unit", mutates_args=())
+def unit_op(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A Function's forward body (its outputs, then its saved intermediates)."""
+    return _forward(_UNITS[key], inputs)
+
+
+@unit_op.register_fake
+def _unit_fake(key, inputs):
+    return _forward(_UNITS[key], inputs)
+
+
+def _grads(unit: Unit, grads, saved) -> list:
+    it = iter(saved)
+    values = [w[1] if w[0] == "const" else next(it) for w in unit.saved]
+    got = _run(unit.bwd, list(grads) + values)
+    got = list(got) if isinstance(got, (tuple, list)) else [got]
+    return [got[j] for j in unit.grads]
+
+
+@torch.library.custom_op("streamfx::unit_backward", mutates_args=())
+def unit_backward(key: int, grads: list[torch.Tensor], saved: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A Function's backward body: the gradients it returns for its tensor inputs (``Unit.grads``)."""
+    return _fresh(_grads(_UNITS[key], grads, saved), list(grads) + list(saved))
+
+
+@unit_backward.register_fake
+def _unit_backward_fake(key, grads, saved):
+    return _fresh(_grads(_UNITS[key], grads, saved), list(grads) + list(saved))
+
+
+def _setup(ctx, inputs, output):
+    key, xs = inputs
+    unit = _UNITS[key]
+    ctx.key = key
+    ctx.outs = [(o.shape, o.dtype, o.device) for o in output[:unit.n_out]]
+    ctx.ins = [x.shape for x in xs]
+    ctx.save_for_backward(*[xs[w[1]] if w[0] == "in" else output[w[1]] for w in unit.saved if w[0] != "const"])
+    ctx.mark_non_differentiable(*[o for j, o in enumerate(output)
+                                  if j >= unit.n_out or j in unit.non_differentiable])
+
+
+def _backward(ctx, grads):
+    unit = _UNITS[ctx.key]
+    # (as eager autograd materialises them: zeros for the outputs that got no gradient)
+    gs = [g if g is not None else torch.zeros(s, dtype=d, device=dev)
+          for g, (s, d, dev) in zip(list(grads)[:unit.n_out], ctx.outs)]
+    got = unit_backward(ctx.key, gs, list(ctx.saved_tensors))
+    result = [None] * len(ctx.ins)
+    for j, g in zip(unit.grads, got):
+        kind, i = unit.args[j]
+        if kind == "in":  # (a gradient of a broadcast input, summed as autograd does)
+            result[i] = g if g.shape == ctx.ins[i] else g.sum_to_size(ctx.ins[i])
+    return None, result
+
+
+unit_op.register_autograd(_backward, setup_context=_setup)
+UNIT = torch.ops.streamfx.unit.default
+UNIT_BACKWARD = torch.ops.streamfx.unit_backward.default
+
+
+# ---- Dynamo's graph: Function calls become units ----------------------------------------------
+def is_function_call(n: fx.Node) -> bool:
+    return n.op == "call_function" and type(n.target).__name__ == "AutogradFunctionApply"
+
+
+def wrap(gm: fx.GraphModule) -> int:
+    """Each ``autograd_function_apply`` of Dynamo's graph that can be a unit becomes one (see the
+    module doc); returns how many. One that cannot (a size argument, random ops, effects beyond
+    its outputs, an in-place output) stays as it is, for ``stops.custom_backward`` to judge."""
+    count = 0
+    for n in list(gm.graph.nodes):
+        if not is_function_call(n):
+            continue
+        unit = _unit_of(gm, n)
+        if unit is None:
+            continue
+        vals = [_value(a) for a in n.args[2:] if isinstance(a, fx.Node)]
+        key = _register(unit, vals)
+        with gm.graph.inserting_before(n):
+            new = gm.graph.call_function(UNIT, (key, [a for a in n.args[2:] if isinstance(a, fx.Node)]))
+        new.meta.update(n.meta)
+        mode = _fake_mode(vals)
+        if mode is not None:
+            with mode:
+                new.meta["example_value"] = unit_op(key, vals)
+        bodies = n.args[:2]
+        n.replace_all_uses_with(new)
+        gm.graph.erase_node(n)
+        for body in bodies:
+            if not body.users:
+                gm.graph.erase_node(body)
+        count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return count
+
+
+def _fake_mode(vals):
+    """The fake mode of Dynamo's example values (not the tracing context's)."""
+    return next((v.fake_mode for v in vals if hasattr(v, "fake_mode")), None) or detect_fake_mode(vals)
+
+
+def _value(node: fx.Node):
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _unit_of(gm: fx.GraphModule, n: fx.Node) -> Unit | None:
+    from .stops import _pure, _without_grad_toggles
+
+    fwd, bwd = getattr(gm, n.args[0].target), getattr(gm, n.args[1].target)
+    if n.kwargs.get("dirty_idx") or not (_pure(fwd) and _pure(bwd)) or _random(fwd) or _random(bwd):
+        return None
+    args, k = [], 0
+    for a in n.args[2:]:
+        if isinstance(a, fx.Node):
+            if not isinstance(_value(a), torch.Tensor):
+                return None   # a size (a SymInt): the body would keep the whole sequence's
+            args.append(("in", k))
+            k += 1
+        else:
+            args.append(("const", a))
+    fwd_out = fwd.graph.find_nodes(op="output")[0].args[0]
+    if not (isinstance(fwd_out, (tuple, list)) and len(fwd_out) == 2):
+        return None
+    outs, saved_nodes = fwd_out
+    params = fwd.graph.find_nodes(op="placeholder")
+    saved, extra = [], len(outs)
+    for s in saved_nodes:
+        if isinstance(s, fx.Node) and s.op == "placeholder":
+            saved.append(args[params.index(s)])
+        elif isinstance(s, fx.Node):
+            saved.append(("out", extra))
+            extra += 1
+        else:
+            saved.append(("const", s))
+    bwd_out = bwd.graph.find_nodes(op="output")[0].args[0]
+    bwd_out = bwd_out if isinstance(bwd_out, (tuple, list)) else (bwd_out,)
+    if len(bwd.graph.find_nodes(op="placeholder")) != len(outs) + len(saved) or len(bwd_out) != len(args):
+        return None
+    grads = tuple(j for j, g in enumerate(bwd_out) if isinstance(g, fx.Node) and args[j][0] == "in")
+    name = n.meta.get("source_fn_stack", [("", "")])[-1][1]
+    return Unit(getattr(name, "__name__", str(name)) or "Function", _without_grad_toggles(fwd),
+                _without_grad_toggles(bwd), tuple(args), len(outs), tuple(saved),
+                frozenset(n.kwargs.get("non_differentiable_idx", ())), grads)
+
+
+def _random(body: fx.GraphModule) -> bool:
+    return any(n.op in ("call_function", "call_method") and
+               getattr(n.target, "__name__", str(n.target)).split(".")[-1].strip("_") in RANDOM
+               for n in body.graph.nodes)
+
+
+def _register(unit: Unit, vals) -> int:
+    """The unit's key: one per structure and input metadata (a Function applied in every layer
+    is one unit, so the layers' chunk graphs stay one graph)."""
+    from streamfx.chunks import structure_key
+
+    key = (structure_key(unit.fwd), structure_key(unit.bwd), repr(unit.args), unit.n_out, repr(unit.saved),
+           tuple(sorted(unit.non_differentiable)), unit.grads,
+           tuple((tuple(map(str, v.shape)), str(v.dtype), str(v.device)) for v in vals))
+    if key not in _KEYS:
+        _KEYS[key] = len(_UNITS)
+        _UNITS[_KEYS[key]] = unit
+        unit.signature = signature(unit, vals)
+    return _KEYS[key]
+
+
+# ---- the per-token rule ---------------------------------------------------------------------------
+# ops through which a sum over a dim stays a sum of per-chunk parts (with operands free of it)
+LINEAR = frozenset({
+    aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.squeeze.dim, aten.squeeze.dims,
+    aten.squeeze.default, aten.unsqueeze.default, aten.permute.default, aten.t.default, aten.transpose.int,
+    aten.expand.default, aten.clone.default, aten.alias.default, aten._to_copy.default,
+    torch.ops.prims.convert_element_type.default, aten.sum.dim_IntList, aten.sum.default, aten.add.Tensor,
+    aten.sub.Tensor, aten.neg.default, aten.mul.Tensor, aten.mul.Scalar, aten.div.Tensor, aten.div.Scalar,
+    aten.mm.default, aten.bmm.default})
+
+
+def signature(unit: Unit, vals) -> Signature:
+    """The unit's forward and backward traced to ATen together, and the axis analysis over them
+    (see the module doc)."""
+    from torch._inductor.decomposition import select_decomp_table
+
+    from .graphs import node_inputs
+    from .seq_dims import infer_axes
+
+    mode = _fake_mode(vals)
+    with mode:
+        outs = _forward(unit, vals)
+    cots = [torch.empty_like(o) for o in outs[:unit.n_out]]
+    n_in, n_res = len(vals), len(outs)
+
+    def combined(*args):
+        xs, gs = args[:n_in], args[n_in:]
+        res = _forward(unit, xs)
+        saved = [xs[w[1]] if w[0] == "in" else res[w[1]] for w in unit.saved if w[0] != "const"]
+        return tuple(res) + tuple(_grads(unit, gs, saved))
+
+    with mode, fx_traceback.preserve_node_meta():
+        gm = make_fx(combined, decomposition_table=select_decomp_table())(*vals, *cots)
+    sd = infer_axes(gm.graph)
+    table = sd.table
+    phs = gm.graph.find_nodes(op="placeholder")
+    results = list(gm.graph.find_nodes(op="output")[0].args[0])
+    for cot, out in zip(phs[n_in:], results):  # a gradient has the axes of its output
+        for a, b in zip(sd.axes[cot][0], sd.axes[out][0]):
+            table.unify(a, b)
+    canon = lambda node: tuple(table.canon(d) for d in sd.axes[node][0])  # noqa: E731
+    ins = [canon(p) for p in phs[:n_in]]
+    # the input each gradient result belongs to
+    grad_of = {n_res + k: unit.args[j][1] for k, j in enumerate(unit.grads)}
+    mixed: dict = {}
+
+    def mark(atoms, node):
+        for a in atoms:
+            mixed.setdefault(table.find(a), node)
+
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node in sd.unknown:
+            for x in node_inputs(node):
+                for d in canon(x):
+                    mark(d, node)
+        for x, d in sd.mixed.get(node, ()):
+            mark(table.canon(sd.axes[x][0][d]), node)
+        for x, d in sd.reduced.get(node, ()):
+            atoms = set(table.canon(sd.axes[x][0][d]))
+            if atoms and not _sums_into_gradients(node, atoms, sd, table, results, grad_of, ins):
+                mark(atoms, node)
+    return Signature(tuple(ins), tuple(canon(o) for o in results[:n_res]),
+                     {a: table.size[a] for a in table.parent if table.find(a) == a},
+                     {a: _describe(node) for a, node in mixed.items()})
+
+
+def _sums_into_gradients(node, atoms, sd, table, results, grad_of, ins) -> bool:
+    """Whether a sum over ``atoms`` reaches the unit's results only through ``LINEAR`` ops whose
+    other operands carry no such sum, and only as the gradient of inputs without those atoms
+    (a weight's gradient: summed over chunks, it is the whole sequence's)."""
+    def over(n):
+        return any(set(table.canon(sd.axes[x][0][d])) & atoms for x, d in sd.reduced.get(n, ()))
+
+    carried, stack = {node}, [node]
+    while stack:  # every value computed from a sum over the atoms
+        for u in stack.pop().users:
+            if u not in carried and u.op != "output":
+                carried.add(u)
+                stack.append(u)
+    carried |= {n for n in node.graph.nodes if over(n)}
+    seen, stack = {node}, [node]
+    while stack:
+        n = stack.pop()
+        for u in n.users:
+            if u.op == "output":
+                for k, r in enumerate(results):
+                    if r is n and (k not in grad_of or any(set(d) & atoms for d in ins[grad_of[k]])):
+                        return False
+                continue
+            if u.target not in LINEAR:
+                return False
+            if u.target not in (aten.add.Tensor, aten.sub.Tensor) and \
+                    any(x in carried and x is not n for x in u.all_input_nodes):
+                return False
+            if u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return True
+
+
+def _describe(node: fx.Node) -> str:
+    return f"{op_name(node)}{source_line(node)}"
+
+
+def rule(node, table, ax):
+    """The unit's axes: each output dim is the input dims its atoms come from (fresh where none
+    does); inputs' dims that share an atom in the unit become one axis; dims along which the
+    unit combines positions are mixed."""
+    from .axes import RuleOut
+
+    sig = _UNITS[node.args[0]].signature
+    xs = [x for x in node.args[1]]
+    amap, mixed = {}, []
+    for x, dims in zip(xs, sig.ins):
+        for d, (sub, main) in enumerate(zip(dims, ax(x))):
+            if any(a in sig.mixed for a in sub):
+                mixed.append((x, d))
+            if len(sub) == len(main):
+                for s, a in zip(sub, main):
+                    if s in amap:
+                        table.unify(amap[s], (a,))
+                    else:
+                        amap[s] = (a,)
+            elif len(sub) == 1 and sub[0] not in amap:
+                amap[sub[0]] = tuple(main)
+    outs = []
+    for dims in sig.outs:
+        out = []
+        for sub in dims:
+            atoms: tuple = ()
+            for s in sub:
+                if s not in amap:
+                    amap[s] = table.fresh(sig.sizes[s])
+                atoms += amap[s]
+            out.append(atoms)
+        outs.append(tuple(out))
+    return RuleOut(outs, mixed=tuple(mixed))
+
+
+def refusal(node: fx.Node, sd) -> CannotStream | None:
+    """Why a unit that combines positions along the sequence cannot stream (the op that does it),
+    or None for any other node."""
+    if node.op != "call_function" or node.target is not UNIT:
+        return None
+    unit = _UNITS[node.args[0]]
+    ops = []
+    for x, dims in zip(node.args[1], unit.signature.ins):
+        d = sd.seq_dim(x)
+        ops += [unit.signature.mixed[a] for a in (dims[d] if d is not None else ()) if a in unit.signature.mixed]
+    return CannotStream(
+        f"a torch.autograd.Function ({unit.name}) with a backward of its own combines positions along the "
+        f"sequence ({'; '.join(sorted(set(ops))[:2]) or 'in its outputs'}), so it cannot run per chunk of tokens "
+        f"and its region runs unstreamed; a Function streams when each token's outputs and input gradients "
+        f"depend only on that token's rows (sums over the tokens only in weight gradients)", node)

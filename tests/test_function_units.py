@@ -1,0 +1,156 @@
+"""A ``torch.autograd.Function`` with a backward of its own streams as a unit.
+
+Its forward and its own backward run per chunk (``streamfx.passes.units``), never differentiated
+again: a straight-through estimator (a backward that is not the derivative of the forward) and a
+fused RMSNorm written as a Function stream exactly; a Function that combines positions along
+the sequence is refused with the op that does it, and its graph runs exactly unstreamed.
+"""
+import pytest
+import torch
+
+import streamfx
+import zoo
+from conftest import assert_grads_match, run_eager_and_compiled
+
+
+class StraightThrough(torch.autograd.Function):
+    """Rounds to a grid of 1/4 in the forward; the backward passes the gradient through as if
+    the rounding were the identity (a straight-through estimator: not the derivative, which is 0)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class FusedRMSNorm(torch.autograd.Function):
+    """RMSNorm with its backward written by hand, as fused kernels (Liger, Unsloth) wrap theirs:
+    saves the input and the per-token inverse RMS, returns the input's and the weight's gradient
+    (the weight's is a sum over every token)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return x * rstd * weight
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x * rstd
+        gw = g * weight
+        dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        dweight = (g * xhat).reshape(-1, x.shape[-1]).sum(0)
+        return dx, dweight, None
+
+
+class PrefixMean(torch.autograd.Function):
+    """Each token's running mean over the tokens before it (a cumsum along the sequence)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        n = torch.arange(1, x.shape[1] + 1, dtype=x.dtype).view(1, -1, 1)
+        ctx.save_for_backward(n)
+        return x.cumsum(1) / n
+
+    @staticmethod
+    def backward(ctx, g):
+        n, = ctx.saved_tensors
+        return (g / n).flip(1).cumsum(1).flip(1)
+
+
+class QuantizedMLP(torch.nn.Module):
+    """The SwiGLU MLP with its input quantized by ``StraightThrough``."""
+
+    def __init__(self, mlp):
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x):
+        return self.mlp(StraightThrough.apply(x))
+
+
+class FunctionNorm(torch.nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.weight, self.eps = norm.weight, norm.eps
+
+    def forward(self, x):
+        return FusedRMSNorm.apply(x, self.weight, self.eps)
+
+
+class PrefixMeanMLP(torch.nn.Module):
+    def __init__(self, mlp):
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x):
+        return self.mlp(PrefixMean.apply(x))
+
+
+def _llama(wrap):
+    lm, make_inputs = zoo.tiny_llama()
+    for block in lm.layers:
+        wrap(block)
+    return lm, make_inputs(zoo.Case("t", 2, 13))
+
+
+def _exact(run):
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+
+
+def _max_rel_error(run) -> float:
+    return max(((run.grads[k] - g).abs().max() / g.abs().max().clamp_min(1e-30)).item()
+               for k, g in run.ref_grads.items() if g is not None)
+
+
+@pytest.mark.fast
+def test_straight_through_estimator_streams_with_its_own_backward():
+    """The estimator's backward (the identity) is not the derivative of its forward (zero almost
+    everywhere): differentiating the forward again would zero every gradient below it. As a unit
+    it runs per chunk with its own backward, and every layer streams."""
+    lm, inputs = _llama(lambda block: setattr(block, "mlp", QuantizedMLP(block.mlp)))
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4, "strict": True})
+    _exact(run)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert run.counters["chunks_backward"] >= 2 * 3, run.counters
+    assert not run.warnings, run.warnings
+    # the gradient below the estimator is not zero (the derivative of round would make it so)
+    assert run.grads["layers.0.mlp.mlp.gate.weight"].abs().max() > 0
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("codegen", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_fused_rmsnorm_function_streams(codegen):
+    """Every norm of the model is a Function with a hand-written backward: the layers and the
+    head stream, the weights' gradients (sums over all tokens) accumulate over chunks."""
+    def wrap(block):
+        block.attn_norm, block.mlp_norm = FunctionNorm(block.attn_norm), FunctionNorm(block.mlp_norm)
+
+    lm, inputs = _llama(wrap)
+    lm.norm = FunctionNorm(lm.norm)
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4, "strict": True,
+                                              "codegen": codegen})
+    _exact(run)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert not run.warnings, run.warnings
+
+
+@pytest.mark.fast
+def test_function_mixing_tokens_is_refused_and_exact():
+    """A cumsum along the sequence in the Function: its layers are refused naming the Function,
+    its op and the line that applies it; the graph runs exactly; strict raises."""
+    lm, inputs = _llama(lambda block: setattr(block, "mlp", PrefixMeanMLP(block.mlp)))
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    _exact(run)
+    assert not {p.name for p in run.programs} & {"layer.0", "layer.1"}, [p.name for p in run.programs]
+    text = " ".join(run.warnings)
+    assert "PrefixMean" in text and "cumsum" in text and "test_function_units.py" in text, run.warnings
+    torch._dynamo.reset()
+    lm2, inputs2 = _llama(lambda block: setattr(block, "mlp", PrefixMeanMLP(block.mlp)))
+    with pytest.raises(streamfx.StreamBPError, match="PrefixMean"):
+        torch.compile(lm2, backend="streambp", options={"codegen": "eager", "strict": True})(*inputs2.args)
