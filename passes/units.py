@@ -156,16 +156,18 @@ def is_function_call(n: fx.Node) -> bool:
     return n.op == "call_function" and type(n.target).__name__ == "AutogradFunctionApply"
 
 
-def wrap(gm: fx.GraphModule) -> int:
+def wrap(gm: fx.GraphModule) -> dict:
     """Each ``autograd_function_apply`` of Dynamo's graph that can be a unit becomes one (see the
-    module doc); returns how many. One that cannot (a size argument, random ops, effects beyond
-    its outputs, an in-place output) stays as it is, for ``stops.custom_backward`` to judge."""
-    count = 0
+    module doc). One that cannot (a size argument, random ops, effects beyond its outputs, an
+    in-place output) stays as it is, for ``stops.custom_backward`` to judge; returns those, each
+    with why it is not a unit."""
+    count, kept = 0, {}
     for n in list(gm.graph.nodes):
         if not is_function_call(n):
             continue
-        unit = _unit_of(gm, n)
+        unit, why = _unit_of(gm, n)
         if unit is None:
+            kept[n] = why
             continue
         vals = [_value(a) for a in n.args[2:] if isinstance(a, fx.Node)]
         key = _register(unit, vals)
@@ -186,7 +188,7 @@ def wrap(gm: fx.GraphModule) -> int:
     if count:
         gm.graph.lint()
         gm.recompile()
-    return count
+    return kept
 
 
 def _fake_mode(vals):
@@ -198,24 +200,29 @@ def _value(node: fx.Node):
     return node.meta.get("example_value", node.meta.get("val"))
 
 
-def _unit_of(gm: fx.GraphModule, n: fx.Node) -> Unit | None:
+def _unit_of(gm: fx.GraphModule, n: fx.Node) -> tuple:
+    """(the unit of a Function call, None), or (None, why it cannot be one)."""
     from .stops import _pure, _without_grad_toggles
 
     fwd, bwd = getattr(gm, n.args[0].target), getattr(gm, n.args[1].target)
-    if n.kwargs.get("dirty_idx") or not (_pure(fwd) and _pure(bwd)) or _random(fwd) or _random(bwd):
-        return None
+    if n.kwargs.get("dirty_idx"):
+        return None, "it changes an input in place (ctx.mark_dirty)"
+    if not (_pure(fwd) and _pure(bwd)):
+        return None, "its forward or backward calls more than tensor math"
+    if _random(fwd) or _random(bwd):
+        return None, "it draws random numbers (a chunk recomputed in the backward would draw others)"
     args, k = [], 0
     for a in n.args[2:]:
         if isinstance(a, fx.Node):
-            if not isinstance(_value(a), torch.Tensor):
-                return None   # a size (a SymInt): the body would keep the whole sequence's
+            if not isinstance(_value(a), torch.Tensor):  # (a chunk would need its own)
+                return None, "it takes a size as an argument (symbolic: a dynamic compile)"
             args.append(("in", k))
             k += 1
         else:
             args.append(("const", a))
     fwd_out = fwd.graph.find_nodes(op="output")[0].args[0]
     if not (isinstance(fwd_out, (tuple, list)) and len(fwd_out) == 2):
-        return None
+        return None, "its forward body is not (outputs, saved values)"
     outs, saved_nodes = fwd_out
     params = fwd.graph.find_nodes(op="placeholder")
     saved, extra = [], len(outs)
@@ -230,12 +237,12 @@ def _unit_of(gm: fx.GraphModule, n: fx.Node) -> Unit | None:
     bwd_out = bwd.graph.find_nodes(op="output")[0].args[0]
     bwd_out = bwd_out if isinstance(bwd_out, (tuple, list)) else (bwd_out,)
     if len(bwd.graph.find_nodes(op="placeholder")) != len(outs) + len(saved) or len(bwd_out) != len(args):
-        return None
+        return None, "its backward body does not take (output gradients, saved values)"
     grads = tuple(j for j, g in enumerate(bwd_out) if isinstance(g, fx.Node) and args[j][0] == "in")
     name = n.meta.get("source_fn_stack", [("", "")])[-1][1]
     return Unit(getattr(name, "__name__", str(name)) or "Function", _without_grad_toggles(fwd),
                 _without_grad_toggles(bwd), tuple(args), len(outs), tuple(saved),
-                frozenset(n.kwargs.get("non_differentiable_idx", ())), grads)
+                frozenset(n.kwargs.get("non_differentiable_idx", ())), grads), None
 
 
 def _random(body: fx.GraphModule) -> bool:
