@@ -286,6 +286,14 @@ def cat(node, table, ax):
         # (torch.stack of per-row results decomposes to this cat and a view)
         a[d] = table.fresh(len(xs)) + next(iter(along))
         return RuleOut([tuple(a)])
+    if len(xs) > 1 and along == {()}:
+        # columns of one value each stacked side by side (Phi-MoE's first and second expert and
+        # their weights: ``cat((w1, w2), -1)``, ``cat((e1, e2), -1)``): column i is piece i, so
+        # two such stacks over the same rows share their column axis, as topk's values and
+        # indices do
+        key = (len(xs),) + tuple(table.canon(a[k]) for k in range(n) if k != d)
+        a[d] = table.stacks.setdefault(key, table.fresh(len(xs)))
+        return RuleOut([tuple(a)])
     a[d] = table.fresh(out_shape(node)[d]) if len(xs) > 1 else ax(xs[0])[d]
     return RuleOut([tuple(a)], mixed=tuple((x, d) for x in xs) if len(xs) > 1 else ())
 

@@ -22,7 +22,7 @@ sequence is then unknown-mixing, and its region is refused with the op that mixe
 from __future__ import annotations
 
 import dataclasses
-import operator
+import re
 
 import torch
 import torch.fx as fx
@@ -113,6 +113,9 @@ def _grads(unit: Unit, grads, saved) -> list:
 @torch.library.custom_op("streamfx::unit_backward", mutates_args=())
 def unit_backward(key: int, grads: list[torch.Tensor], saved: list[torch.Tensor]) -> list[torch.Tensor]:
     """A Function's backward body: the gradients it returns for its tensor inputs (``Unit.grads``)."""
+    from streamfx.chunks import COUNTERS
+
+    COUNTERS["unit_backward"] += 1
     return _fresh(_grads(_UNITS[key], grads, saved), list(grads) + list(saved))
 
 
@@ -239,8 +242,9 @@ def _unit_of(gm: fx.GraphModule, n: fx.Node) -> tuple:
     if len(bwd.graph.find_nodes(op="placeholder")) != len(outs) + len(saved) or len(bwd_out) != len(args):
         return None, "its backward body does not take (output gradients, saved values)"
     grads = tuple(j for j, g in enumerate(bwd_out) if isinstance(g, fx.Node) and args[j][0] == "in")
-    name = n.meta.get("source_fn_stack", [("", "")])[-1][1]
-    return Unit(getattr(name, "__name__", str(name)) or "Function", _without_grad_toggles(fwd),
+    # (Dynamo keeps no reference to the class: its name is read from the call, ``Fn.apply(...)``)
+    names = re.findall(r"(\w+)\.apply\(", n.meta.get("stack_trace") or "")
+    return Unit(names[-1] if names else "Function", _without_grad_toggles(fwd),
                 _without_grad_toggles(bwd), tuple(args), len(outs), tuple(saved),
                 frozenset(n.kwargs.get("non_differentiable_idx", ())), grads), None
 
@@ -297,15 +301,22 @@ def signature(unit: Unit, vals) -> Signature:
         saved = [xs[w[1]] if w[0] == "in" else res[w[1]] for w in unit.saved if w[0] != "const"]
         return tuple(res) + tuple(_grads(unit, gs, saved))
 
+    # (functional: a backward that writes into a buffer it made, ``scatter_add_``, is read as its
+    # functional op, which has a rule)
     with mode, fx_traceback.preserve_node_meta():
-        gm = make_fx(combined, decomposition_table=select_decomp_table())(*vals, *cots)
+        gm = make_fx(torch.func.functionalize(combined), decomposition_table=select_decomp_table())(*vals, *cots)
     sd = infer_axes(gm.graph)
     table = sd.table
     phs = gm.graph.find_nodes(op="placeholder")
     results = list(gm.graph.find_nodes(op="output")[0].args[0])
-    for cot, out in zip(phs[n_in:], results):  # a gradient has the axes of its output
-        for a, b in zip(sd.axes[cot][0], sd.axes[out][0]):
-            table.unify(a, b)
+    # a gradient has the axes of its output, an input's gradient those of the input
+    pairs = list(zip(phs[n_in:], results)) + [(results[n_res + k], phs[unit.args[j][1]])
+                                              for k, j in enumerate(unit.grads)]
+    for x, y in pairs:
+        ax_x, ax_y = (sd.axes.get(x) or [None])[0], (sd.axes.get(y) or [None])[0]
+        if ax_x is not None and ax_y is not None and len(ax_x) == len(ax_y):
+            for a, b in zip(ax_x, ax_y):
+                table.unify(a, b)
     canon = lambda node: tuple(table.canon(d) for d in sd.axes[node][0])  # noqa: E731
     ins = [canon(p) for p in phs[:n_in]]
     # the input each gradient result belongs to

@@ -29,7 +29,8 @@ from torch._functorch import config as functorch_config
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chunks_backward": 0,
-            "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0, "region_fallbacks": 0}
+            "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0, "region_fallbacks": 0,
+            "unit_backward": 0}  # (a Function's own backward, run for a chunk or a whole tensor)
 _COMPILED: dict[tuple, Callable] = {}
 _CHECKED: dict[tuple, list | Exception] = {}
 # sample sizes of the symbols a chunk graph is compiled with: distinct, so that no two symbols

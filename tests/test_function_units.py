@@ -121,6 +121,8 @@ def test_straight_through_estimator_streams_with_its_own_backward():
     assert not run.warnings, run.warnings
     # the gradient below the estimator is not zero (the derivative of round would make it so)
     assert run.grads["layers.0.mlp.mlp.gate.weight"].abs().max() > 0
+    assert run.counters["unit_backward"] == 2 * 3, run.counters  # its own backward, per chunk
+    print(f"straight-through: max relative gradient error {_max_rel_error(run):.2e}")
 
 
 @pytest.mark.fast
@@ -138,6 +140,10 @@ def test_fused_rmsnorm_function_streams(codegen):
     _exact(run)
     assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
     assert not run.warnings, run.warnings
+    # its own backward ran per chunk: 2 norms x 3 chunks per layer (the attention's norm for the
+    # queries and again for the keys and values), 4 chunks of the head's norm
+    assert run.counters["unit_backward"] >= 2 * 2 * 3 + 4, run.counters
+    print(f"fused RMSNorm ({codegen}): max relative gradient error {_max_rel_error(run):.2e}")
 
 
 @pytest.mark.fast
@@ -154,3 +160,57 @@ def test_function_mixing_tokens_is_refused_and_exact():
     lm2, inputs2 = _llama(lambda block: setattr(block, "mlp", PrefixMeanMLP(block.mlp)))
     with pytest.raises(streamfx.StreamBPError, match="PrefixMean"):
         torch.compile(lm2, backend="streambp", options={"codegen": "eager", "strict": True})(*inputs2.args)
+
+
+def _noise(x):
+    """Uniform-looking numbers in (0, 1) from each value of ``x`` (a hash of it), so the routing
+    samples are the same in eager and in every chunk."""
+    with torch.no_grad():
+        return torch.frac(torch.sin(x.float() * 12.9898) * 43758.5453).clamp(1e-6, 1 - 1e-6).to(x.dtype)
+
+
+def _sparsemixer(scores, jitter_eps, training, top_k=2):
+    """transformers' Phi-MoE ``sparsemixer`` in training mode with its random draws (Gumbel
+    sampling of the experts, the midpoint mask of Heun's method) replaced by ``_noise`` of the
+    router scores: the same routes and the same straight-through ``PhimoeMultiplier``."""
+    from transformers.models.phimoe.modeling_phimoe import PhimoeMultiplier
+
+    def pick(scores, masked_scores, salt):
+        with torch.no_grad():
+            threshold, _ = masked_scores.max(dim=-1, keepdim=True)
+            factor = scores.abs().clamp(min=threshold)
+            hidden = ((threshold - scores) / factor) > (2 * jitter_eps)
+        gates = masked_scores.masked_fill(hidden, float("-inf"))
+        selected = (gates - (-torch.log(_noise(scores + salt))).log()).max(dim=-1)[1].unsqueeze(-1)
+        gates = torch.softmax(gates, dim=-1)
+        best, best_ind = gates.max(dim=-1, keepdim=True)
+        one = torch.logical_or(selected == best_ind, _noise(best + salt) > 0.75)
+        one = torch.add(0.3333, one, alpha=0.6667).type_as(gates)
+        return PhimoeMultiplier.apply(scores, gates.gather(dim=-1, index=selected), selected, gates, one), selected
+
+    first, selected = pick(scores, scores, 0.0)
+    second, selected_2 = pick(scores, torch.scatter(scores, -1, selected, float("-inf")), 0.5)
+    return torch.concat((first, second), dim=-1), torch.concat((selected, selected_2), dim=-1)
+
+
+@pytest.mark.slow
+def test_phimoe_router_estimator_streams(monkeypatch):
+    """Phi-MoE's router gradient is ``PhimoeMultiplier``'s straight-through estimate, a backward
+    that is not the derivative of its forward: every layer streams, with eager's gradients."""
+    from transformers import PhimoeConfig, PhimoeForCausalLM
+    from transformers.models.phimoe import modeling_phimoe
+
+    monkeypatch.setattr(modeling_phimoe, "sparsemixer", _sparsemixer)
+    cfg = PhimoeConfig(vocab_size=zoo.VOCAB, hidden_size=zoo.HIDDEN, intermediate_size=16, num_hidden_layers=2,
+                       num_attention_heads=zoo.HEADS, num_key_value_heads=zoo.KV_HEADS, num_local_experts=4,
+                       num_experts_per_tok=2, max_position_embeddings=zoo.MAX_POS, pad_token_id=zoo.PAD_ID,
+                       router_jitter_noise=0.01, input_jitter_noise=0.0)
+    model = zoo._hf(PhimoeForCausalLM, cfg, "sdpa")
+    inputs = zoo._hf_inputs(zoo.VOCAB)(zoo.Case("t", 2, 16))
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 6, "strict": True})
+    _exact(run)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert all(set(runs) == {4} for name, runs in run.schedules.items() if name.startswith("layer.")), run.schedules
+    assert not run.warnings, run.warnings
+    assert run.counters["unit_backward"] == 2 * 2 * 4, run.counters  # 2 estimators x 4 chunks per layer
+    print(f"Phi-MoE: max relative gradient error {_max_rel_error(run):.2e}")
