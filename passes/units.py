@@ -31,6 +31,7 @@ from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from streamfx.errors import CannotStream, op_name, source_line
+from . import verify
 
 aten = torch.ops.aten
 
@@ -173,7 +174,15 @@ def wrap(gm: fx.GraphModule) -> dict:
             kept[n] = why
             continue
         vals = [_value(a) for a in n.args[2:] if isinstance(a, fx.Node)]
-        key = _register(unit, vals)
+        try:
+            key = _register(unit, vals)
+        except (ImportError, NameError):  # this code against a torch it does not know: loud
+            raise
+        except Exception as e:  # noqa: BLE001 - bodies that do not trace to ATen: left to the derivative check
+            if verify.enabled():
+                raise
+            kept[n] = f"its bodies do not trace to ATen: {type(e).__name__}"
+            continue
         with gm.graph.inserting_before(n):
             new = gm.graph.call_function(UNIT, (key, [a for a in n.args[2:] if isinstance(a, fx.Node)]))
         new.meta.update(n.meta)
@@ -264,9 +273,9 @@ def _register(unit: Unit, vals) -> int:
            tuple(sorted(unit.non_differentiable)), unit.grads,
            tuple((tuple(map(str, v.shape)), str(v.dtype), str(v.device)) for v in vals))
     if key not in _KEYS:
+        unit.signature = signature(unit, vals)
         _KEYS[key] = len(_UNITS)
         _UNITS[_KEYS[key]] = unit
-        unit.signature = signature(unit, vals)
     return _KEYS[key]
 
 
