@@ -32,6 +32,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from streamfx.errors import CannotStream, op_name, source_line
 from . import verify
+from .graphs import same
 
 aten = torch.ops.aten
 
@@ -62,7 +63,8 @@ class Signature:
 
 _UNITS: dict[int, Unit] = {}
 _KEYS: dict = {}  # structure -> key: layers that apply one Function share a unit (and chunk graphs)
-RANDOM = ("rand", "randn", "rand_like", "randn_like", "bernoulli", "dropout", "normal", "randint")
+RANDOM = ("rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm", "bernoulli", "dropout",
+          "normal", "uniform", "exponential", "geometric", "cauchy", "log_normal", "multinomial", "poisson", "random")
 
 
 # ---- the ops ----------------------------------------------------------------------------------
@@ -146,7 +148,8 @@ def _backward(ctx, grads):
     for j, g in zip(unit.grads, got):
         kind, i = unit.args[j]
         if kind == "in":  # (a gradient of a broadcast input, summed as autograd does)
-            result[i] = g if g.shape == ctx.ins[i] else g.sum_to_size(ctx.ins[i])
+            shape = ctx.ins[i]
+            result[i] = g if len(g.shape) == len(shape) and all(map(same, g.shape, shape)) else g.sum_to_size(shape)
     return None, result
 
 
