@@ -42,9 +42,10 @@ class Unit:
     name: str              # the Function's class, as Dynamo names its bodies' owner
     fwd: fx.GraphModule    # the forward body, grad toggles removed: (outputs, saved values)
     bwd: fx.GraphModule    # the backward body: (*output grads, *saved values) -> input grads
-    args: tuple            # per body argument: ("in", i) a tensor input, ("const", value)
+    args: tuple            # per body argument: ("in", i) a tensor input, ("size", i, k) its size k
+                           # (read from the tensor each call: a chunk's for a chunk), ("const", value)
     n_out: int             # outputs of the forward body (the op's first outputs)
-    saved: tuple           # per saved value: ("in", i), ("out", j) an op output, ("const", value)
+    saved: tuple           # per saved value: as ``args``, or ("out", j) an output of the op
     non_differentiable: frozenset
     grads: tuple           # body arguments the backward returns a gradient for (not None)
     signature: "Signature | None" = None
@@ -74,7 +75,13 @@ def _run(body: fx.GraphModule, args) -> tuple:
 
 
 def _body_args(unit: Unit, inputs) -> list:
-    return [inputs[a[1]] if a[0] == "in" else a[1] for a in unit.args]
+    return [_read(a, inputs) for a in unit.args]
+
+
+def _read(where: tuple, inputs, outputs=()):
+    kind = where[0]
+    return inputs[where[1]] if kind == "in" else inputs[where[1]].shape[where[2]] if kind == "size" \
+        else outputs[where[1]] if kind == "out" else where[1]
 
 
 def _fresh(values, inputs) -> list:
@@ -105,26 +112,27 @@ def _unit_fake(key, inputs):
     return _forward(_UNITS[key], inputs)
 
 
-def _grads(unit: Unit, grads, saved) -> list:
-    it = iter(saved)
-    values = [w[1] if w[0] == "const" else next(it) for w in unit.saved]
+def _grads(unit: Unit, grads, saved, sizes) -> list:
+    tensors, ints = iter(saved), iter(sizes)
+    values = [w[1] if w[0] == "const" else next(ints) if w[0] == "size" else next(tensors) for w in unit.saved]
     got = _run(unit.bwd, list(grads) + values)
     got = list(got) if isinstance(got, (tuple, list)) else [got]
     return [got[j] for j in unit.grads]
 
 
 @torch.library.custom_op("streamfx::unit_backward", mutates_args=())
-def unit_backward(key: int, grads: list[torch.Tensor], saved: list[torch.Tensor]) -> list[torch.Tensor]:
+def unit_backward(key: int, grads: list[torch.Tensor], saved: list[torch.Tensor],
+                  sizes: list[int]) -> list[torch.Tensor]:
     """A Function's backward body: the gradients it returns for its tensor inputs (``Unit.grads``)."""
     from streamfx.chunks import COUNTERS
 
     COUNTERS["unit_backward"] += 1
-    return _fresh(_grads(_UNITS[key], grads, saved), list(grads) + list(saved))
+    return _fresh(_grads(_UNITS[key], grads, saved, sizes), list(grads) + list(saved))
 
 
 @unit_backward.register_fake
-def _unit_backward_fake(key, grads, saved):
-    return _fresh(_grads(_UNITS[key], grads, saved), list(grads) + list(saved))
+def _unit_backward_fake(key, grads, saved, sizes):
+    return _fresh(_grads(_UNITS[key], grads, saved, sizes), list(grads) + list(saved))
 
 
 def _setup(ctx, inputs, output):
@@ -133,7 +141,8 @@ def _setup(ctx, inputs, output):
     ctx.key = key
     ctx.outs = [(o.shape, o.dtype, o.device) for o in output[:unit.n_out]]
     ctx.ins = [x.shape for x in xs]
-    ctx.save_for_backward(*[xs[w[1]] if w[0] == "in" else output[w[1]] for w in unit.saved if w[0] != "const"])
+    ctx.save_for_backward(*[_read(w, xs, output) for w in unit.saved if w[0] in ("in", "out")])
+    ctx.sizes = [_read(w, xs) for w in unit.saved if w[0] == "size"]
     ctx.mark_non_differentiable(*[o for j, o in enumerate(output)
                                   if j >= unit.n_out or j in unit.non_differentiable])
 
@@ -143,7 +152,7 @@ def _backward(ctx, grads):
     # (as eager autograd materialises them: zeros for the outputs that got no gradient)
     gs = [g if g is not None else torch.zeros(s, dtype=d, device=dev)
           for g, (s, d, dev) in zip(list(grads)[:unit.n_out], ctx.outs)]
-    got = unit_backward(ctx.key, gs, list(ctx.saved_tensors))
+    got = unit_backward(ctx.key, gs, list(ctx.saved_tensors), ctx.sizes)
     result = [None] * len(ctx.ins)
     for j, g in zip(unit.grads, got):
         kind, i = unit.args[j]
@@ -176,7 +185,8 @@ def wrap(gm: fx.GraphModule) -> dict:
         if unit is None:
             kept[n] = why
             continue
-        vals = [_value(a) for a in n.args[2:] if isinstance(a, fx.Node)]
+        inputs = [a for a in n.args[2:] if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
+        vals = [_value(a) for a in inputs]
         try:
             key = _register(unit, vals)
         except (ImportError, NameError):  # this code against a torch it does not know: loud
@@ -187,7 +197,7 @@ def wrap(gm: fx.GraphModule) -> dict:
             kept[n] = f"its bodies do not trace to ATen: {type(e).__name__}"
             continue
         with gm.graph.inserting_before(n):
-            new = gm.graph.call_function(UNIT, (key, [a for a in n.args[2:] if isinstance(a, fx.Node)]))
+            new = gm.graph.call_function(UNIT, (key, inputs))
         new.meta.update(n.meta)
         mode = _fake_mode(vals)
         if mode is not None:
@@ -224,15 +234,20 @@ def _unit_of(gm: fx.GraphModule, n: fx.Node) -> tuple:
         return None, "it changes an input in place (ctx.mark_dirty)"
     if not (_pure(fwd) and _pure(bwd)):
         return None, "its forward or backward calls more than tensor math"
+    if any(m.op == "call_method" and m.target in ("item", "tolist") for b in (fwd, bwd) for m in b.graph.nodes):
+        return None, "it reads a tensor's value as a number (.item(), as a dynamic compile passes a float)"
     if _random(fwd) or _random(bwd):
         return None, "it draws random numbers (a chunk recomputed in the backward would draw others)"
-    args, k = [], 0
+    tensors = [a for a in n.args[2:] if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
+    args = []
     for a in n.args[2:]:
-        if isinstance(a, fx.Node):
-            if not isinstance(_value(a), torch.Tensor):  # (a chunk would need its own)
-                return None, "it takes a size as an argument (symbolic: a dynamic compile)"
-            args.append(("in", k))
-            k += 1
+        if a in tensors:
+            args.append(("in", tensors.index(a)))
+        elif isinstance(a, fx.Node):  # a size (a dynamic compile lifts the inputs' sizes into the bodies)
+            where = _size_of(_value(a), tensors)
+            if where is None:
+                return None, "it takes a size as an argument that is no size of its tensor inputs"
+            args.append(where)
         else:
             args.append(("const", a))
     fwd_out = fwd.graph.find_nodes(op="output")[0].args[0]
@@ -245,6 +260,8 @@ def _unit_of(gm: fx.GraphModule, n: fx.Node) -> tuple:
         if isinstance(s, fx.Node) and s.op == "placeholder":
             saved.append(args[params.index(s)])
         elif isinstance(s, fx.Node):
+            if not isinstance(_value(s), torch.Tensor):
+                return None, "it saves a size it computes for its backward"
             saved.append(("out", extra))
             extra += 1
         else:
@@ -259,6 +276,16 @@ def _unit_of(gm: fx.GraphModule, n: fx.Node) -> tuple:
     return Unit(names[-1] if names else "Function", _without_grad_toggles(fwd),
                 _without_grad_toggles(bwd), tuple(args), len(outs), tuple(saved),
                 frozenset(n.kwargs.get("non_differentiable_idx", ())), grads), None
+
+
+def _size_of(v, tensors) -> tuple | None:
+    """("size", i, k): the size ``v`` (a SymInt) is dim k of tensor input i; None if none."""
+    if isinstance(v, torch.SymInt):
+        for i, t in enumerate(tensors):
+            for k, size in enumerate(_value(t).shape):
+                if isinstance(size, torch.SymInt) and size.node.expr == v.node.expr:
+                    return ("size", i, k)
+    return None
 
 
 def _random(body: fx.GraphModule) -> bool:
@@ -310,8 +337,9 @@ def signature(unit: Unit, vals) -> Signature:
     def combined(*args):
         xs, gs = args[:n_in], args[n_in:]
         res = _forward(unit, xs)
-        saved = [xs[w[1]] if w[0] == "in" else res[w[1]] for w in unit.saved if w[0] != "const"]
-        return tuple(res) + tuple(_grads(unit, gs, saved))
+        saved = [_read(w, xs, res) for w in unit.saved if w[0] in ("in", "out")]
+        sizes = [_read(w, xs) for w in unit.saved if w[0] == "size"]
+        return tuple(res) + tuple(_grads(unit, gs, saved, sizes))
 
     # (functional: a backward that writes into a buffer it made, ``scatter_add_``, is read as its
     # functional op, which has a rule)
@@ -352,6 +380,9 @@ def signature(unit: Unit, vals) -> Signature:
             atoms = set(table.canon(sd.axes[x][0][d]))
             if atoms and not _sums_into_gradients(node, atoms, sd, table, results, grad_of, ins):
                 mark(atoms, node)
+        if node.target is aten.sym_size.int and _used_as_value(node):
+            # a length read as a number (``x * x.shape[1]``): per chunk it would be the chunk's
+            mark(table.canon(sd.axes[node.args[0]][0][node.args[1]]), node)
     return Signature(tuple(ins), tuple(canon(o) for o in results[:n_res]),
                      {a: table.size[a] for a in table.parent if table.find(a) == a},
                      {a: _describe(node) for a, node in mixed.items()})
@@ -389,6 +420,25 @@ def _sums_into_gradients(node, atoms, sd, table, results, grad_of, ins) -> bool:
                 seen.add(u)
                 stack.append(u)
     return True
+
+
+def _used_as_value(size: fx.Node) -> bool:
+    """Whether a size reaches anything but the size arguments of views, expands and new
+    tensors (directly or through arithmetic on sizes)."""
+    from .graphs import SIZE_ARG_OPS
+
+    for u in size.users:
+        if u.op == "output":
+            return True
+        if isinstance(u.meta.get("val"), torch.SymInt):  # arithmetic on sizes
+            if _used_as_value(u):
+                return True
+            continue
+        pos = SIZE_ARG_OPS.get(u.target)
+        if pos is None or pos >= len(u.args) or size not in list(u.args[pos]) or \
+                any(a is size for i, a in enumerate(u.args) if i != pos):
+            return True
+    return False
 
 
 def _describe(node: fx.Node) -> str:

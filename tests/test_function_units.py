@@ -5,12 +5,16 @@ again: a straight-through estimator (a backward that is not the derivative of th
 fused RMSNorm written as a Function stream exactly; a Function that combines positions along
 the sequence is refused with the op that does it, and its graph runs exactly unstreamed.
 """
+import copy
+import warnings
+
 import pytest
 import torch
 
 import streamfx
 import zoo
-from conftest import assert_grads_match, run_eager_and_compiled
+from conftest import assert_grads_match, grads_of, run_eager_and_compiled
+from streamfx.chunks import COUNTERS
 
 
 class StraightThrough(torch.autograd.Function):
@@ -214,3 +218,76 @@ def test_phimoe_router_estimator_streams(monkeypatch):
     assert not run.warnings, run.warnings
     assert run.counters["unit_backward"] == 2 * 2 * 4, run.counters  # 2 estimators x 4 chunks per layer
     print(f"Phi-MoE: max relative gradient error {_max_rel_error(run):.2e}")
+
+
+class RowScale(torch.autograd.Function):
+    """Rows of features times a weight through a flattened view (sizes read from the input: a
+    dynamic compile passes them to the Function as symbols)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return (x.reshape(-1, x.shape[-1]) * w).view(x.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w, (g * x).reshape(-1, x.shape[-1]).sum(0)
+
+
+class LengthScaled(torch.autograd.Function):
+    """Scales each token by the sequence length: a length read as a number."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.length = x.shape[1]
+        return x * x.shape[1]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.length
+
+
+class ScaledMLP(torch.nn.Module):
+    def __init__(self, mlp, d, by_length=False):
+        super().__init__()
+        self.mlp, self.by_length = mlp, by_length
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, d))
+
+    def forward(self, x):
+        x = StraightThrough.apply(RowScale.apply(x, self.w))
+        return self.mlp(LengthScaled.apply(x) if self.by_length else x)
+
+
+def _dynamic_runs(by_length, lengths=(13, 17)):
+    """(warnings, unit backward runs) per length of a dynamic compile, each checked exact."""
+    lm, make_inputs = zoo.tiny_llama()
+    for block in lm.layers:
+        block.mlp = ScaledMLP(block.mlp, zoo.HIDDEN, by_length)
+    ref, mine = copy.deepcopy(lm), copy.deepcopy(lm)
+    torch._dynamo.reset()
+    compiled = torch.compile(mine, backend="streambp", dynamic=True, options={"codegen": "eager", "chunk_size": 5})
+    out = []
+    for T in lengths:
+        args = make_inputs(zoo.Case("t", 2, T)).args
+        ref.zero_grad(set_to_none=True)
+        mine.zero_grad(set_to_none=True)
+        ref(*args)[0].backward()
+        before = COUNTERS["unit_backward"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled(*args)[0].backward()
+        assert_grads_match(grads_of(ref), grads_of(mine))
+        out.append(([str(w.message) for w in caught if "streamfx" in str(w.message)],
+                    COUNTERS["unit_backward"] - before))
+    return out
+
+
+def test_units_under_dynamic_shapes():
+    """A dynamic compile passes the inputs' sizes into the Functions: a unit reads them from the
+    tensors it gets, a chunk's for a chunk, at every length; a Function that reads the length as
+    a number combines positions (a chunk would read its own length) and is refused, exactly."""
+    for (text, runs), chunks in zip(_dynamic_runs(by_length=False), (3, 4)):
+        assert not text and runs == 2 * 2 * chunks, (text, runs)  # 2 layers x 2 units x chunks
+    (text, _), = _dynamic_runs(by_length=True, lengths=(13,))
+    assert text and all("LengthScaled" in t and "sym_size" in t for t in text), text
