@@ -460,12 +460,9 @@ def rule(node, table, ax):
                 mixed.append((x, d))
             if len(sub) == len(main):
                 for s, a in zip(sub, main):
-                    if s in amap:
-                        table.unify(amap[s], (a,))
-                    else:
-                        amap[s] = (a,)
-            elif len(sub) == 1 and sub[0] not in amap:
-                amap[sub[0]] = tuple(main)
+                    table.unify(amap.setdefault(s, (a,)), (a,))
+            elif len(sub) == 1:  # (a dim the unit sees as one axis: B and T merged outside it)
+                table.unify(amap.setdefault(sub[0], tuple(main)), tuple(main))
     outs = []
     for dims in sig.outs:
         out = []

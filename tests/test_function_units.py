@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import streamfx
 import zoo
@@ -164,6 +165,51 @@ def test_function_mixing_tokens_is_refused_and_exact():
     lm2, inputs2 = _llama(lambda block: setattr(block, "mlp", PrefixMeanMLP(block.mlp)))
     with pytest.raises(streamfx.StreamBPError, match="PrefixMean"):
         torch.compile(lm2, backend="streambp", options={"codegen": "eager", "strict": True})(*inputs2.args)
+
+
+class TokenCrossEntropy(torch.autograd.Function):
+    """Per-token cross-entropy with its backward written by hand (``softmax - onehot``), as a
+    fused loss kernel wraps it; labels -100 give 0."""
+
+    @staticmethod
+    def forward(ctx, logits, labels):
+        lse = torch.logsumexp(logits, -1)
+        picked = logits.gather(-1, labels.clamp_min(0)[:, None])[:, 0]
+        ctx.save_for_backward(logits, labels, lse)
+        return torch.where(labels != -100, lse - picked, 0.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        logits, labels, lse = ctx.saved_tensors
+        p = torch.exp(logits - lse[:, None]) - F.one_hot(labels.clamp_min(0), logits.shape[-1]).to(logits.dtype)
+        return p * (g * (labels != -100))[:, None], None
+
+
+class FusedLoss(torch.nn.Module):
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, idx, labels):
+        _, logits = self.lm(idx)
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        per_token = TokenCrossEntropy.apply(logits.reshape(-1, self.lm.vocab), shifted.reshape(-1))
+        return per_token.sum() / (shifted != -100).sum()
+
+
+@pytest.mark.fast
+def test_fused_cross_entropy_function_streams_in_the_head():
+    """The head streams through a loss Function of the flattened (batch x tokens) rows: its
+    labels input is chunked with the logits (the unit lines the two up), its own backward runs
+    per head chunk."""
+    lm, make_inputs = zoo.tiny_llama()
+    inputs = make_inputs(zoo.Case("t", 2, 13))
+    inputs = zoo.Inputs(inputs.args, {}, inputs.case, lambda o: o, None, zoo.VOCAB)
+    run = run_eager_and_compiled(FusedLoss(lm), inputs, {"chunk_size": 5, "head_chunk_size": 4, "strict": True})
+    _exact(run)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert run.counters["unit_backward"] == 4, run.counters
+    print(f"fused cross-entropy: max relative gradient error {_max_rel_error(run):.2e}")
 
 
 def _noise(x):
