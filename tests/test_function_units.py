@@ -167,6 +167,52 @@ def test_function_mixing_tokens_is_refused_and_exact():
         torch.compile(lm2, backend="streambp", options={"codegen": "eager", "strict": True})(*inputs2.args)
 
 
+class Rotary(torch.autograd.Function):
+    """Rotary embedding of the queries and the keys in one Function (as fused RoPE kernels
+    are), its backward the inverse rotation written by hand."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin):
+        ctx.save_for_backward(cos, sin)
+
+        def rotate(x):
+            x1, x2 = x.chunk(2, -1)
+            return x * cos + torch.cat((-x2, x1), -1) * sin
+        return rotate(q), rotate(k)
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        cos, sin = ctx.saved_tensors
+
+        def back(g):
+            g1, g2 = (g * sin).chunk(2, -1)
+            return g * cos + torch.cat((g2, -g1), -1)
+        return back(gq), back(gk), None, None
+
+
+class RotaryAttention(zoo.LlamaAttention):
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q, k = Rotary.apply(q, k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+@pytest.mark.fast
+def test_rotary_function_on_queries_and_keys_streams():
+    """One unit makes the queries and the keys: the keys' rows run through it per chunk in the
+    K/V graph, the queries' in the query graph, each backward with the Function's own."""
+    lm, inputs = _llama(lambda block: setattr(block.attn, "__class__", RotaryAttention))
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4, "strict": True})
+    _exact(run)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert run.counters["unit_backward"] >= 2 * 3, run.counters
+    print(f"rotary: max relative gradient error {_max_rel_error(run):.2e}")
+
+
 class TokenCrossEntropy(torch.autograd.Function):
     """Per-token cross-entropy with its backward written by hand (``softmax - onehot``), as a
     fused loss kernel wraps it; labels -100 give 0."""
