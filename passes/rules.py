@@ -15,7 +15,7 @@ import torch.fx as fx
 from .axes import AxisTable, RuleOut
 from .graphs import bind, normalize_dim, same, unpadded, val as tensor_meta
 from .stops import STOP
-from . import units
+from . import unit_axes
 
 aten = torch.ops.aten
 RULES: dict = {}
@@ -86,7 +86,7 @@ register(aten.where.self, aten.clone.default, aten._to_copy.default, aten.alias.
          aten.ones_like.default, aten.full_like.default, aten.empty_like.default, STOP)(pointwise)
 
 
-register(units.UNIT)(units.rule)  # a Function with its own backward: its axes from its bodies
+register(unit_axes.UNIT)(unit_axes.rule)  # a Function with its own backward: its axes from its bodies
 
 
 # ---- reduction family ----------------------------------------------------------------------------
