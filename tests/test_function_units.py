@@ -128,6 +128,12 @@ def test_straight_through_estimator_streams_with_its_own_backward():
     assert run.grads["layers.0.mlp.mlp.gate.weight"].abs().max() > 0
     assert run.counters["unit_backward"] == 2 * 3, run.counters  # its own backward, per chunk
     print(f"straight-through: max relative gradient error {_max_rel_error(run):.2e}")
+    torch._dynamo.reset()
+    lm2, inputs2 = _llama(lambda block: setattr(block, "mlp", QuantizedMLP(block.mlp)))
+    report = streamfx.explain(lm2, *inputs2.args, options={"chunk_size": 5})
+    assert sorted(where for _, where in report.units) == ["per chunk in layer.0", "per chunk in layer.1"], report.units
+    assert all("StraightThrough" in what and "test_function_units.py" in what for what, _ in report.units), report.units
+    assert "one op with its own backward" in str(report)
 
 
 @pytest.mark.fast
