@@ -46,6 +46,7 @@ class AxisTable:
         # gather's index may be shorter than its input in Dynamo's view): equal in every call
         # that streams, which the runtime checks (each compiled chunk graph reads one size per axis)
         self.assumed: list[tuple] = []
+        self.stacks: dict = {}    # (pieces, other dims' atoms) -> the axis of a stack of size-1 columns
         self._ids = itertools.count()
 
     def fresh(self, size) -> tuple:

@@ -12,6 +12,7 @@ import dataclasses
 import torch
 
 from streamfx.errors import CannotStream
+from . import unit_axes
 from .graphs import ALIASES, ancestors, in_order, per_token, same
 from .kv import kv_outputs
 from .positions import rebuild_positions
@@ -91,7 +92,7 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
     for n in region.nodes:
         cls = classes[n]
         if cls not in (TOKEN_LOCAL, SEQ_FREE, SEQ_REDUCTION):
-            raise CannotStream(f"{cls} op in the head region", n)
+            raise unit_axes.refusal(n, sd) or CannotStream(f"{cls} op in the head region", n)
         if cls == SEQ_REDUCTION:
             if n.target not in SUM_OPS:
                 raise CannotStream("a reduction over the sequence that is not a sum", n)
@@ -261,7 +262,7 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
         if cls == CAUSAL_MIXING and n not in site.nodes:
             raise CannotStream("token mixing outside the recognised attention site", n)
         if cls not in (TOKEN_LOCAL, SEQ_FREE, CAUSAL_MIXING):
-            raise CannotStream(f"{cls} op inside a layer", n)
+            raise unit_axes.refusal(n, sd) or CannotStream(f"{cls} op inside a layer", n)
     nodes, inputs, pulled = pull_masks(region, sd)
     nodes, inputs = pull_producers(nodes, inputs, pulled, sd, classes, requires_grad)
     nodes, inputs = rebuild_positions(region.nodes, *pull_created(nodes, inputs, sd), sd)

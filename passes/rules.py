@@ -15,6 +15,7 @@ import torch.fx as fx
 from .axes import AxisTable, RuleOut
 from .graphs import bind, normalize_dim, same, unpadded, val as tensor_meta
 from .stops import STOP
+from . import unit_axes
 
 aten = torch.ops.aten
 RULES: dict = {}
@@ -83,6 +84,9 @@ register(aten.where.self, aten.clone.default, aten._to_copy.default, aten.alias.
          aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.threshold_backward.default,
          aten.native_dropout_backward.default, aten.fill.Scalar, aten.zeros_like.default,
          aten.ones_like.default, aten.full_like.default, aten.empty_like.default, STOP)(pointwise)
+
+
+register(unit_axes.UNIT)(unit_axes.rule)  # a Function with its own backward: its axes from its bodies
 
 
 # ---- reduction family ----------------------------------------------------------------------------
@@ -281,6 +285,14 @@ def cat(node, table, ax):
         # pieces that share one axis along d are stacked: element (i, t) is piece i's row t
         # (torch.stack of per-row results decomposes to this cat and a view)
         a[d] = table.fresh(len(xs)) + next(iter(along))
+        return RuleOut([tuple(a)])
+    if len(xs) > 1 and along == {()}:
+        # columns of one value each stacked side by side (Phi-MoE's first and second expert and
+        # their weights: ``cat((w1, w2), -1)``, ``cat((e1, e2), -1)``): column i is piece i, so
+        # two such stacks over the same rows share their column axis, as topk's values and
+        # indices do
+        key = (len(xs),) + tuple(table.canon(a[k]) for k in range(n) if k != d)
+        a[d] = table.stacks.setdefault(key, table.fresh(len(xs)))
         return RuleOut([tuple(a)])
     a[d] = table.fresh(out_shape(node)[d]) if len(xs) > 1 else ax(xs[0])[d]
     return RuleOut([tuple(a)], mixed=tuple((x, d) for x in xs) if len(xs) > 1 else ())

@@ -11,8 +11,9 @@ a gradient, and every read of such a value computed under ``no_grad`` by code ou
 becomes ``streamfx::stop_gradient`` (a copy whose output requires no gradient, as
 ``detach`` does). ``strip(joint)`` turns it back into an alias once the joint's backward exists,
 so the partitioned graphs copy nothing; graphs compiled without a backward (inference) keep the
-copy. A ``torch.autograd.Function`` whose backward is not the derivative of its forward cannot
-be made visible that way: ``custom_backward(gm)`` finds it, and the graph runs unstreamed.
+copy. A ``torch.autograd.Function`` is one op with its own backward (``units``); one that cannot
+be (a size argument, random numbers) and whose backward is not the derivative of its forward is
+found by ``custom_backward(gm)``, and the graph runs unstreamed.
 """
 from __future__ import annotations
 
@@ -117,8 +118,8 @@ def mark(gm: fx.GraphModule) -> int:
 
 
 def custom_backward(gm: fx.GraphModule):
-    """The first call of a ``torch.autograd.Function`` in Dynamo's graph whose backward is not
-    the derivative of its forward, or None. The joint's backward half calls the Function's own
+    """The first call of a ``torch.autograd.Function`` left in Dynamo's graph (``units.wrap``
+    makes the others one op each) whose backward is not the derivative of its forward, or None. The joint's backward half calls the Function's own
     backward; a joint that differentiates the forward graph again differentiates the Function's
     forward ops instead. That is exact where the backward is their derivative (Bloom's GeLU, a
     fused formula written by hand), which is checked numerically here on random inputs of the

@@ -20,7 +20,7 @@ from .config import StreamConfig
 from . import frames, untraceable
 from .errors import CannotStream, StreamBPError, failure
 from . import logging_calls
-from .passes import stops, verify
+from .passes import stops, units, verify
 from .session import DetachOutputs, Session
 
 logging_calls.install()  # (loaded as a backend: before Dynamo traces the first model)
@@ -70,14 +70,15 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
     session = session or Session(config)
     frames.check_callers(config.strict)  # a caller that Dynamo skipped runs eagerly around this graph
     stops.mark(gm)
+    kept = units.wrap(gm)  # a Function with a backward of its own: one op, run per chunk where it is per token
     session.begin_graph(gm, example_inputs)
     custom = stops.custom_backward(gm)
     if custom is not None:
         session.refuse("graph", CannotStream(
-            "a torch.autograd.Function whose backward is not the derivative of its forward is in the "
-            "graph (streaming differentiates the forward again and would not call that backward); move "
-            "the Function out of the compiled code (torch.compiler.disable on the function that applies "
-            "it) so that the rest streams", custom))
+            f"a torch.autograd.Function that cannot run as one op ({kept.get(custom, 'unknown form')}) and whose "
+            "backward is not the derivative of its forward is in the graph (streaming differentiates the "
+            "forward again and would not call that backward); move the Function out of the compiled code "
+            "(torch.compiler.disable on the function that applies it) so that the rest streams", custom))
         session.unstreamed = True
     try:
         try:

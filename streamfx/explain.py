@@ -10,6 +10,7 @@ import torch
 from .config import StreamConfig
 from .errors import StreamBPError, source_line, op_name
 from .passes.graphs import hint, per_token
+from .passes.units import _UNITS, UNIT
 
 
 @dataclasses.dataclass
@@ -27,6 +28,7 @@ class Report:
     caveats: list = dataclasses.field(default_factory=list)  # (region, what limits its streaming) pairs
     settings: dict = dataclasses.field(default_factory=dict)  # the compile settings explained: dynamic, options
     fallbacks: list = dataclasses.field(default_factory=list)  # (region, cause): streamed regions that ran whole
+    units: list = dataclasses.field(default_factory=list)  # (Function and line, where it runs): one op each
     _later: object = dataclasses.field(default=None, repr=False)  # () -> Report for dynamic=None's later lengths
 
     @property
@@ -59,6 +61,10 @@ class Report:
             lines.append(f"    {p.describe()}")
         lines.append(f"  saved for backward by streamed regions: {self.saved or 'nothing'}")
         lines.append(f"  estimated peak of streamed regions: {self.estimated_peak_bytes / 2**20:.1f} MiB")
+        if self.units:
+            lines.append("  torch.autograd.Functions, each one op with its own backward:")
+            for what, where in self.units:
+                lines.append(f"    {what}: {where}")
         for where, why in self.caveats:
             lines.append(f"  {where} streams, but {why}")
         if self.not_streamed:
@@ -166,7 +172,7 @@ def _fresh(x: torch.Tensor) -> torch.Tensor:
 
 
 def build_report(analyses) -> Report:
-    sites, regions, plans, refusals, saved, moved, caveats, fallbacks = [], [], [], [], [], [], [], []
+    sites, regions, plans, refusals, saved, moved, caveats, fallbacks, units = [], [], [], [], [], [], [], [], []
     classes: Counter = Counter()
     peak = 0
     for a in analyses:
@@ -183,12 +189,17 @@ def build_report(analyses) -> Report:
         for n in a.unknown_mixing():
             if any(n in r.nodes for r in a.regions):
                 refusals.append((op_name(n), f"mixes tokens other than causal attention{source_line(n)}"))
+        for n in a.fwd_nodes:
+            if n.op == "call_function" and n.target is UNIT:
+                where = next((p.name for p in a.plans if n in p.nodes), None)
+                units.append((f"{_UNITS[n.args[0]].name}{source_line(n)}",
+                              f"per chunk in {where}" if where else "whole, outside the streamed regions"))
         for p in a.plans:
             saved += [x.name for x in p.saved]
             peak += _chunk_peak(p)
         fallbacks += [(prog.name, f"{phase}: {cause}") for _, prog in a.programs for phase, cause in prog.fallbacks]
     return Report([a.seq_len for a in analyses], sites, regions, plans, refusals, classes, saved, peak, analyses,
-                  moved, caveats, fallbacks=fallbacks)
+                  moved, caveats, fallbacks=fallbacks, units=units)
 
 
 def _chunk_peak(p) -> int:

@@ -5,8 +5,9 @@ ordinary ops; streaming differentiates the forward graph again (and each chunk g
 time), so without explicit stops a gradient would flow where eager's never does: a policy-
 gradient loss ``exp(logp - logp.detach())`` got gradients off by 168%, a recurrent model whose
 early iterations run under ``no_grad`` (Hugging Face's HRM) by 100%. A ``torch.autograd.Function``
-whose backward is not the derivative of its forward cannot be rebuilt that way: its graph runs
-unstreamed, with a warning.
+is one op with its own backward (``streamfx.passes.units``, tested in test_function_units.py);
+one that cannot be (a size argument) is judged by ``stops.custom_backward``: a backward that is
+not the derivative of its forward makes its graph run unstreamed, with a warning.
 """
 import copy
 import warnings
@@ -197,18 +198,63 @@ def _lm_inputs():
 
 
 @pytest.mark.fast
-def test_custom_autograd_function_runs_unstreamed_and_says_where():
+def test_custom_autograd_function_on_the_loss_runs_as_a_unit():
+    """A backward that is not the derivative (x2 forward, x0.5 backward) applied to the loss: the
+    Function is one op with its own backward (``streamfx.passes.units``), so the gradients are
+    eager's, and every region streams around it, also under strict."""
     lm, _ = zoo.tiny_llama()
-    run = run_eager_and_compiled(WithFunction(lm), _lm_inputs(), {"chunk_size": 5})
-    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
-    assert_grads_match(run.ref_grads, run.grads)
-    assert not run.programs
-    assert len(run.warnings) == 1 and "torch.autograd.Function" in run.warnings[0] \
-        and "test_gradient_stops.py" in run.warnings[0] and "torch.compiler.disable" in run.warnings[0], run.warnings
+    run = run_eager_and_compiled(WithFunction(lm), _lm_inputs(), {"chunk_size": 5, "head_chunk_size": 4,
+                                                                 "strict": True})
+    _exact_and_streamed(run, {"layer.0", "layer.1", "head"})
+
+
+class ScaledBySize(torch.autograd.Function):
+    """``ScaledGradient`` with a size argument it uses (symbolic in a dynamic compile)."""
+
+    @staticmethod
+    def forward(ctx, x, n):
+        return x * (2 * n) / n
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 0.5, None
+
+
+class WithSizedFunction(torch.nn.Module):
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, idx, labels):
+        loss, _ = self.lm(idx, labels)
+        return ScaledBySize.apply(loss, idx.shape[1])
+
+
+@pytest.mark.fast
+def test_custom_autograd_function_with_a_size_argument_runs_unstreamed_and_says_where():
+    """A symbolic size argument keeps the Function from being one op (a chunk would need its own
+    size); its backward is not the derivative, so the graph runs unstreamed and exact, and the
+    warning says why and what to do; strict raises."""
+    lm, _ = zoo.tiny_llama()
+    ref = copy.deepcopy(lm)
+    inputs = _lm_inputs()
+    ref_loss = WithSizedFunction(ref)(*inputs.args)
+    ref_loss.backward()
+    torch._dynamo.reset()
+    model = WithSizedFunction(lm)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = torch.compile(model, backend="streambp", dynamic=True, options={"codegen": "eager"})(*inputs.args)
+        loss.backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match({k: p.grad for k, p in ref.named_parameters()}, {k: p.grad for k, p in lm.named_parameters()})
+    text = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    assert text and all("torch.autograd.Function" in t and "takes a size" in t and "test_gradient_stops.py" in t
+                        and "torch.compiler.disable" in t for t in text), text
+    torch._dynamo.reset()
     with pytest.raises(streamfx.StreamBPError, match="autograd.Function"):
-        torch._dynamo.reset()
-        torch.compile(WithFunction(zoo.tiny_llama()[0]), backend="streambp",
-                      options={"codegen": "eager", "strict": True})(*_lm_inputs().args)
+        torch.compile(WithSizedFunction(zoo.tiny_llama()[0]), backend="streambp", dynamic=True,
+                      options={"codegen": "eager", "strict": True})(*inputs.args)
 
 
 class HandWrittenGelu(torch.autograd.Function):

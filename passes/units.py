@@ -1,0 +1,291 @@
+"""A ``torch.autograd.Function`` as one op with its own backward: a unit.
+
+Dynamo captures ``Fn.apply(...)`` as ``autograd_function_apply(fwd_body, bwd_body, *args)``;
+AOTAutograd inlines both bodies into the joint graph, and the streamed joint, which
+differentiates the forward graph again (and each chunk graph at run time), would differentiate
+the forward body instead of calling the Function's backward. ``wrap(gm)`` runs on Dynamo's graph
+and replaces each such call by ``streamfx::unit(key, inputs)``: its forward runs the forward
+body, its autograd formula runs the backward body (``streamfx::unit_backward``), so every later
+pass sees one op, and differentiating it, for the whole sequence or a chunk, calls the
+Function's own backward. The op returns the body's outputs and then the values the backward
+reads that are not inputs (its saved intermediates); on torch 2.11 the body's outputs include
+intermediates too, whose gradient placeholders the backward leaves unused.
+
+A unit runs per chunk only where it is per token: ``unit_axes`` reads that from its bodies.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+
+from . import verify
+from .graphs import same
+
+aten = torch.ops.aten
+
+
+@dataclasses.dataclass
+class Unit:
+    name: str              # the Function's class, as Dynamo names its bodies' owner
+    fwd: fx.GraphModule    # the forward body, grad toggles removed: (outputs, saved values)
+    bwd: fx.GraphModule    # the backward body: (*output grads, *saved values) -> input grads
+    args: tuple            # per body argument: ("in", i) a tensor input, ("size", i, k) its size k
+                           # (read from the tensor each call: a chunk's for a chunk), ("const", value)
+    n_out: int             # outputs of the forward body (the op's first outputs)
+    saved: tuple           # per saved value: as ``args``, or ("out", j) an output of the op
+    non_differentiable: frozenset
+    grads: tuple           # body arguments the backward returns a gradient for (not None)
+    signature: object = None  # unit_axes.Signature: its axes and where it combines positions
+
+
+_UNITS: dict[int, Unit] = {}
+_KEYS: dict = {}  # structure -> key: layers that apply one Function share a unit (and chunk graphs)
+RANDOM = ("rand", "randn", "rand_like", "randn_like", "randint", "randint_like", "randperm", "bernoulli", "dropout",
+          "normal", "uniform", "exponential", "geometric", "cauchy", "log_normal", "multinomial", "poisson", "random")
+
+
+# ---- the ops ----------------------------------------------------------------------------------
+def _run(body: fx.GraphModule, args) -> tuple:
+    with torch.no_grad():
+        return fx.Interpreter(body).run(*args)
+
+
+def _body_args(unit: Unit, inputs) -> list:
+    return [_read(a, inputs) for a in unit.args]
+
+
+def _read(where: tuple, inputs, outputs=()):
+    kind = where[0]
+    return inputs[where[1]] if kind == "in" else inputs[where[1]].shape[where[2]] if kind == "size" \
+        else outputs[where[1]] if kind == "out" else where[1]
+
+
+def _fresh(values, inputs) -> list:
+    """Outputs that share no memory with an input or an earlier output (a custom op returns
+    new tensors)."""
+    out: list = []
+    for v in values:
+        if any(v is o or torch._C._is_alias_of(v, o) for o in list(inputs) + out):
+            v = v.clone()
+        out.append(v)
+    return out
+
+
+def _forward(unit: Unit, inputs) -> list:
+    outs, saved = _run(unit.fwd, _body_args(unit, inputs))
+    extra = [s for s, where in zip(saved, unit.saved) if where[0] == "out"]
+    return _fresh(list(outs) + extra, inputs)
+
+
+@torch.library.custom_op("streamfx::unit", mutates_args=())
+def unit_op(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """A Function's forward body (its outputs, then its saved intermediates)."""
+    return _forward(_UNITS[key], inputs)
+
+
+@unit_op.register_fake
+def _unit_fake(key, inputs):
+    return _forward(_UNITS[key], inputs)
+
+
+def _grads(unit: Unit, grads, saved, sizes) -> list:
+    tensors, ints = iter(saved), iter(sizes)
+    values = [w[1] if w[0] == "const" else next(ints) if w[0] == "size" else next(tensors) for w in unit.saved]
+    got = _run(unit.bwd, list(grads) + values)
+    got = list(got) if isinstance(got, (tuple, list)) else [got]
+    return [got[j] for j in unit.grads]
+
+
+@torch.library.custom_op("streamfx::unit_backward", mutates_args=())
+def unit_backward(key: int, grads: list[torch.Tensor], saved: list[torch.Tensor],
+                  sizes: list[int]) -> list[torch.Tensor]:
+    """A Function's backward body: the gradients it returns for its tensor inputs (``Unit.grads``)."""
+    from streamfx.chunks import COUNTERS
+
+    COUNTERS["unit_backward"] += 1
+    return _fresh(_grads(_UNITS[key], grads, saved, sizes), list(grads) + list(saved))
+
+
+@unit_backward.register_fake
+def _unit_backward_fake(key, grads, saved, sizes):
+    return _fresh(_grads(_UNITS[key], grads, saved, sizes), list(grads) + list(saved))
+
+
+def _setup(ctx, inputs, output):
+    key, xs = inputs
+    unit = _UNITS[key]
+    ctx.key = key
+    ctx.outs = [(o.shape, o.dtype, o.device) for o in output[:unit.n_out]]
+    ctx.ins = [x.shape for x in xs]
+    ctx.save_for_backward(*[_read(w, xs, output) for w in unit.saved if w[0] in ("in", "out")])
+    ctx.sizes = [_read(w, xs) for w in unit.saved if w[0] == "size"]
+    ctx.mark_non_differentiable(*[o for j, o in enumerate(output)
+                                  if j >= unit.n_out or j in unit.non_differentiable])
+
+
+def _backward(ctx, grads):
+    unit = _UNITS[ctx.key]
+    # (as eager autograd materialises them: zeros for the outputs that got no gradient)
+    gs = [g if g is not None else torch.zeros(s, dtype=d, device=dev)
+          for g, (s, d, dev) in zip(list(grads)[:unit.n_out], ctx.outs)]
+    got = unit_backward(ctx.key, gs, list(ctx.saved_tensors), ctx.sizes)
+    result = [None] * len(ctx.ins)
+    for j, g in zip(unit.grads, got):
+        kind, i = unit.args[j]
+        if kind == "in":  # (a gradient of a broadcast input, summed as autograd does)
+            shape = ctx.ins[i]
+            result[i] = g if len(g.shape) == len(shape) and all(map(same, g.shape, shape)) else g.sum_to_size(shape)
+    return None, result
+
+
+unit_op.register_autograd(_backward, setup_context=_setup)
+UNIT = torch.ops.streamfx.unit.default
+UNIT_BACKWARD = torch.ops.streamfx.unit_backward.default
+
+
+# ---- Dynamo's graph: Function calls become units ----------------------------------------------
+def is_function_call(n: fx.Node) -> bool:
+    return n.op == "call_function" and type(n.target).__name__ == "AutogradFunctionApply"
+
+
+def wrap(gm: fx.GraphModule) -> dict:
+    """Each ``autograd_function_apply`` of Dynamo's graph that can be a unit becomes one (see the
+    module doc). One that cannot (a size argument, random ops, effects beyond its outputs, an
+    in-place output) stays as it is, for ``stops.custom_backward`` to judge; returns those, each
+    with why it is not a unit."""
+    count, kept = 0, {}
+    for n in list(gm.graph.nodes):
+        if not is_function_call(n):
+            continue
+        unit, why = _unit_of(gm, n)
+        if unit is None:
+            kept[n] = why
+            continue
+        inputs = [a for a in n.args[2:] if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
+        vals = [_value(a) for a in inputs]
+        try:
+            key = _register(unit, vals)
+        except (ImportError, NameError):  # this code against a torch it does not know: loud
+            raise
+        except Exception as e:  # noqa: BLE001 - bodies that do not trace to ATen: left to the derivative check
+            if verify.enabled():
+                raise
+            kept[n] = f"its bodies do not trace to ATen: {type(e).__name__}"
+            continue
+        with gm.graph.inserting_before(n):
+            new = gm.graph.call_function(UNIT, (key, inputs))
+        new.meta.update(n.meta)
+        mode = _fake_mode(vals)
+        if mode is not None:
+            with mode:
+                new.meta["example_value"] = unit_op(key, vals)
+        bodies = n.args[:2]
+        n.replace_all_uses_with(new)
+        gm.graph.erase_node(n)
+        for body in bodies:
+            if not body.users:
+                gm.graph.erase_node(body)
+        count += 1
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+    return kept
+
+
+def _fake_mode(vals):
+    """The fake mode of Dynamo's example values (not the tracing context's)."""
+    return next((v.fake_mode for v in vals if hasattr(v, "fake_mode")), None) or detect_fake_mode(vals)
+
+
+def _value(node: fx.Node):
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _unit_of(gm: fx.GraphModule, n: fx.Node) -> tuple:
+    """(the unit of a Function call, None), or (None, why it cannot be one)."""
+    from .stops import _pure, _without_grad_toggles
+
+    fwd, bwd = getattr(gm, n.args[0].target), getattr(gm, n.args[1].target)
+    if n.kwargs.get("dirty_idx"):
+        return None, "it changes an input in place (ctx.mark_dirty)"
+    if not (_pure(fwd) and _pure(bwd)):
+        return None, "its forward or backward calls more than tensor math"
+    if any(m.op == "call_method" and m.target in ("item", "tolist") for b in (fwd, bwd) for m in b.graph.nodes):
+        return None, "it reads a tensor's value as a number (.item(), as a dynamic compile passes a float)"
+    if _random(fwd) or _random(bwd):
+        return None, "it draws random numbers (a chunk recomputed in the backward would draw others)"
+    tensors = [a for a in n.args[2:] if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
+    args = []
+    for a in n.args[2:]:
+        if a in tensors:
+            args.append(("in", tensors.index(a)))
+        elif isinstance(a, fx.Node):  # a size (a dynamic compile lifts the inputs' sizes into the bodies)
+            where = _size_of(_value(a), tensors)
+            if where is None:
+                return None, "it takes a size as an argument that is no size of its tensor inputs"
+            args.append(where)
+        else:
+            args.append(("const", a))
+    fwd_out = fwd.graph.find_nodes(op="output")[0].args[0]
+    if not (isinstance(fwd_out, (tuple, list)) and len(fwd_out) == 2):
+        return None, "its forward body is not (outputs, saved values)"
+    outs, saved_nodes = fwd_out
+    params = fwd.graph.find_nodes(op="placeholder")
+    saved, extra = [], len(outs)
+    for s in saved_nodes:
+        if isinstance(s, fx.Node) and s.op == "placeholder":
+            saved.append(args[params.index(s)])
+        elif isinstance(s, fx.Node):
+            if not isinstance(_value(s), torch.Tensor):
+                return None, "it saves a size it computes for its backward"
+            saved.append(("out", extra))
+            extra += 1
+        else:
+            saved.append(("const", s))
+    bwd_out = bwd.graph.find_nodes(op="output")[0].args[0]
+    bwd_out = bwd_out if isinstance(bwd_out, (tuple, list)) else (bwd_out,)
+    if len(bwd.graph.find_nodes(op="placeholder")) != len(outs) + len(saved) or len(bwd_out) != len(args):
+        return None, "its backward body does not take (output gradients, saved values)"
+    grads = tuple(j for j, g in enumerate(bwd_out) if isinstance(g, fx.Node) and args[j][0] == "in")
+    # (Dynamo keeps no reference to the class: its name is read from the call, ``Fn.apply(...)``)
+    names = re.findall(r"(\w+)\.apply\(", n.meta.get("stack_trace") or "")
+    return Unit(names[-1] if names else "Function", _without_grad_toggles(fwd),
+                _without_grad_toggles(bwd), tuple(args), len(outs), tuple(saved),
+                frozenset(n.kwargs.get("non_differentiable_idx", ())), grads), None
+
+
+def _size_of(v, tensors) -> tuple | None:
+    """("size", i, k): the size ``v`` (a SymInt) is dim k of tensor input i; None if none."""
+    if isinstance(v, torch.SymInt):
+        for i, t in enumerate(tensors):
+            for k, size in enumerate(_value(t).shape):
+                if isinstance(size, torch.SymInt) and size.node.expr == v.node.expr:
+                    return ("size", i, k)
+    return None
+
+
+def _random(body: fx.GraphModule) -> bool:
+    return any(n.op in ("call_function", "call_method") and
+               getattr(n.target, "__name__", str(n.target)).split(".")[-1].strip("_") in RANDOM
+               for n in body.graph.nodes)
+
+
+def _register(unit: Unit, vals) -> int:
+    """The unit's key: one per structure and input metadata (a Function applied in every layer
+    is one unit, so the layers' chunk graphs stay one graph)."""
+    from streamfx.chunks import structure_key
+
+    key = (structure_key(unit.fwd), structure_key(unit.bwd), repr(unit.args), unit.n_out, repr(unit.saved),
+           tuple(sorted(unit.non_differentiable)), unit.grads,
+           tuple((tuple(map(str, v.shape)), str(v.dtype), str(v.device)) for v in vals))
+    if key not in _KEYS:
+        from .unit_axes import signature
+
+        unit.signature = signature(unit, vals)
+        _KEYS[key] = len(_UNITS)
+        _UNITS[_KEYS[key]] = unit
+    return _KEYS[key]

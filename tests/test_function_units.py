@@ -1,0 +1,391 @@
+"""A ``torch.autograd.Function`` with a backward of its own streams as a unit.
+
+Its forward and its own backward run per chunk (``streamfx.passes.units``), never differentiated
+again: a straight-through estimator (a backward that is not the derivative of the forward) and a
+fused RMSNorm written as a Function stream exactly; a Function that combines positions along
+the sequence is refused with the op that does it, and its graph runs exactly unstreamed.
+"""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import streamfx
+import zoo
+from conftest import assert_grads_match, grads_of, run_eager_and_compiled
+from streamfx.chunks import COUNTERS
+
+
+class StraightThrough(torch.autograd.Function):
+    """Rounds to a grid of 1/4 in the forward; the backward passes the gradient through as if
+    the rounding were the identity (a straight-through estimator: not the derivative, which is 0)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return torch.round(x * 4) / 4
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class FusedRMSNorm(torch.autograd.Function):
+    """RMSNorm with its backward written by hand, as fused kernels (Liger, Unsloth) wrap theirs:
+    saves the input and the per-token inverse RMS, returns the input's and the weight's gradient
+    (the weight's is a sum over every token)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return x * rstd * weight
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight, rstd = ctx.saved_tensors
+        xhat = x * rstd
+        gw = g * weight
+        dx = rstd * (gw - xhat * (gw * xhat).mean(-1, keepdim=True))
+        dweight = (g * xhat).reshape(-1, x.shape[-1]).sum(0)
+        return dx, dweight, None
+
+
+class PrefixMean(torch.autograd.Function):
+    """Each token's running mean over the tokens before it (a cumsum along the sequence)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        n = torch.arange(1, x.shape[1] + 1, dtype=x.dtype).view(1, -1, 1)
+        ctx.save_for_backward(n)
+        return x.cumsum(1) / n
+
+    @staticmethod
+    def backward(ctx, g):
+        n, = ctx.saved_tensors
+        return (g / n).flip(1).cumsum(1).flip(1)
+
+
+class QuantizedMLP(torch.nn.Module):
+    """The SwiGLU MLP with its input quantized by ``StraightThrough``."""
+
+    def __init__(self, mlp):
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x):
+        return self.mlp(StraightThrough.apply(x))
+
+
+class FunctionNorm(torch.nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.weight, self.eps = norm.weight, norm.eps
+
+    def forward(self, x):
+        return FusedRMSNorm.apply(x, self.weight, self.eps)
+
+
+class PrefixMeanMLP(torch.nn.Module):
+    def __init__(self, mlp):
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x):
+        return self.mlp(PrefixMean.apply(x))
+
+
+def _llama(wrap):
+    lm, make_inputs = zoo.tiny_llama()
+    for block in lm.layers:
+        wrap(block)
+    return lm, make_inputs(zoo.Case("t", 2, 13))
+
+
+def _exact(run):
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+
+
+def _max_rel_error(run) -> float:
+    return max(((run.grads[k] - g).abs().max() / g.abs().max().clamp_min(1e-30)).item()
+               for k, g in run.ref_grads.items() if g is not None)
+
+
+@pytest.mark.fast
+def test_straight_through_estimator_streams_with_its_own_backward():
+    """The estimator's backward (the identity) is not the derivative of its forward (zero almost
+    everywhere): differentiating the forward again would zero every gradient below it. As a unit
+    it runs per chunk with its own backward, and every layer streams."""
+    lm, inputs = _llama(lambda block: setattr(block, "mlp", QuantizedMLP(block.mlp)))
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4, "strict": True})
+    _exact(run)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert run.counters["chunks_backward"] >= 2 * 3, run.counters
+    assert not run.warnings, run.warnings
+    # the gradient below the estimator is not zero (the derivative of round would make it so)
+    assert run.grads["layers.0.mlp.mlp.gate.weight"].abs().max() > 0
+    assert run.counters["unit_backward"] == 2 * 3, run.counters  # its own backward, per chunk
+    print(f"straight-through: max relative gradient error {_max_rel_error(run):.2e}")
+    torch._dynamo.reset()
+    lm2, inputs2 = _llama(lambda block: setattr(block, "mlp", QuantizedMLP(block.mlp)))
+    report = streamfx.explain(lm2, *inputs2.args, options={"chunk_size": 5})
+    assert sorted(where for _, where in report.units) == ["per chunk in layer.0", "per chunk in layer.1"], report.units
+    assert all("StraightThrough" in what and "test_function_units.py" in what for what, _ in report.units), report.units
+    assert "one op with its own backward" in str(report)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("codegen", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_fused_rmsnorm_function_streams(codegen):
+    """Every norm of the model is a Function with a hand-written backward: the layers and the
+    head stream, the weights' gradients (sums over all tokens) accumulate over chunks."""
+    def wrap(block):
+        block.attn_norm, block.mlp_norm = FunctionNorm(block.attn_norm), FunctionNorm(block.mlp_norm)
+
+    lm, inputs = _llama(wrap)
+    lm.norm = FunctionNorm(lm.norm)
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4, "strict": True,
+                                              "codegen": codegen})
+    _exact(run)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert not run.warnings, run.warnings
+    # its own backward ran per chunk: 2 norms x 3 chunks per layer (the attention's norm for the
+    # queries and again for the keys and values), 4 chunks of the head's norm
+    assert run.counters["unit_backward"] >= 2 * 2 * 3 + 4, run.counters
+    print(f"fused RMSNorm ({codegen}): max relative gradient error {_max_rel_error(run):.2e}")
+
+
+@pytest.mark.fast
+def test_function_mixing_tokens_is_refused_and_exact():
+    """A cumsum along the sequence in the Function: its layers are refused naming the Function,
+    its op and the line that applies it; the graph runs exactly; strict raises."""
+    lm, inputs = _llama(lambda block: setattr(block, "mlp", PrefixMeanMLP(block.mlp)))
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    _exact(run)
+    assert not {p.name for p in run.programs} & {"layer.0", "layer.1"}, [p.name for p in run.programs]
+    text = " ".join(run.warnings)
+    assert "PrefixMean" in text and "cumsum" in text and "test_function_units.py" in text, run.warnings
+    torch._dynamo.reset()
+    lm2, inputs2 = _llama(lambda block: setattr(block, "mlp", PrefixMeanMLP(block.mlp)))
+    with pytest.raises(streamfx.StreamBPError, match="PrefixMean"):
+        torch.compile(lm2, backend="streambp", options={"codegen": "eager", "strict": True})(*inputs2.args)
+
+
+class Rotary(torch.autograd.Function):
+    """Rotary embedding of the queries and the keys in one Function (as fused RoPE kernels
+    are), its backward the inverse rotation written by hand."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin):
+        ctx.save_for_backward(cos, sin)
+
+        def rotate(x):
+            x1, x2 = x.chunk(2, -1)
+            return x * cos + torch.cat((-x2, x1), -1) * sin
+        return rotate(q), rotate(k)
+
+    @staticmethod
+    def backward(ctx, gq, gk):
+        cos, sin = ctx.saved_tensors
+
+        def back(g):
+            g1, g2 = (g * sin).chunk(2, -1)
+            return g * cos + torch.cat((g2, -g1), -1)
+        return back(gq), back(gk), None, None
+
+
+class RotaryAttention(zoo.LlamaAttention):
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q, k = Rotary.apply(q, k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+@pytest.mark.fast
+def test_rotary_function_on_queries_and_keys_streams():
+    """One unit makes the queries and the keys: the keys' rows run through it per chunk in the
+    K/V graph, the queries' in the query graph, each backward with the Function's own."""
+    lm, inputs = _llama(lambda block: setattr(block.attn, "__class__", RotaryAttention))
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4, "strict": True})
+    _exact(run)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert run.counters["unit_backward"] >= 2 * 3, run.counters
+    print(f"rotary: max relative gradient error {_max_rel_error(run):.2e}")
+
+
+class TokenCrossEntropy(torch.autograd.Function):
+    """Per-token cross-entropy with its backward written by hand (``softmax - onehot``), as a
+    fused loss kernel wraps it; labels -100 give 0."""
+
+    @staticmethod
+    def forward(ctx, logits, labels):
+        lse = torch.logsumexp(logits, -1)
+        picked = logits.gather(-1, labels.clamp_min(0)[:, None])[:, 0]
+        ctx.save_for_backward(logits, labels, lse)
+        return torch.where(labels != -100, lse - picked, 0.0)
+
+    @staticmethod
+    def backward(ctx, g):
+        logits, labels, lse = ctx.saved_tensors
+        p = torch.exp(logits - lse[:, None]) - F.one_hot(labels.clamp_min(0), logits.shape[-1]).to(logits.dtype)
+        return p * (g * (labels != -100))[:, None], None
+
+
+class FusedLoss(torch.nn.Module):
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, idx, labels):
+        _, logits = self.lm(idx)
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        per_token = TokenCrossEntropy.apply(logits.reshape(-1, self.lm.vocab), shifted.reshape(-1))
+        return per_token.sum() / (shifted != -100).sum()
+
+
+@pytest.mark.fast
+def test_fused_cross_entropy_function_streams_in_the_head():
+    """The head streams through a loss Function of the flattened (batch x tokens) rows: its
+    labels input is chunked with the logits (the unit lines the two up), its own backward runs
+    per head chunk."""
+    lm, make_inputs = zoo.tiny_llama()
+    inputs = make_inputs(zoo.Case("t", 2, 13))
+    inputs = zoo.Inputs(inputs.args, {}, inputs.case, lambda o: o, None, zoo.VOCAB)
+    run = run_eager_and_compiled(FusedLoss(lm), inputs, {"chunk_size": 5, "head_chunk_size": 4, "strict": True})
+    _exact(run)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert run.counters["unit_backward"] == 4, run.counters
+    print(f"fused cross-entropy: max relative gradient error {_max_rel_error(run):.2e}")
+
+
+def _noise(x):
+    """Uniform-looking numbers in (0, 1) from each value of ``x`` (a hash of it), so the routing
+    samples are the same in eager and in every chunk."""
+    with torch.no_grad():
+        return torch.frac(torch.sin(x.float() * 12.9898) * 43758.5453).clamp(1e-6, 1 - 1e-6).to(x.dtype)
+
+
+def _sparsemixer(scores, jitter_eps, training, top_k=2):
+    """transformers' Phi-MoE ``sparsemixer`` in training mode with its random draws (Gumbel
+    sampling of the experts, the midpoint mask of Heun's method) replaced by ``_noise`` of the
+    router scores: the same routes and the same straight-through ``PhimoeMultiplier``."""
+    from transformers.models.phimoe.modeling_phimoe import PhimoeMultiplier
+
+    def pick(scores, masked_scores, salt):
+        with torch.no_grad():
+            threshold, _ = masked_scores.max(dim=-1, keepdim=True)
+            factor = scores.abs().clamp(min=threshold)
+            hidden = ((threshold - scores) / factor) > (2 * jitter_eps)
+        gates = masked_scores.masked_fill(hidden, float("-inf"))
+        selected = (gates - (-torch.log(_noise(scores + salt))).log()).max(dim=-1)[1].unsqueeze(-1)
+        gates = torch.softmax(gates, dim=-1)
+        best, best_ind = gates.max(dim=-1, keepdim=True)
+        one = torch.logical_or(selected == best_ind, _noise(best + salt) > 0.75)
+        one = torch.add(0.3333, one, alpha=0.6667).type_as(gates)
+        return PhimoeMultiplier.apply(scores, gates.gather(dim=-1, index=selected), selected, gates, one), selected
+
+    first, selected = pick(scores, scores, 0.0)
+    second, selected_2 = pick(scores, torch.scatter(scores, -1, selected, float("-inf")), 0.5)
+    return torch.concat((first, second), dim=-1), torch.concat((selected, selected_2), dim=-1)
+
+
+@pytest.mark.slow
+def test_phimoe_router_estimator_streams(monkeypatch):
+    """Phi-MoE's router gradient is ``PhimoeMultiplier``'s straight-through estimate, a backward
+    that is not the derivative of its forward: every layer streams, with eager's gradients."""
+    from transformers import PhimoeConfig, PhimoeForCausalLM
+    from transformers.models.phimoe import modeling_phimoe
+
+    monkeypatch.setattr(modeling_phimoe, "sparsemixer", _sparsemixer)
+    cfg = PhimoeConfig(vocab_size=zoo.VOCAB, hidden_size=zoo.HIDDEN, intermediate_size=16, num_hidden_layers=2,
+                       num_attention_heads=zoo.HEADS, num_key_value_heads=zoo.KV_HEADS, num_local_experts=4,
+                       num_experts_per_tok=2, max_position_embeddings=zoo.MAX_POS, pad_token_id=zoo.PAD_ID,
+                       router_jitter_noise=0.01, input_jitter_noise=0.0)
+    model = zoo._hf(PhimoeForCausalLM, cfg, "sdpa")
+    inputs = zoo._hf_inputs(zoo.VOCAB)(zoo.Case("t", 2, 16))
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 6, "strict": True})
+    _exact(run)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert all(set(runs) == {4} for name, runs in run.schedules.items() if name.startswith("layer.")), run.schedules
+    assert not run.warnings, run.warnings
+    assert run.counters["unit_backward"] == 2 * 2 * 4, run.counters  # 2 estimators x 4 chunks per layer
+    print(f"Phi-MoE: max relative gradient error {_max_rel_error(run):.2e}")
+
+
+class RowScale(torch.autograd.Function):
+    """Rows of features times a weight through a flattened view (sizes read from the input: a
+    dynamic compile passes them to the Function as symbols)."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return (x.reshape(-1, x.shape[-1]) * w).view(x.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        return g * w, (g * x).reshape(-1, x.shape[-1]).sum(0)
+
+
+class LengthScaled(torch.autograd.Function):
+    """Scales each token by the sequence length: a length read as a number."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.length = x.shape[1]
+        return x * x.shape[1]
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.length
+
+
+class ScaledMLP(torch.nn.Module):
+    def __init__(self, mlp, d, by_length=False):
+        super().__init__()
+        self.mlp, self.by_length = mlp, by_length
+        self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, d))
+
+    def forward(self, x):
+        x = StraightThrough.apply(RowScale.apply(x, self.w))
+        return self.mlp(LengthScaled.apply(x) if self.by_length else x)
+
+
+def _dynamic_runs(by_length, lengths=(13, 17)):
+    """(warnings, unit backward runs) per length of a dynamic compile, each checked exact."""
+    lm, make_inputs = zoo.tiny_llama()
+    for block in lm.layers:
+        block.mlp = ScaledMLP(block.mlp, zoo.HIDDEN, by_length)
+    ref, mine = copy.deepcopy(lm), copy.deepcopy(lm)
+    torch._dynamo.reset()
+    compiled = torch.compile(mine, backend="streambp", dynamic=True, options={"codegen": "eager", "chunk_size": 5})
+    out = []
+    for T in lengths:
+        args = make_inputs(zoo.Case("t", 2, T)).args
+        ref.zero_grad(set_to_none=True)
+        mine.zero_grad(set_to_none=True)
+        ref(*args)[0].backward()
+        before = COUNTERS["unit_backward"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled(*args)[0].backward()
+        assert_grads_match(grads_of(ref), grads_of(mine))
+        out.append(([str(w.message) for w in caught if "streamfx" in str(w.message)],
+                    COUNTERS["unit_backward"] - before))
+    return out
+
+
+def test_units_under_dynamic_shapes():
+    """A dynamic compile passes the inputs' sizes into the Functions: a unit reads them from the
+    tensors it gets, a chunk's for a chunk, at every length; a Function that reads the length as
+    a number combines positions (a chunk would read its own length) and is refused, exactly."""
+    for (text, runs), chunks in zip(_dynamic_runs(by_length=False), (3, 4)):
+        assert not text and runs == 2 * 2 * chunks, (text, runs)  # 2 layers x 2 units x chunks
+    (text, _), = _dynamic_runs(by_length=True, lengths=(13,))
+    assert text and all("LengthScaled" in t and "sym_size" in t for t in text), text
