@@ -82,6 +82,8 @@ class AttentionSite:
 
     def describe(self) -> str:
         mask = self.mask_kind + (f"({self.window})" if self.window else "")
+        if self.mask_chain:
+            mask += f" (masks applied in sequence by {', '.join(n.name for n in self.mask_chain)}, read as one)"
         if self.data:
             mask += f", computed from data ({', '.join(n.name for n in self.data)}): keys per chunk read from it per call"
         return f"#{self.index} {self.kind} causal={self.is_causal} mask={mask}"
