@@ -164,6 +164,12 @@ def test_layer_forms_at_every_chunk_size(form, case, chunk):
     check(form, case, {"chunk_size": chunk})
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["diff", "where"])
+def test_layer_forms_inductor(form):
+    check(form, "left_pad", {"chunk_size": 5, "codegen": "inductor"})
+
+
 @pytest.mark.fast
 def test_two_sites_share_one_key_prefix():
     """Differential attention's two calls read one query and key: the K/V graph keeps the keys
