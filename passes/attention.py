@@ -75,9 +75,15 @@ class AttentionSite:
     mask_user: fx.Node | None = None   # the node that applies the mask to the scores (unfused)
     conflict: str | None = None        # why the scores' terms leave the keys a chunk reads unknown
     softmax: bool = True               # False: scores multiply the values with no softmax between
+    # the ops that apply several mask terms to the scores in sequence (a ``where`` with a constant,
+    # then an additive padding mask), in graph order, from the first to ``mask_user``: the mask the
+    # analysis reads is their effect on zero scores, one additive mask per (query, key)
+    mask_chain: tuple = ()
 
     def describe(self) -> str:
         mask = self.mask_kind + (f"({self.window})" if self.window else "")
+        if self.mask_chain:
+            mask += f" (masks applied in sequence by {', '.join(n.name for n in self.mask_chain)}, read as one)"
         if self.data:
             mask += f", computed from data ({', '.join(n.name for n in self.data)}): keys per chunk read from it per call"
         return f"#{self.index} {self.kind} causal={self.is_causal} mask={mask}"
@@ -183,12 +189,15 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
                     and xa[-2] and sd.table.canon(xa[-2]) == seq and x is not scores \
                     and all(c[0] is not x for c in candidates):
                 candidates.append((x, n))
-    mask, mask_user, conflict = _choose_mask(candidates)
+    mask, mask_user, conflict, terms = _choose_mask(candidates)
+    chain = ()
+    if terms:
+        chain, conflict = _mask_chain(terms, interior)
     q, kt = _operands(scores)
     softmax = any(n.target in SOFTMAX_OPS for n in interior)
     return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
                          frozenset(interior | {out}), False, mask, mask_user=mask_user, conflict=conflict,
-                         softmax=softmax)
+                         softmax=softmax, mask_chain=chain)
 
 
 # a softmax over the keys, fused or decomposed (max, exp, sum): linear attention has none
@@ -209,35 +218,66 @@ def _hides(x: fx.Node, user: fx.Node) -> bool:
 
 
 def _choose_mask(candidates: list) -> tuple:
-    """(mask, the node applying it, conflict) among the token-by-token terms entering the scores.
+    """(mask, the node applying it, conflict, terms) among the token-by-token terms entering the
+    scores.
 
-    A term that is the condition of a masking op is the mask; a term added to the scores is a
+    A term that is the condition of a masking op hides keys; a term added to the scores is a
     score term (a learned bias, ALiBi distances) that the chunk graphs take sliced like any
-    other input, or the mask when nothing masks the scores otherwise. The keys a chunk reads
-    come from the mask alone: exact as long as no other term hides keys, so a second masking
-    condition, an additive term beside a masking op that is computed from per-token data (a
-    padding mask), or two additive masks, is a conflict the layer plan refuses (``conflict``:
-    the message)."""
+    other input, or a mask when it can hide keys (``_mask_like``: a mask input, or computed from
+    per-token data or from constants alone). One such term is the mask. Several (two masking
+    conditions, a padding mask added beside a masking op, two additive masks) are applied in
+    sequence: ``terms`` lists them, (term, the op applying it) in graph order, and the mask is
+    their composition (``_mask_chain``); ``mask`` and its op are then the last term's."""
     if not candidates:
-        return None, None, None
+        return None, None, None, ()
     hiding = [c for c in candidates if _hides(*c)]
     mask, user = hiding[-1] if hiding else candidates[-1]
     others = [x for x, _ in candidates if x is not mask]
-    if len(hiding) > 1:
-        return mask, user, f"the scores are masked twice ({', '.join(x.name for x, _ in hiding)}): combine the masks into one"
-    if others and hiding:
-        data = [x for x in others if _from_token_data(x)]
-        if data:
-            return mask, user, (f"a term added to the scores ({data[0].name}) is computed from per-token data beside the "
-                                f"mask ({mask.name}): combine them into one mask")
+    if len(hiding) > 1 or (others and hiding and any(_from_token_data(x) for x in others)):
+        terms = [c for c in candidates if c in hiding or _mask_like(c[0])]
+        return terms[-1][0], terms[-1][1], None, tuple(terms)
     if others and not hiding:
         masks = [c for c in candidates if _mask_like(c[0])]
         if len(masks) > 1:
-            return mask, user, (f"several masks are added to the scores ({', '.join(x.name for x, _ in masks)}): "
-                                "combine them into one")
+            return masks[-1][0], masks[-1][1], None, tuple(masks)
         if masks:
             mask, user = masks[0]
-    return mask, user, None
+    return mask, user, None, ()
+
+
+# ops a chain of mask terms may hold between its terms: the value of every (query, key) pair is
+# computed from the same pair of the inputs, so the chain can run on a zero scalar for the scores
+CHAIN_OPS = MASKING_OPS + (aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor)
+
+
+def _mask_chain(terms: tuple, interior: set) -> tuple:
+    """(chain, conflict) for mask terms applied in sequence: the interior nodes from the first
+    term's op to the last's, in graph order. Every one must be an elementwise op whose only
+    input from the scores is the previous node of the chain (the scores themselves for the
+    first), so the chain's effect on zero scores is the one mask it applies; otherwise the
+    masks are a conflict the layer plan refuses."""
+    first, last = terms[0][1], terms[-1][1]
+    chain = [n for n in _in_graph_order(interior)
+             if n is first or n is last or (_reaches(first, n, interior) and _reaches(n, last, interior))]
+    for prev, n in zip([None] + chain, chain):
+        from_scores = [x for x in n.all_input_nodes if x in interior]
+        if n.target not in CHAIN_OPS or len(from_scores) != 1 or (prev is not None and from_scores[0] is not prev):
+            names = ", ".join(x.name for x, _ in terms)
+            return (), f"the scores are masked by several terms ({names}) in a way not read as one mask: combine them into one"
+    return tuple(chain), None
+
+
+def _reaches(a: fx.Node, b: fx.Node, within: set) -> bool:
+    stack, seen = [a], set()
+    while stack:
+        n = stack.pop()
+        if n is b:
+            return True
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(u for u in n.users if u in within)
+    return False
 
 
 def _mask_like(node: fx.Node) -> bool:

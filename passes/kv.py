@@ -50,19 +50,18 @@ KV_VIEW_OPS = {aten.unsqueeze.default, aten.expand.default, aten.clone.default, 
                aten.transpose.int, aten.alias.default}
 
 
-def kv_boundary(node, inside: set, sd):
+def kv_boundary(node, inside: set, sd, key_views: frozenset = frozenset()):
     """Where the K/V graph stops for the attention's keys (or values) ``node``: walking back
     through views and copies (GQA's repeat_kv is unsqueeze, expand, clone, view), the narrowest
     tensor of the walk, the earliest of equal ones. The full-length K/V buffers, their fp32
     gradients and each chunk's prefix then hold only the distinct key/value heads; the query
     graph applies the rest of the walk per chunk (fused CPU attention skips the repeat).
+    The walk passes a tensor only where every use of it inside the layer is on such a walk
+    (``key_views``, see ``_view_walks``: two attention calls repeating one key tensor each).
     Returns (boundary, nodes after it up to ``node``: the key side of the query graph)."""
     walk, cur = [node], node
-    while cur.op == "call_function" and cur.target in KV_VIEW_OPS:
-        x = cur.args[0]
-        if not isinstance(x, fx.Node) or x not in inside or sd.seq_dim(x) is None or not sd.seq_is_atomic(x):
-            break
-        if [u for u in x.users if u in inside] != [cur]:
+    while (x := _viewed(cur, inside, sd)) is not None:
+        if any(u is not cur and u not in key_views for u in x.users if u in inside):
             break
         walk.append(x)
         cur = x
@@ -70,15 +69,39 @@ def kv_boundary(node, inside: set, sd):
     return walk[best], frozenset(walk[:best])
 
 
-def kv_outputs(site, inside: set, inputs, outputs, sd, mode: str = "auto"):
-    """The tensors the K/V graph produces for attention ``site``, the key side (nodes the query
-    graph computes from their prefix) and whether those tensors are a latent cut. ``mode`` (the
-    ``kv_boundary`` option): "heads", the keys and values (``kv_boundary``); "latent", the
-    latent cut where there is a narrower one; "auto", the cut where ``kept_bytes`` is lower."""
-    walked = [kv_boundary(x, inside, sd) for x in (site.key, site.value)]
-    base = tuple(b for b, _ in walked)
+def _viewed(cur, inside: set, sd):
+    """The tensor ``cur`` is a view or copy of, where the walk of ``kv_boundary`` may go on to it."""
+    if cur.op != "call_function" or cur.target not in KV_VIEW_OPS:
+        return None
+    x = cur.args[0]
+    if not isinstance(x, fx.Node) or x not in inside or sd.seq_dim(x) is None or not sd.seq_is_atomic(x):
+        return None
+    return x
+
+
+def _view_walks(nodes, inside: set, sd) -> frozenset:
+    """Every tensor on a walk back from ``nodes`` through views and copies, whatever its other uses."""
+    seen = set()
+    for cur in nodes:
+        while cur is not None and cur not in seen:
+            seen.add(cur)
+            cur = _viewed(cur, inside, sd)
+    return frozenset(seen)
+
+
+def kv_outputs(sites, inside: set, inputs, outputs, sd, mode: str = "auto"):
+    """The tensors the K/V graph produces for the attention ``sites`` of one layer (the keys and
+    values of all of them, each tensor once), the key side (nodes the query graph computes from
+    their prefix) and whether those tensors are a latent cut. ``mode`` (the ``kv_boundary``
+    option): "heads", the keys and values (``kv_boundary``); "latent", the latent cut where there
+    is a narrower one; "auto", the cut where ``kept_bytes`` is lower."""
+    ends = [x for site in sites for x in (site.key, site.value)]
+    views = _view_walks(ends, inside, sd)
+    walked = [kv_boundary(x, inside, sd, views) for x in ends]
+    base = tuple(dict.fromkeys(b for b, _ in walked))
     key_side = frozenset().union(*(chain for _, chain in walked))
-    cut = None if mode == "heads" else latent_cut(base, inside, inputs, outputs, frozenset(site.nodes) | key_side, sd)
+    site_nodes = frozenset().union(*(site.nodes for site in sites))
+    cut = None if mode == "heads" else latent_cut(base, inside, inputs, outputs, site_nodes | key_side, sd)
     if cut is None or (mode == "auto" and kept_bytes(*cut, sd) >= kept_bytes(base, frozenset(), sd)):
         return base, key_side, False
     nodes, after = cut

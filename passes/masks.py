@@ -88,13 +88,15 @@ def pattern(allowed: torch.Tensor) -> tuple:
 
 def _subgraph(site):
     """(node to evaluate, nodes in order, preset values). With unfused attention the mask is
-    applied to zero scores: the result is additive whatever the mask's convention."""
+    applied to zero scores (every term of a chain, ``site.mask_chain``, in turn): the result is
+    additive whatever the mask's convention."""
     if site.mask_user is None:
         return site.mask, in_order(ancestors([site.mask]), site.mask.graph), {}
     user = site.mask_user
-    preset = {x: _zeros(x) for x in user.all_input_nodes if x in site.nodes}
-    others = [x for x in user.all_input_nodes if x not in site.nodes]
-    nodes = in_order(ancestors(others), user.graph) + [user]
+    chain = list(site.mask_chain) or [user]  # several mask terms applied in sequence: all of them
+    preset = {x: _zeros(x) for x in chain[0].all_input_nodes if x in site.nodes}
+    others = [x for n in chain for x in n.all_input_nodes if x not in site.nodes]
+    nodes = in_order(ancestors(others) | set(chain), user.graph)
     return user, nodes, preset
 
 
@@ -163,6 +165,8 @@ def _run(target, nodes, constants, env):
             if "device" in kwargs:
                 kwargs = {**kwargs, "device": torch.device("cpu")}
             env[n] = n.target(*args, **kwargs)
+        elif n.op == "get_attr" and isinstance(getattr(n.graph.owning_module, n.target, None), torch.Tensor):
+            env[n] = _on_cpu(getattr(n.graph.owning_module, n.target))  # a lifted constant (a fill value)
         else:
             return None
     value = env[target]

@@ -224,7 +224,7 @@ def _nonempty(x) -> bool:
 # ---- layers --------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class LayerPlan(RegionPlan):
-    site: object = None
+    sites: tuple = ()            # the layer's attention sites (several: DiffLlama's two calls)
     kv_nodes: list = dataclasses.field(default_factory=list)
     kv_outputs: tuple = ()       # what the K/V graph produces: keys and values, or MLA's latent (see kv)
     key_side: frozenset = frozenset()  # nodes between those and the attention's keys/values
@@ -233,20 +233,51 @@ class LayerPlan(RegionPlan):
 
     def describe(self) -> str:
         text = super().describe()
+        if len(self.sites) > 1:
+            text += f"; {len(self.sites)} attention sites ({', '.join(f'#{s.index}' for s in self.sites)})"
         if self.kv_outputs:
             width = sum(per_token(x, self.sd) for x in dict.fromkeys(self.kv_outputs))
             text += (f"; K/V graph keeps {[x.name for x in self.kv_outputs]} ({width:g} values per position)"
                      + (", a latent the keys and values are computed from per chunk" if self.kv_latent else ""))
-        if self.site is not None and self.site.mask is not None:
-            text += f"; keys per chunk: those its rows may see under the mask ({self.site.mask_kind}), read from the mask per call"
+        masked = [s.mask_kind for s in self.sites if s.mask is not None]
+        if masked:
+            text += (f"; keys per chunk: those its rows may see under the mask ({', '.join(dict.fromkeys(masked))}), "
+                     "read from the mask per call")
         return text
 
 
 def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> LayerPlan:
-    """A layer region streams when all its ops are token-local except one causal attention site."""
-    if len(region.attention) != 1:
-        raise CannotStream(f"a layer region with {len(region.attention)} attention sites")
-    site = region.attention[0]
+    """A layer region streams when all its ops are token-local except its causal attention
+    sites (one or more: every site reads keys from the same prefix of each chunk)."""
+    sites = tuple(region.attention)
+    if not sites:
+        raise CannotStream("a layer region with no attention site")
+    for site in sites:
+        _check_site(site)
+    if len({s.mask is None for s in sites}) > 1:
+        # a chunk reads one key range for all its sites: a masked site may widen it, which the
+        # causal alignment of an unmasked site (keys [0, e)) does not allow
+        raise CannotStream("attention sites with and without a mask in one layer", sites[-1].output)
+    site_nodes = frozenset().union(*(s.nodes for s in sites))
+    for n in region.nodes:
+        if n.target in RANDOM_OPS:
+            raise CannotStream("random op (dropout) whose randomness the chunked recomputation cannot replay", n)
+        cls = classes[n]
+        if cls == CAUSAL_MIXING and n not in site_nodes:
+            raise CannotStream("token mixing outside the recognised attention sites", n)
+        if cls not in (TOKEN_LOCAL, SEQ_FREE, CAUSAL_MIXING):
+            raise unit_axes.refusal(n, sd) or CannotStream(f"{cls} op inside a layer", n)
+    nodes, inputs, pulled = pull_masks(region, sd)
+    nodes, inputs = pull_producers(nodes, inputs, pulled, sd, classes, requires_grad)
+    nodes, inputs = rebuild_positions(region.nodes, *pull_created(nodes, inputs, sd), sd)
+    plan = _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad)
+    if pulled.nodes:  # the rewrite uses this one if the masks do not rebuild per chunk
+        unpulled = rebuild_positions(region.nodes, *pull_created(region.nodes, region.inputs, sd), sd)
+        plan.unpulled = _layer_plan(region, sd, config, sites, *unpulled, PulledMasks(), requires_grad)
+    return plan
+
+
+def _check_site(site) -> None:
     if site.conflict:
         raise CannotStream(site.conflict, site.mask_user)
     if not site.is_causal and not site.softmax:
@@ -255,26 +286,10 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
                            "not causal attention's", site.output)
     if not site.is_causal:
         raise CannotStream("attention that is not causal mixes every token with every other", site.output)
-    for n in region.nodes:
-        if n.target in RANDOM_OPS:
-            raise CannotStream("random op (dropout) whose randomness the chunked recomputation cannot replay", n)
-        cls = classes[n]
-        if cls == CAUSAL_MIXING and n not in site.nodes:
-            raise CannotStream("token mixing outside the recognised attention site", n)
-        if cls not in (TOKEN_LOCAL, SEQ_FREE, CAUSAL_MIXING):
-            raise unit_axes.refusal(n, sd) or CannotStream(f"{cls} op inside a layer", n)
-    nodes, inputs, pulled = pull_masks(region, sd)
-    nodes, inputs = pull_producers(nodes, inputs, pulled, sd, classes, requires_grad)
-    nodes, inputs = rebuild_positions(region.nodes, *pull_created(nodes, inputs, sd), sd)
-    plan = _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad)
-    if pulled.nodes:  # the rewrite uses this one if the masks do not rebuild per chunk
-        unpulled = rebuild_positions(region.nodes, *pull_created(region.nodes, region.inputs, sd), sd)
-        plan.unpulled = _layer_plan(region, sd, config, site, *unpulled, PulledMasks(), requires_grad)
-    return plan
 
 
-def _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad=None) -> LayerPlan:
-    kv_out, key_side, latent = kv_outputs(site, set(nodes), inputs, region.outputs, sd, config.kv_boundary)
+def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=None) -> LayerPlan:
+    kv_out, key_side, latent = kv_outputs(sites, set(nodes), inputs, region.outputs, sd, config.kv_boundary)
     rebuilt = [x for x in inputs if x in key_side]  # made from sizes, rebuilt at the prefix's length
     if rebuilt:
         nodes, inputs = in_order(list(nodes) + rebuilt), [x for x in inputs if x not in rebuilt]
@@ -319,6 +334,6 @@ def _layer_plan(region, sd, config, site, nodes, inputs, pulled, requires_grad=N
         if in_specs[i].kind == "prefix":
             raise CannotStream("a per-key input of the attention scores needs a gradient", inputs[i])
     return LayerPlan(region.name, "layer", nodes, inputs, outputs, [], in_specs, out_specs,
-                     config.chunk_size, T, grad_inputs, sd, frozenset(pulled.nodes), site=site,
+                     config.chunk_size, T, grad_inputs, sd, frozenset(pulled.nodes), sites=sites,
                      kv_nodes=[n for n in nodes if n in kv], kv_outputs=kv_out, key_side=key_side,
                      kv_latent=latent)

@@ -28,12 +28,9 @@ aten = torch.ops.aten
 
 @dataclasses.dataclass
 class MaskGraph:
-    graph: object         # the mask's chunk graph (``streamfx.chunks.ChunkGraph``)
+    graph: object         # the masks' chunk graph (``streamfx.chunks.ChunkGraph``): one output per mask
     inputs: list          # indices of the layer inputs the graph reads
-    kind: str             # "additive" | "allowed" | "masked"
-    fill_finite: bool     # a hidden score is finite (rows that see no key see every key)
-    key_dim: int          # the mask's key dim
-    query_dim: int | None  # the mask's query dim (None: the mask is the same for every row)
+    forms: tuple          # per output: (kind, fill_finite, key_dim), see ``convention``
 
 
 def convention(site) -> tuple:
@@ -68,20 +65,44 @@ def _finite(fill) -> bool:
 
 def mask_graph(plan, chunk_graph) -> MaskGraph | None:
     """The mask graph of a layer plan, or None when its attention has no mask (fused causal
-    attention reads keys [0, e)). ``chunk_graph(inputs, specs, nodes, outputs)`` builds it."""
-    site = plan.site
-    if site.mask is None:
+    attention reads keys [0, e)). A layer with several attention sites has one output per
+    distinct mask: a chunk reads the keys any of its sites may see. ``chunk_graph(inputs, specs,
+    nodes, outputs, zeros)`` builds it (``zeros``: nodes read as a zero scalar)."""
+    sites = [s for s in plan.sites if s.mask is not None]
+    if not sites:
         return None
-    kind, fill_finite = convention(site)
     inside = set(plan.nodes)
-    nodes = in_order(ancestors([site.mask], within=inside)) if site.mask in inside else []
-    reads = set(nodes) | {site.mask}
+    outputs, forms, zeros, reads = [], [], set(), set()
+    for site in sites:
+        out, nodes, scores, form = _mask_part(site, inside, plan.sd)
+        if out in outputs:
+            continue
+        outputs.append(out)
+        forms.append(form)
+        zeros |= scores
+        reads |= nodes
+    nodes = in_order(reads)
     used = [i for i, x in enumerate(plan.inputs) if x in reads or any(x in n.all_input_nodes for n in nodes)]
     if not used:
-        raise CannotStream("the mask reads none of the layer's inputs", site.mask)
-    graph = chunk_graph([plan.inputs[i] for i in used], [plan.in_specs[i] for i in used], nodes, [site.mask])
-    roles = plan.sd.roles(site.mask)
-    ndim = val(site.mask).dim()
+        raise CannotStream("the mask reads none of the layer's inputs", sites[0].mask)
+    graph = chunk_graph([plan.inputs[i] for i in used], [plan.in_specs[i] for i in used], nodes, outputs, zeros)
+    return MaskGraph(graph, used, tuple(forms))
+
+
+def _mask_part(site, inside: set, sd) -> tuple:
+    """(output, the nodes it is computed from (itself included), nodes read as zero, its form) of
+    one site's mask: the mask itself, or, where several terms are applied in sequence
+    (``site.mask_chain``), the chain applied to zero scores: an additive mask."""
+    if site.mask_chain:
+        chain = list(site.mask_chain)
+        scores = {x for x in chain[0].all_input_nodes if x in site.nodes}
+        terms = [x for n in chain for x in n.all_input_nodes if x not in site.nodes]
+        nodes = ancestors(terms, within=inside) | set(chain) | {x for x in terms if x not in inside}
+        return chain[-1], nodes, scores, ("additive", True, -1)
+    kind, fill_finite = convention(site)
+    mask = site.mask
+    nodes = ancestors([mask], within=inside) | {mask}
+    roles = sd.roles(mask)
+    ndim = val(mask).dim()
     key_dim = ndim - 1 if site.mask_user is None else (roles.index("k") if "k" in roles else ndim - 1)
-    query_dim = roles.index("q") if "q" in roles and roles.index("q") != key_dim else None
-    return MaskGraph(graph, used, kind, fill_finite, key_dim, query_dim)
+    return mask, nodes, set(), (kind, fill_finite, key_dim)

@@ -5,7 +5,8 @@ of its source (the token embedding, or the hidden-state input of a graph piece: 
 ``sources.residual_source``), take the dominator chain of the loss (or of the last hidden-path
 output) from the source; each chain node is a tensor every later activation is
 computed from. A layer region runs from the chain node that feeds an attention site's queries
-to the next such chain node. The head region is everything from the last hidden chain node
+to the next such chain node; the sites whose queries follow from the same chain node (several
+attention calls in one layer) are that layer's. The head region is everything from the last hidden chain node
 (the narrowest one after the last attention site) to the sequence reductions that consume it.
 """
 from __future__ import annotations
@@ -90,12 +91,15 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
         return []
     rank = order(fwd_nodes)
     g = dataflow(fwd_nodes)
-    # layer boundaries: for each attention site, the last chain node that precedes its query
+    # layer boundaries: for each attention site, the last chain node that precedes its query;
+    # sites that start from one chain node are one layer's (DiffLlama's two attention calls)
     starts = []
     for site in sorted(sites, key=lambda s: rank.get(s.output, 0)):
         before = [c for c in chain if rank[c] < rank.get(site.query, -1) and nx.has_path(g, c, site.query)]
-        if before:
-            starts.append((before[-1], site))
+        if before and starts and starts[-1][0] is before[-1]:
+            starts[-1][1].append(site)
+        elif before:
+            starts.append((before[-1], [site]))
     regions: list[Region] = []
     last_attn = max((rank[s.output] for s in sites if s.output in rank), default=-1)
     tail = [c for c in chain if rank[c] > last_attn]
@@ -105,10 +109,10 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
     if head_entry is not None:
         layer_end, head_entry = _through_slice(head_entry, g, sd, classes)
     bounds = [s for s, _ in starts] + ([layer_end] if layer_end is not None else [])
-    for i, (start, site) in enumerate(starts):
+    for i, (start, layer_sites) in enumerate(starts):
         end = bounds[i + 1] if i + 1 < len(bounds) else None
         nodes = _between(fwd_nodes, g, start, end, rank)
-        regions.append(_make_region(f"layer.{i}", "layer", start, nodes, [site], rank, fwd_nodes))
+        regions.append(_make_region(f"layer.{i}", "layer", start, nodes, layer_sites, rank, fwd_nodes))
     reach = nx.descendants(g, head_entry) if head_entry is not None else set()
     red = [n for n in fwd_nodes if classes.get(n) == SEQ_REDUCTION and n in reach]
     # a graph piece that starts at the residual stream and computes no loss has no head (a whole

@@ -41,12 +41,14 @@ def region_program(plan, codegen: str) -> RegionProgram:
 
 
 def chunk_graph(name, inputs, specs, nodes, outputs, sd, extra=(), extra_dims=(), key_side=frozenset(),
-                edit=None, whole=False) -> ChunkGraph:
+                edit=None, whole=False, zeros=frozenset()) -> ChunkGraph:
     """A region's graph for one chunk (``build_graph``), its placeholders' slots, checked at
     symbolic chunk shapes. ``extra``: the keys and values (sequence-major prefixes, key dims
     ``extra_dims``); ``edit(gm)`` changes the graph before it is checked; ``whole``: the
-    region for the whole sequence (not checked: it is the joint's own graph)."""
-    gm, sizes = build_graph(inputs, specs, nodes, outputs, sd, extra=extra, key_side=key_side, whole=whole)
+    region for the whole sequence (not checked: it is the joint's own graph); ``zeros``: nodes
+    read as a zero scalar of their dtype (the scores, where the graph applies masks to them)."""
+    gm, sizes = build_graph(inputs, specs, nodes, outputs, sd, extra=extra, key_side=key_side, whole=whole,
+                            zeros=zeros)
     if edit is not None:
         edit(gm)
     roles = [{d: ("q" if whole else r) for d, r in spec.seq_dims()} for spec in specs]
@@ -82,7 +84,7 @@ def _slot(x, roles: dict, sd, layout: str = "dense") -> Slot:
     return Slot.of(v, roles, layout, shape=shape)
 
 
-def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(), whole=False):
+def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(), whole=False, zeros=frozenset()):
     """Copy ``nodes`` into a new GraphModule with ``inputs`` (then ``extra`` nodes) as placeholders,
     then the sizes it needs: (graph module, the size placeholders' keys in order).
 
@@ -110,6 +112,9 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
 
     dims = {d for x in list(inputs) + list(extra) for d in _slot(x, {}, sd).shape if not isinstance(d, int)}
     sizes = Sizes(sd, size_of, readable=dims.__contains__)
+    for z in zeros:
+        v = z.meta["val"]
+        env[z] = g.call_function(aten.scalar_tensor.default, (0.0,), {"dtype": v.dtype, "device": v.device})
     for n in nodes:
         if n in env:
             continue
@@ -183,28 +188,36 @@ def layer_program(plan, codegen: str) -> LayerProgram:
     """K/V graph (keys and values of a chunk), query graph (a chunk's output from its queries and
     the keys/values it reads; fused causal attention aligned to the bottom right of them) and
     the mask graph (which keys each chunk must read, see ``reach``)."""
-    sd, site = plan.sd, plan.site
+    sd = plan.sd
     full = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, sd, whole=True)
     kv_out = plan.kv_outputs
     kv_dims = tuple(sd.seq_dim(x) for x in kv_out)
     kv = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.kv_nodes, list(kv_out), sd)
 
     def attention_edits(gm):
-        if site.kind.startswith("sdpa"):
-            _chunk_attention(gm, site)
+        # the copy keeps the graph order: its fused attention calls are the fused sites in order
+        fused = sorted((s for s in plan.sites if s.kind.startswith("sdpa")), key=lambda s: plan.nodes.index(s.output))
+        calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in kernels.FORWARD_OPS]
+        if len(calls) != len(fused):
+            raise CannotStream(f"the chunk graph holds {len(calls)} fused attention calls for {len(fused)} sites")
+        for node, site in zip(calls, fused):
+            _chunk_attention(gm, node, site)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
 
     q = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, sd, extra=kv_out,
                     extra_dims=kv_dims, key_side=plan.key_side, edit=attention_edits)
     mask = None
-    mg = reach.mask_graph(plan, lambda ins, specs, nodes, outs: chunk_graph(plan.name, ins, specs, nodes, outs, sd))
+    mg = reach.mask_graph(plan, lambda ins, specs, nodes, outs, zeros: chunk_graph(plan.name, ins, specs, nodes, outs, sd,
+                                                                                  zeros=zeros))
     if mg is not None:
-        mask = MaskCheck(mg.graph, mg.inputs, mg.kind, mg.fill_finite, mg.key_dim)
+        mask = MaskCheck(mg.graph, mg.inputs, mg.forms)
     return LayerProgram(plan.name, q, full, plan.in_specs, plan.out_specs, plan.chunk_size,
                         plan.grad_inputs, codegen, kv=kv, kv_dims=kv_dims, mask=mask)
 
 
-def _chunk_attention(gm: fx.GraphModule, site) -> None:
-    """The chunk's fused attention on the model's own kernel (``kernels``), aligned to the bottom
+def _chunk_attention(gm: fx.GraphModule, node: fx.Node, site) -> None:
+    """The chunk's fused attention ``node`` (the copy of ``site``'s) on the model's own kernel (``kernels``), aligned to the bottom
     right of the keys it reads, with no [c, n] mask where the pattern is causal:
 
     - a mask whose pattern is plain causal and read from no data (Hugging Face's 4-D mask of an
@@ -216,7 +229,6 @@ def _chunk_attention(gm: fx.GraphModule, site) -> None:
     - a data mask (padding, documents) stays, built per chunk (padded for a kernel that reads
       aligned rows: ``build_graph``);
     - grouped K/V heads go to a kernel that takes them without being repeated."""
-    node = next(n for n in gm.graph.nodes if n.op == "call_function" and n.target is site.output.target)
     kern = kernels.of(node)
     if kern.grouped_kv:
         _grouped_kv_in_place(gm, node)
@@ -233,8 +245,6 @@ def _chunk_attention(gm: fx.GraphModule, site) -> None:
             _causal_blocks(gm, node, kern)
         else:
             _lower_right_mask(gm, node, kern, site)
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
 
 
 def _set_args(node: fx.Node, values: dict) -> None:

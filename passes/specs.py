@@ -92,11 +92,11 @@ class Spec:
         """The part of input ``x`` a chunk [s, e) with keys [lo, ke) reads (ke defaults to e)."""
         ke = e if ke is None else ke
         if self.kind == "chunk":
-            return x.narrow(self.dim, s, e - s).contiguous()
+            return dense(x.narrow(self.dim, s, e - s), dim_order(x.shape, x.stride()))
         if self.kind == "prefix":
-            return x.narrow(self.dim, lo, ke - lo).contiguous()
+            return dense(x.narrow(self.dim, lo, ke - lo), dim_order(x.shape, x.stride()))
         if self.kind == "qk":
-            return x.narrow(self.dim, s, e - s).narrow(self.kdim, lo, ke - lo).contiguous()
+            return dense(x.narrow(self.dim, s, e - s).narrow(self.kdim, lo, ke - lo), dim_order(x.shape, x.stride()))
         return x
 
     def __str__(self) -> str:
@@ -109,3 +109,32 @@ class Spec:
 
 WHOLE = Spec("whole")
 SUM = Spec("sum")
+
+
+def dim_order(shape, stride) -> tuple | None:
+    """The order of a dense tensor's dims from outermost to innermost where it is not row-major
+    (a transposed view: the queries handed from one graph piece to the next as [B, H, T, D] over
+    [B, T, H, D] memory), else None. A chunk of such an input is copied in the same order: the
+    graph was traced on that layout, and a view that is valid on it need not be on a row-major
+    copy. ``shape`` and ``stride`` are ints (a fake value's are read by their hints)."""
+    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    order = sorted(range(len(shape)), key=lambda d: (shape[d] != 1, -stride[d], d))
+    expected = 1
+    for d in reversed([d for d in order if d in dims]):
+        if stride[d] != expected:
+            return None  # overlapping (an expand) or not dense: copied row-major
+        expected *= shape[d]
+    inner = [d for d in order if d in dims]
+    return None if inner == dims else tuple(order)
+
+
+def dense(x, order: tuple | None):
+    """``x`` as a dense tensor whose dims lie in ``order`` (row-major for None): ``x`` itself
+    where it already is one."""
+    if order is None:
+        return x.contiguous()
+    perm = x.permute(order)
+    if perm.is_contiguous():
+        return x
+    return perm.contiguous().permute([order.index(d) for d in range(x.dim())])
+

@@ -28,6 +28,9 @@ import torch.fx as fx
 from torch._functorch import config as functorch_config
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
+from .passes.graphs import hint
+from .passes.specs import dense, dim_order
+
 COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chunks_backward": 0,
             "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0, "region_fallbacks": 0,
             "unit_backward": 0}  # (a Function's own backward, run for a chunk or a whole tensor)
@@ -54,6 +57,7 @@ class Slot:
     device: str
     layout: str = "dense"      # "dense", or "seq_major" (the key dim outermost: a K/V prefix view)
     stride: tuple | None = None  # the strides of an input passed whole with static sizes (a weight's view)
+    order: tuple | None = None   # dense, its dims in this order from the outermost (None: row-major)
 
     @staticmethod
     def of(val, roles: dict, layout: str = "dense", shape=None) -> "Slot":
@@ -61,13 +65,15 @@ class Slot:
         (``shape``: its sizes written another way, with the same symbols for the same axes)."""
         sizes = val.shape if shape is None else shape
         shape = tuple(roles.get(j) or (s if isinstance(s, int) else s.node.expr) for j, s in enumerate(sizes))
-        stride = None
+        stride, order = None, None
         if not roles and all(isinstance(s, int) for s in tuple(val.shape) + tuple(val.stride())):
             stride = tuple(val.stride())
-        return Slot(shape, val.dtype, str(val.device), layout, stride)
+        elif layout == "dense":  # a chunk keeps the stride order of the whole input (``specs.dim_order``)
+            order = dim_order([hint(s) for s in val.shape], [hint(s) for s in val.stride()])
+        return Slot(shape, val.dtype, str(val.device), layout, stride, order)
 
     def key(self) -> tuple:
-        return (tuple(str(s) for s in self.shape), str(self.dtype), self.device, self.layout, self.stride)
+        return (tuple(str(s) for s in self.shape), str(self.dtype), self.device, self.layout, self.stride, self.order)
 
     def fit(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` laid out as the compiled code expects it (a copy only where it is not)."""
@@ -75,7 +81,9 @@ class Slot:
             if tuple(x.stride()) == self.stride:
                 return x
             return torch.empty_strided(x.shape, self.stride, dtype=x.dtype, device=x.device).copy_(x)
-        return x if self.layout != "dense" or x.is_contiguous() else x.contiguous()
+        if self.layout != "dense":
+            return x
+        return dense(x, self.order)
 
 
 @dataclasses.dataclass
@@ -253,6 +261,9 @@ def fake_inputs(slots, sizes=(), grads=(), hints: dict | None = None):
                 t = t.permute([order.index(j) for j in range(len(shape))])
             elif slot.stride is not None:
                 t = torch.empty_strided(shape, slot.stride, dtype=slot.dtype, device=slot.device)
+            elif slot.order is not None:
+                t = torch.empty([shape[j] for j in slot.order], dtype=slot.dtype, device=slot.device)
+                t = t.permute([slot.order.index(j) for j in range(len(shape))])
             else:
                 t = torch.empty(shape, dtype=slot.dtype, device=slot.device)
             fakes.append(t.requires_grad_(i in grads and slot.dtype.is_floating_point))

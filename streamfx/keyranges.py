@@ -90,11 +90,21 @@ def reach(block: torch.Tensor, kind: str, fill_finite: bool, key_dim: int) -> to
     first = torch.where(sees, flags.argmax(-1), n).amin()
     last = torch.where(sees, n - 1 - flags.flip(-1).argmax(-1), -1).amax()
     if kind == "additive":
-        empty = (~sees & torch.isfinite(block).movedim(key_dim, -1).all(-1)).any() if block.is_floating_point() \
+        # a row that sees no key depends on every key whose hidden score is finite
+        empty = (~sees & torch.isfinite(block).movedim(key_dim, -1).any(-1)).any() if block.is_floating_point() \
             else (~sees).any()
     else:
         empty = (~sees).any() if fill_finite else torch.zeros((), dtype=torch.bool, device=block.device)
     return torch.stack([first, last, empty.to(first.dtype)])
+
+
+def union(rows: list) -> torch.Tensor:
+    """The reach of several masks one chunk's rows are attended under (a layer's attention sites):
+    the first key any of them may see, the last, and whether any has a row that sees none."""
+    if len(rows) == 1:
+        return rows[0]
+    stacked = torch.stack(rows)
+    return torch.stack([stacked[:, 0].amin(), stacked[:, 1].amax(), stacked[:, 2].amax()])
 
 
 def ranges_from_reach(reach_rows: torch.Tensor, bounds, T: int) -> list:

@@ -310,17 +310,17 @@ def clear_caches() -> None:
 
 @dataclasses.dataclass
 class MaskCheck:
-    """The mask part of a layer (``streamfx.passes.reach``) and how its values hide keys. Layers
-    with the same mask graph share its cache (every layer of a model reads one mask)."""
+    """The mask part of a layer (``streamfx.passes.reach``) and how its values hide keys: one
+    (kind, fill_finite, key_dim) per output of the graph, one output per distinct mask of the
+    layer's attention sites. Layers with the same mask graph share its cache (every layer of a
+    model reads one mask)."""
     graph: ChunkGraph
     inputs: list          # indices of the layer inputs it reads
-    kind: str
-    fill_finite: bool
-    key_dim: int
+    forms: tuple
 
     @functools.cached_property
     def _cache_key(self) -> tuple:
-        return (self.graph.gm.code, tuple(s.key() for s in self.graph.slots), self.kind, self.fill_finite, self.key_dim)
+        return (self.graph.gm.code, tuple(s.key() for s in self.graph.slots), self.forms)
 
     @property
     def cache(self) -> keyranges.RangeCache:
@@ -370,8 +370,8 @@ class LayerProgram(RegionProgram):
         with torch.no_grad():
             for s, e in bounds:
                 with failures.chunk("mask check", s, e, T):
-                    block = fn(*[spec.take(x, s, e, 0, T) for x, spec in zip(reads, specs)])[0]
-                    rows.append(keyranges.reach(block, m.kind, m.fill_finite, m.key_dim))
+                    blocks = fn(*[spec.take(x, s, e, 0, T) for x, spec in zip(reads, specs)])
+                    rows.append(keyranges.union([keyranges.reach(b, *form) for b, form in zip(blocks, m.forms)]))
         ranges = keyranges.ranges_from_reach(torch.stack(rows), bounds, T)
         m.cache.put(reads, extra, ranges)
         return ranges
