@@ -185,3 +185,25 @@ def test_gpu_command_tiny_on_cpu(tmp_path):
         assert r["status"] == "ok" and r["max_len"] >= 128 and r["compiles"] == 0, r
     md = (out / "gpu.md").read_text()
     assert "## kernels" in md and "## speed" in md and "| streamfx |" in md
+
+
+@pytest.mark.fast
+def test_speed_table_medians_and_ratios():
+    """``bench.speed``'s table: per method the median over rounds, its ratio to each baseline's
+    median, the streambp split with what ran outside the regions, a failed method's reason."""
+    from streamfx.bench import speed
+
+    def row(method, t, r, split=None):
+        return {"preset": "p", "seq": 64, "method": method, "time_s": t, "rss_rise_bytes": 2**20, "round": r,
+                "split_s": split or {}}
+
+    rows = [row("streambp", 0.9, 0, {"head forward": 0.2, "layer backward": 0.4}),
+            row("streambp", 1.1, 1, {"head forward": 0.2, "layer backward": 0.4}),
+            row("streambp", 0.8, 2, {"head forward": 0.2, "layer backward": 0.4}),
+            row("ckpt", 1.0, 0), row("ckpt", 1.2, 1), row("ckpt", 0.95, 2),
+            {"preset": "p", "seq": 64, "method": "ckpt-compiled", "error": "boom"}]
+    text = speed.table(rows, ["streambp", "ckpt", "ckpt-compiled"])
+    assert "| p | 64 | streambp | 0.900 | 3 | 0.900 | - | 1 | head forward 0.20, layer backward 0.40; " \
+           "outside regions 0.30 |" in text, text
+    assert "| p | 64 | ckpt | 1.000 | 3 | - | - | 1 | - |" in text, text
+    assert "| p | 64 | ckpt-compiled | failed: boom |" in text, text

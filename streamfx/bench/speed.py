@@ -15,6 +15,7 @@ forward / backward; the rest of the step is what runs outside the streamed regio
 
 Methods:
   streambp        torch.compile(model, backend="streambp", options=--options)
+  streambp-recompute  the same with head_grad="recompute" (the head's backward reruns its chunks)
   ckpt            HF gradient checkpointing (model.gradient_checkpointing_enable()), eager
   ckpt-compiled   the same under torch.compile(model) (Inductor)
   ckpt-offload    HF activation checkpointing with its inputs offloaded to the host
@@ -33,7 +34,7 @@ import time
 import warnings
 from pathlib import Path
 
-METHODS = ("streambp", "ckpt", "ckpt-compiled", "ckpt-offload", "eager")
+METHODS = ("streambp", "streambp-recompute", "ckpt", "ckpt-compiled", "ckpt-offload", "eager")
 BASELINES = ("ckpt", "ckpt-compiled")
 
 
@@ -42,9 +43,11 @@ def _prepare(method: str, model, options: dict):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if method == "streambp":
+        if method in ("streambp", "streambp-recompute"):
             from .methods import _streambp_backend
 
+            if method == "streambp-recompute":
+                options = {**options, "head_grad": "recompute"}
             return torch.compile(model, backend=_streambp_backend(), options=options)
         if method in ("ckpt", "ckpt-compiled"):
             model.gradient_checkpointing_enable()
@@ -91,7 +94,7 @@ def worker(args: dict) -> dict:
     with MemoryMeter("cpu") as meter:
         step()
     runtime.TIMES.clear()
-    runtime.TIMING[0] = args["method"] == "streambp"
+    runtime.TIMING[0] = args["method"].startswith("streambp")
     times = []
     for _ in range(args["steps"]):
         t0 = time.perf_counter()
@@ -134,7 +137,7 @@ def table(rows: list, methods: list) -> str:
             ratios = [f"{med[m] / med[b]:.3f}" if b in med and m != b else "-" for b in BASELINES]
             rss = statistics.median([r["rss_rise_bytes"] for r in got]) / 2**20
             split = "-"
-            if m == "streambp":
+            if m.startswith("streambp"):
                 parts = {k: statistics.median([r["split_s"].get(k, 0.0) for r in got])
                          for k in sorted({k for r in got for k in r["split_s"]})}
                 split = ", ".join(f"{k} {v:.2f}" for k, v in parts.items()) + \
