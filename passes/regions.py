@@ -92,12 +92,15 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
     rank = order(fwd_nodes)
     g = dataflow(fwd_nodes)
     # layer boundaries: for each attention site, the last chain node that precedes its query;
-    # sites that start from one chain node are one layer's (DiffLlama's two attention calls)
+    # sites that start from one chain node, side by side (none computed from another's output),
+    # are one layer's (DiffLlama's two attention calls)
     starts = []
     for site in sorted(sites, key=lambda s: rank.get(s.output, 0)):
         before = [c for c in chain if rank[c] < rank.get(site.query, -1) and nx.has_path(g, c, site.query)]
-        if before and starts and starts[-1][0] is before[-1]:
-            starts[-1][1].append(site)
+        if before and starts and starts[-1][0] is before[-1] and not any(
+                nx.has_path(g, other.output, x) for other in starts[-1][1]
+                for x in (site.query, site.key, site.value) if x in g):
+            starts[-1][1].append(site)  # (side by side: no site of the layer feeds this one)
         elif before:
             starts.append((before[-1], [site]))
     regions: list[Region] = []
