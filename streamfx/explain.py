@@ -27,6 +27,7 @@ class Report:
     caveats: list = dataclasses.field(default_factory=list)  # (region, what limits its streaming) pairs
     settings: dict = dataclasses.field(default_factory=dict)  # the compile settings explained: dynamic, options
     fallbacks: list = dataclasses.field(default_factory=list)  # (region, cause): streamed regions that ran whole
+    storage: list = dataclasses.field(default_factory=list)  # offload.StorePlan of each layer whose inputs leave the device or are rebuilt
     _later: object = dataclasses.field(default=None, repr=False)  # () -> Report for dynamic=None's later lengths
 
     @property
@@ -58,6 +59,10 @@ class Report:
         for p in self.plan:
             lines.append(f"    {p.describe()}")
         lines.append(f"  saved for backward by streamed regions: {self.saved or 'nothing'}")
+        if self.storage:
+            lines.append(f"  layer inputs: {self.storage[0].options.describe()}")
+            for sp in self.storage:
+                lines.append(f"    {sp.describe()}")
         lines.append(f"  estimated peak of streamed regions: {self.estimated_peak_bytes / 2**20:.1f} MiB")
         for where, why in self.caveats:
             lines.append(f"  {where} streams, but {why}")
@@ -166,7 +171,7 @@ def _fresh(x: torch.Tensor) -> torch.Tensor:
 
 
 def build_report(analyses) -> Report:
-    sites, regions, plans, refusals, saved, moved, caveats, fallbacks = [], [], [], [], [], [], [], []
+    sites, regions, plans, refusals, saved, moved, caveats, fallbacks, storage = [], [], [], [], [], [], [], [], []
     classes: Counter = Counter()
     peak = 0
     for a in analyses:
@@ -187,8 +192,9 @@ def build_report(analyses) -> Report:
             saved += [x.name for x in p.saved]
             peak += _chunk_peak(p)
         fallbacks += [(prog.name, f"{phase}: {cause}") for _, prog in a.programs for phase, cause in prog.fallbacks]
+        storage += getattr(a, "stores", [])
     return Report([a.seq_len for a in analyses], sites, regions, plans, refusals, classes, saved, peak, analyses,
-                  moved, caveats, fallbacks=fallbacks)
+                  moved, caveats, fallbacks=fallbacks, storage=storage)
 
 
 def _chunk_peak(p) -> int:

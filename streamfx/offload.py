@@ -74,7 +74,8 @@ class Options:
                 "disk": f"offloaded to files under {self.offload_dir or tempfile.gettempdir()}"}[self.offload]
         text = f"layer inputs {tier}"
         if self.keep_every > 1:
-            text += f"; every {self.keep_every}th layer input of a chain kept, the others rebuilt in the backward"
+            text += (f"; keep_every={self.keep_every}: one layer input in {self.keep_every} of consecutive layers "
+                     f"kept, the others rebuilt in the backward")
         return text
 
 
@@ -88,6 +89,11 @@ class StorePlan:
     feeds: bool = False            # the next layer's input is dropped: keep what rebuilds it
     tier: str | None = None
     directory: str | None = None
+    keep_every: int = 1
+
+    @property
+    def options(self) -> Options:
+        return Options(self.tier, self.directory, self.keep_every)
 
     @property
     def stored(self) -> frozenset:
@@ -134,7 +140,7 @@ def plans(programs, options: Options) -> dict:
             _warn_unchained(plan, per_token, first=n == 0, alone=len(layers) == 1)
         offloaded = tuple(i for i in per_token if i != dropped) if options.offload else ()
         out[prog.key] = StorePlan(plan.name, offloaded, dropped, link, tier=options.offload,
-                                  directory=options.offload_dir)
+                                  directory=options.offload_dir, keep_every=options.keep_every)
     for key, sp in list(out.items()):  # a layer whose successor's input is rebuilt keeps its inputs
         if sp.dropped is not None:
             prev = sp.link[1]
@@ -236,13 +242,14 @@ def copies_for(device: torch.device):
 
 # ---- saved values -------------------------------------------------------------------------------
 _WORKER = None
+_WORKER_NAME = "streamfx-offload"
 
 
 def worker() -> concurrent.futures.ThreadPoolExecutor:
     """One thread for file writes and read-ahead, first in first out."""
     global _WORKER
     if _WORKER is None:
-        _WORKER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="streamfx-offload")
+        _WORKER = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=_WORKER_NAME)
     return _WORKER
 
 
@@ -302,11 +309,13 @@ class OnDisk:
         else:
             host, event = self.copies.to_host(t)
             self.written = worker().submit(self._write_after, host, event)
-        self.reading = None
+        self.reading, self.gone = None, False
 
     def _write_after(self, host, event):
         self.copies.host_wait(event)
         _write(self.path, host)
+        if self.gone:  # released while the write was pending (see ``release``)
+            _unlink(self.path)
 
     def _read(self):
         if self.written is not None:
@@ -325,14 +334,18 @@ class OnDisk:
         return t
 
     def release(self) -> None:
-        for f in (self.written, self.reading):
-            if f is not None:
-                concurrent.futures.wait([f])
+        self.gone = True
+        if not threading.current_thread().name.startswith(_WORKER_NAME):  # (a collection on the worker)
+            concurrent.futures.wait([f for f in (self.written, self.reading) if f is not None])
         self.reading = None
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        _unlink(self.path)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _write(path: str, t: torch.Tensor) -> None:
@@ -430,7 +443,7 @@ class Store:
     def __init__(self):
         self.live: dict[int, Entry] = {}
         self.ids = itertools.count()
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # (a release can run from a collection inside ``put``)
 
     def put(self, key: int, inputs: list, link) -> torch.Tensor:
         plan = PLANS[key]
