@@ -14,6 +14,7 @@ import dataclasses
 import torch
 import torch.fx as fx
 
+from streamfx import offload
 from streamfx.errors import CannotStream
 from . import attention as attn, hoist, masks, verify
 from .graphs import (PROJECTIONS, ancestors, is_tangent, is_tensor, normalize_dim, outputs as graph_outputs,
@@ -47,6 +48,7 @@ class Analysis:
     requires_grad: frozenset = frozenset()                      # forward nodes that get a gradient
     moved: list = dataclasses.field(default_factory=list)      # hoist.MovedSlice: slices moved before the head
     dropped: set = dataclasses.field(default_factory=set)      # forward outputs returned as None
+    stores: list = dataclasses.field(default_factory=list)     # offload.StorePlan: layer inputs offloaded or rebuilt
 
     @property
     def unsliced(self) -> frozenset:
@@ -83,7 +85,8 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
     if not a.plans:
         return joint, a
     try:
-        streamed = stream_joint(joint, num_fwd_outputs, a.fwd_nodes, a.plans, config.codegen)
+        streamed = stream_joint(joint, num_fwd_outputs, a.fwd_nodes, a.plans, config.codegen,
+                                storage=offload.Options.of(config))
     except CannotStream as err:
         a.refusals.append(("all", err))
         a.plans = []
@@ -91,7 +94,7 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
     for _, program in streamed.programs:  # a chunk that fails at run time raises under strict
         program.strict = config.strict
     a.plans = [p for p, _ in streamed.programs]
-    a.programs, a.dropped = streamed.programs, streamed.dropped
+    a.programs, a.dropped, a.stores = streamed.programs, streamed.dropped, streamed.stores
     dump("streamed", streamed.joint, None, programs=streamed.programs)
     return streamed.joint, a
 

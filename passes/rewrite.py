@@ -18,7 +18,7 @@ from torch._guards import detect_fake_mode
 from torch._inductor.decomposition import select_decomp_table
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from streamfx import blocks, chunks  # noqa: F401  (blocks registers streamfx::causal_blocks)
+from streamfx import blocks, chunks, offload  # noqa: F401  (blocks registers streamfx::causal_blocks)
 from streamfx.chunks import ChunkGraph, Slot
 from streamfx.errors import CannotStream
 from streamfx.runtime import LayerProgram, MaskCheck, RegionProgram
@@ -363,10 +363,14 @@ class Streamed:
     joint: fx.GraphModule
     programs: list        # (plan, program) per streamed region
     dropped: set
+    stores: list = dataclasses.field(default_factory=list)  # offload.StorePlan of each layer that stores inputs
 
 
-def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, codegen: str) -> Streamed:
-    """A new joint graph in which every planned region runs as a streamed region op."""
+def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, codegen: str,
+                 storage=None) -> Streamed:
+    """A new joint graph in which every planned region runs as a streamed region op.
+    ``storage`` (``streamfx.offload.Options``): layer inputs offloaded or rebuilt; those layers
+    run as ``streamfx::region_stored`` (see ``streamfx.offload``)."""
     outs = graph_outputs(joint.graph)
     fwd_outs, grad_outs = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
     ps, ts = primals(joint.graph), tangents(joint.graph)
@@ -378,8 +382,10 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     programs = [_program(plan, codegen) for plan in plans]
     for _, prog in programs:
         prog.register()
+    stores = offload.plans(programs, storage) if storage is not None else {}
+    offload.PLANS.update(stores)
 
-    fwd = _forward_with_regions(fwd_nodes, ps, fwd_outs, programs)
+    fwd = _forward_with_regions(fwd_nodes, ps, fwd_outs, programs, stores)
     dropped = {i for i, o in enumerate(fwd_outs) if any(_alias_root(o) in p.dropped for p, _ in programs)}
 
     def joint_fn(primals, tangents):
@@ -414,7 +420,7 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
         if n.op == "call_function" and getattr(n.target, "namespace", None) == "streamfx":
             made_by(n, STEP)
     verify.graph(new_joint, STEP)
-    return Streamed(new_joint, programs, dropped)
+    return Streamed(new_joint, programs, dropped, [stores[prog.key] for _, prog in programs if prog.key in stores])
 
 
 def _program(plan, codegen: str):
@@ -457,8 +463,11 @@ def _tangent_outputs(joint, tangents, num_fwd_outputs):
         return None
 
 
-def _forward_with_regions(fwd_nodes, primals, fwd_outs, programs) -> fx.GraphModule:
-    """The forward graph with each region collapsed into one region call (topologically placed)."""
+def _forward_with_regions(fwd_nodes, primals, fwd_outs, programs, stores=None) -> fx.GraphModule:
+    """The forward graph with each region collapsed into one region call (topologically placed).
+    A region in ``stores`` (key -> offload.StorePlan) is a ``region_stored`` call whose last
+    output is its handle, passed to the next layer of its chain."""
+    stores, handles = stores or {}, {}
     owner = {}
     for plan, prog in programs:
         for n in plan.nodes:
@@ -493,7 +502,14 @@ def _forward_with_regions(fwd_nodes, primals, fwd_outs, programs) -> fx.GraphMod
     for u in nx.lexicographical_topological_sort(dag, key=lambda u: first[u]):
         if isinstance(u, str):
             plan, prog = next(pp for pp in programs if pp[0].name == u)
-            call = g.call_function(torch.ops.streamfx.region.default, (prog.key, [env[x] for x in plan.inputs]))
+            ins = [env[x] for x in plan.inputs]
+            if prog.key in stores:
+                sp = stores[prog.key]  # (the previous layer's handle: its entry rebuilds this input)
+                link = handles[sp.link[1]] if sp.dropped is not None else None
+                call = g.call_function(torch.ops.streamfx.region_stored.default, (prog.key, ins, link))
+                handles[prog.key] = g.call_function(operator.getitem, (call, len(plan.outputs)))
+            else:
+                call = g.call_function(torch.ops.streamfx.region.default, (prog.key, ins))
             for j, o in enumerate(plan.outputs):
                 env[o] = g.call_function(operator.getitem, (call, j))
             for d in plan.dropped:

@@ -10,6 +10,7 @@ from .errors import StreamBPError
 CODEGENS = ("inductor", "eager")
 KV_BOUNDARIES = ("auto", "latent", "heads")
 HEAD_GRADS = ("auto", "forward", "recompute")
+OFFLOADS = (None, "cpu", "disk")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,12 @@ class StreamConfig:
                      input is not kept); "recompute", its backward recomputes each chunk;
                      "auto", "forward" where one value (the loss) carries a gradient, else
                      "recompute" (see passes/plan.py, ``grad_seeds``).
+    offload:         where the layer inputs kept for the backward live: None, device memory;
+                     "cpu", pinned host memory (copied on a side stream, read back a layer ahead);
+                     "disk", files under ``offload_dir`` (removed with the step's autograd graph).
+    offload_dir:     the directory of offload="disk" files; None is the system temporary directory.
+    keep_every:      keep every k-th layer input of consecutive layers in one graph and rebuild the
+                     others in the backward by a streamed forward from the kept one (None or 1: keep all).
     """
 
     chunk_size: int | None = None
@@ -44,6 +51,9 @@ class StreamConfig:
     return_logits: bool = False
     kv_boundary: str = "auto"
     head_grad: str = "auto"
+    offload: str | None = None
+    offload_dir: str | None = None
+    keep_every: int | None = None
 
     def __post_init__(self) -> None:
         for key in ("chunk_size", "head_chunk_size"):
@@ -58,6 +68,13 @@ class StreamConfig:
             raise StreamBPError(f"option 'head_grad' must be one of {HEAD_GRADS}, got {self.head_grad!r}")
         if self.dump_dir is not None:
             _check_dump_dir(self.dump_dir, "option 'dump_dir'")
+        if self.offload not in OFFLOADS:
+            raise StreamBPError(f"option 'offload' must be one of {OFFLOADS}, got {self.offload!r}")
+        if self.offload_dir is not None:
+            _check_dump_dir(self.offload_dir, "option 'offload_dir'")
+        keep = self.keep_every
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep <= 0):
+            raise StreamBPError(f"option 'keep_every' must be a positive int or None, got {keep!r}")
         for key in ("strict", "return_logits"):
             if not isinstance(getattr(self, key), bool):
                 raise StreamBPError(f"option {key!r} must be True or False, got {getattr(self, key)!r}")

@@ -29,6 +29,7 @@ class Report:
     settings: dict = dataclasses.field(default_factory=dict)  # the compile settings explained: dynamic, options
     fallbacks: list = dataclasses.field(default_factory=list)  # (region, cause): streamed regions that ran whole
     units: list = dataclasses.field(default_factory=list)  # (Function and line, where it runs): one op each
+    storage: list = dataclasses.field(default_factory=list)  # offload.StorePlan of each layer whose inputs leave the device or are rebuilt
     _later: object = dataclasses.field(default=None, repr=False)  # () -> Report for dynamic=None's later lengths
 
     @property
@@ -60,6 +61,10 @@ class Report:
         for p in self.plan:
             lines.append(f"    {p.describe()}")
         lines.append(f"  saved for backward by streamed regions: {self.saved or 'nothing'}")
+        if self.storage:
+            lines.append(f"  layer inputs: {self.storage[0].options.describe()}")
+            for sp in self.storage:
+                lines.append(f"    {sp.describe()}")
         lines.append(f"  estimated peak of streamed regions: {self.estimated_peak_bytes / 2**20:.1f} MiB")
         if self.units:
             lines.append("  torch.autograd.Functions, each one op with its own backward:")
@@ -172,7 +177,7 @@ def _fresh(x: torch.Tensor) -> torch.Tensor:
 
 
 def build_report(analyses) -> Report:
-    sites, regions, plans, refusals, saved, moved, caveats, fallbacks, units = [], [], [], [], [], [], [], [], []
+    sites, regions, plans, refusals, saved, moved, caveats, fallbacks, units, storage = [], [], [], [], [], [], [], [], [], []
     classes: Counter = Counter()
     peak = 0
     for a in analyses:
@@ -198,8 +203,9 @@ def build_report(analyses) -> Report:
             saved += [x.name for x in p.saved]
             peak += _chunk_peak(p)
         fallbacks += [(prog.name, f"{phase}: {cause}") for _, prog in a.programs for phase, cause in prog.fallbacks]
+        storage += getattr(a, "stores", [])
     return Report([a.seq_len for a in analyses], sites, regions, plans, refusals, classes, saved, peak, analyses,
-                  moved, caveats, fallbacks=fallbacks, units=units)
+                  moved, caveats, fallbacks=fallbacks, units=units, storage=storage)
 
 
 def _chunk_peak(p) -> int:

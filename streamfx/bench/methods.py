@@ -35,6 +35,13 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("membudget0", "torch.compile(model) with torch._functorch.config.activation_memory_budget = 0"),
     Method("streambp", "torch.compile(model, backend='streambp', options={...})"),
     Method("streambp-eager", "torch.compile(model, backend='streambp', options={'codegen': 'eager'})"),
+    Method("streambp-offload", "streambp with options offload='cpu' on a GPU, 'disk' on the CPU (layer inputs "
+           "off the device)"),
+    Method("streambp-keep4", "streambp with options keep_every=4 (every 4th layer input kept, the others "
+           "rebuilt in the backward)"),
+    Method("streambp-offload-keep4", "streambp with both: offload as streambp-offload, keep_every=4"),
+    Method("ckpt-offload", "eager + HF model.activation_checkpointing_enable(offload=True) (checkpointed "
+           "layer inputs in pinned host memory)", needs_cuda=True),
     Method("reference", "reference StreamBP (PyPI package streambp, transformers 4.51.3) StreamModel; it "
            "divides the summed loss by the number of labels != -100 before the shift (n, where HF uses the "
            "n - 1 shifted targets), so its loss and gradients are (n-1)/n of eager's", reference=True),
@@ -159,10 +166,19 @@ def prepare(name: str, model, device: str, streambp_options: dict | None = None,
 
         functorch_config.activation_memory_budget = 0.0
         return step_of(torch.compile(target))
-    if name in ("streambp", "streambp-eager"):
+    if name == "ckpt-offload":
+        if not hasattr(model, "activation_checkpointing_enable"):
+            raise RuntimeError("this transformers has no activation_checkpointing_enable(offload=True)")
+        model.activation_checkpointing_enable(offload=True)
+        return step_of(target)
+    if name.startswith("streambp"):
         options = dict(streambp_options or {})
         if name == "streambp-eager":
             options["codegen"] = "eager"
+        if "offload" in name:
+            options.setdefault("offload", "cpu" if device == "cuda" else "disk")
+        if "keep4" in name:
+            options.setdefault("keep_every", 4)
         return step_of(torch.compile(target, backend=_streambp_backend(), options=options))
     if name == "reference":
         return _reference_step(model, seq, reference_options or {})

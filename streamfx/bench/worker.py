@@ -11,6 +11,9 @@ number starts from a clean process.  Arguments (a JSON object):
   streambp_options, reference_options   options passed to those methods
   loss           "model" (the model's own loss) or "shifted" (see methods.prepare)
   mem_cap_bytes  probe mode: cap on CUDA memory (torch.cuda.set_per_process_memory_fraction)
+  layers         the preset with this many layers instead of its own
+  keep_grads     the gradient buffers exist before the memory step (zeroed, not freed), so its
+                 rise leaves them out; repeats 0 skips the timed steps
 
 Measurement protocol (mode "measure"; on CPU the whole process runs with fixed glibc malloc
 thresholds, see :func:`fix_malloc_thresholds`):
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import gc
 import json
 import os
@@ -228,6 +232,8 @@ def run(args: dict) -> dict:
     mode = args.get("mode", "measure")
     device = args.get("device", "cpu")
     preset = presets_mod.get_preset(args["preset"])
+    if args.get("layers"):  # the preset at another depth (streamfx.bench.depth)
+        preset = dataclasses.replace(preset, num_hidden_layers=int(args["layers"]))
     seq, dtype, seed = int(args["seq"]), args.get("dtype", preset.dtype), int(args.get("seed", 0))
     result = {"mode": mode, "preset": preset.name, "method": args["method"], "seq": seq,
               "dtype": dtype, "device": device, "status": "error", "reason": "", "notes": []}
@@ -263,18 +269,23 @@ def run(args: dict) -> dict:
     result["notes"] = notes
     model.zero_grad(set_to_none=True)
 
-    if mode == "measure":
-        times = []
-        for _ in range(max(1, int(args.get("repeats", 3)))):
+    if mode == "measure" and int(args.get("repeats", 3)) > 0:
+        times, cpu = [], []
+        for _ in range(int(args.get("repeats", 3))):
             model.zero_grad(set_to_none=True)
             _sync(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             step(input_ids, labels)
             _sync(device)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
         result["step_times_s"] = times
         result["median_time_s"] = statistics.median(times)
+        result["median_cpu_time_s"] = statistics.median(cpu)
         model.zero_grad(set_to_none=True)
+    if args.get("keep_grads"):  # the gradients exist before the memory step: its rise is what the step keeps
+        step(input_ids, labels)
+        model.zero_grad(set_to_none=False)
 
     with MemoryMeter(device) as meter:
         loss = step(input_ids, labels)

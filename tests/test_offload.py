@@ -1,0 +1,338 @@
+"""Layer inputs off the device: ``offload`` ("cpu", "disk") and ``keep_every`` (two-level recompute).
+
+Gradients equal eager autograd's with the options on; the inputs really leave AOTAutograd's saved
+tensors (the store's counters) and come back in the backward (read back, or rebuilt by the layers
+before them); files live exactly as long as the step's autograd graph, also when it fails."""
+import copy
+import gc
+import os
+import warnings
+
+import pytest
+import torch
+
+import streamfx
+import zoo
+from conftest import assert_grads_match, grads_of, run_eager_and_compiled
+from streamfx import offload
+from streamfx.runtime import COUNTERS, LayerProgram
+
+L = 5  # layers: not a multiple of 2 or 3
+PLAIN_LAYERS = zoo.LAYERS  # the plain PyTorch models' depth (bound when zoo was imported)
+
+
+def files_under(path) -> list:
+    return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+
+
+def deep(monkeypatch, layers=L):
+    monkeypatch.setattr(zoo, "LAYERS", layers)
+
+
+def check(run, tmp_path=None, *, offloaded=0, dropped=0):
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
+    c = run.counters
+    assert c["inputs_offloaded"] == offloaded and c["inputs_loaded"] == offloaded, c
+    assert c["inputs_dropped"] == dropped and c["inputs_rebuilt"] == dropped, c
+    assert not offload.STORE.live, "every entry is released with the step's autograd graph"
+    if tmp_path is not None:
+        assert not files_under(tmp_path), files_under(tmp_path)
+
+
+def dropped_of(layers, k):
+    """Layers whose input is rebuilt: every one but each k-th of the chain."""
+    return sum(1 for i in range(layers) if i % k)
+
+
+# ---- options ----------------------------------------------------------------------------------
+@pytest.mark.fast
+@pytest.mark.parametrize("options,match", [({"offload": "gpu"}, "offload.*'cpu'.*'disk'"),
+                                           ({"offload": True}, "offload"),
+                                           ({"keep_every": 0}, "keep_every.*positive"),
+                                           ({"keep_every": 2.0}, "keep_every"),
+                                           ({"offload_dir": ""}, "offload_dir")])
+def test_bad_options_raise(options, match):
+    with pytest.raises(streamfx.StreamBPError, match=match):
+        streamfx.StreamConfig.from_options(options)
+
+
+@pytest.mark.fast
+def test_offload_dir_that_is_a_file_raises(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("")
+    with pytest.raises(streamfx.StreamBPError, match="offload_dir"):
+        streamfx.StreamConfig(offload="disk", offload_dir=str(f / "sub"))
+
+
+# ---- exact gradients ----------------------------------------------------------------------------
+@pytest.mark.fast
+@pytest.mark.parametrize("case", ["right_pad", "left_pad"])
+def test_disk_offload_is_exact_and_leaves_no_files(case, tmp_path, monkeypatch):
+    deep(monkeypatch)
+    model, make_inputs = zoo.qwen3_sdpa()
+    run = run_eager_and_compiled(model, make_inputs(case),
+                                 {"chunk_size": 5, "offload": "disk", "offload_dir": str(tmp_path)})
+    check(run, tmp_path, offloaded=L)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("k", [2, 3])
+def test_keep_every_is_exact(k, monkeypatch):
+    deep(monkeypatch)
+    model, make_inputs = zoo.llama_tied()
+    run = run_eager_and_compiled(model, make_inputs("left_pad"), {"chunk_size": 5, "keep_every": k})
+    check(run, dropped=dropped_of(L, k))
+
+
+@pytest.mark.fast
+def test_disk_offload_with_keep_every_is_exact(tmp_path, monkeypatch):
+    deep(monkeypatch)
+    model, make_inputs = zoo.qwen3_sdpa()
+    run = run_eager_and_compiled(model, make_inputs("prompt"), {"chunk_size": 5, "keep_every": 3, "offload": "disk",
+                                                                "offload_dir": str(tmp_path)})
+    check(run, tmp_path, offloaded=L - dropped_of(L, 3), dropped=dropped_of(L, 3))
+
+
+@pytest.mark.parametrize("name", ["qwen3_sdpa", "qwen3_eager", "llama_tied", "mistral_sliding", "gemma3", "gpt2",
+                                  "nanogpt", "tiny_llama"])
+@pytest.mark.parametrize("options", [{"offload": "disk"}, {"keep_every": 2}, {"keep_every": 3, "offload": "disk"}],
+                         ids=["disk", "keep2", "keep3-disk"])
+def test_zoo_dense_models(name, options, tmp_path, monkeypatch):
+    deepened = name in zoo.HF_MODELS and name != "gemma3"  # (gemma3's layer pattern and the plain models: 2)
+    if deepened:
+        deep(monkeypatch, 4)
+    model, make_inputs = zoo.ZOO[name]()
+    options = dict(options, chunk_size=5, offload_dir=str(tmp_path))
+    run = run_eager_and_compiled(model, make_inputs("right_pad"), options)
+    layers = len({p.name for p in run.programs if isinstance(p, LayerProgram)})
+    assert layers == (4 if deepened else PLAIN_LAYERS), [p.name for p in run.programs]
+    k = options.get("keep_every", 1)
+    dropped = dropped_of(layers, k)
+    check(run, tmp_path, offloaded=layers - dropped if "offload" in options else 0, dropped=dropped)
+
+
+@pytest.mark.parametrize("name", ["qwen3_sdpa", "mistral_sliding"])
+def test_packed_documents(name, tmp_path, monkeypatch):
+    deep(monkeypatch)
+    model, make_inputs = zoo.ZOO[name]()
+    position_ids = torch.cat([torch.arange(7), torch.arange(11), torch.arange(6)]).unsqueeze(0)
+    inputs = make_inputs(zoo.Case("packed", 1, 24), position_ids=position_ids)
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "keep_every": 2, "offload": "disk",
+                                                 "offload_dir": str(tmp_path)})
+    check(run, tmp_path, offloaded=L - dropped_of(L, 2), dropped=dropped_of(L, 2))
+
+
+def gpt2_dropout(layers=L):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=zoo.VOCAB, n_embd=zoo.HIDDEN, n_layer=layers, n_head=zoo.HEADS,
+                     n_positions=zoo.MAX_POS, resid_pdrop=0.2, embd_pdrop=0.1, attn_pdrop=0.0,
+                     pad_token_id=zoo.PAD_ID)
+    return zoo._hf(GPT2LMHeadModel, cfg, "sdpa"), zoo._hf_inputs(zoo.VOCAB)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("options", [{"keep_every": 2}, {"keep_every": 3, "offload": "disk"}], ids=["keep2", "keep3-disk"])
+def test_dropout_is_replayed(options, tmp_path):
+    """With dropout on, the rebuilt inputs see the forward's dropout masks: gradients equal those
+    of the same compile without the options under the same seed (and the masks are drawn: the
+    loss differs from eval mode's)."""
+    model, make_inputs = gpt2_dropout()
+    inputs = make_inputs("right_pad")
+    grads, losses = [], []
+    for opts in ({}, dict(options, offload_dir=str(tmp_path))):
+        torch._dynamo.reset()
+        m = copy.deepcopy(model)
+        compiled = torch.compile(m, backend="streambp", options={"codegen": "eager", "chunk_size": 5, **opts})
+        before = dict(COUNTERS)
+        torch.manual_seed(7)
+        loss = compiled(*inputs.args, **inputs.kwargs).loss
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(grads_of(m))
+        ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
+    assert ran["inputs_rebuilt"] == dropped_of(L, options["keep_every"]), ran
+    torch.testing.assert_close(losses[0], losses[1], rtol=0, atol=0)
+    assert_grads_match(grads[0], grads[1], rtol=1e-6)
+    with torch.no_grad():
+        assert (model.eval()(*inputs.args, **inputs.kwargs).loss - losses[0]).abs() > 1e-4
+    assert not files_under(tmp_path)
+
+
+# ---- the store's order and lifetimes ---------------------------------------------------------------
+class Recording(offload.HostCopies):
+    """Host copies that log each copy and each wait of the compute stream, with the tensor's
+    first value (the layers' inputs differ)."""
+
+    def __init__(self):
+        self.log = []
+
+    def to_host(self, t):
+        host, _ = super().to_host(t)
+        self.log.append(("to_host", host.flatten()[0].item()))
+        return host, ("event", len(self.log))
+
+    def to_device(self, host, device):
+        self.log.append(("to_device", host.flatten()[0].item()))
+        return host.clone(), ("event", len(self.log))
+
+    def ready(self, t, event):
+        assert event is not None and event[0] == "event"
+        self.log.append(("ready", t.flatten()[0].item()))
+
+
+@pytest.mark.fast
+def test_host_tier_copies_back_a_layer_ahead(monkeypatch):
+    """The "cpu" tier, with the device copies recorded: every input goes to the host once in the
+    forward; in the backward each comes back (to_device) while the layer after it computes its
+    backward (one layer ahead), and the compute side waits on its event before reading it."""
+    deep(monkeypatch)
+    rec = Recording()
+    monkeypatch.setitem(offload._COPIES, "host", rec)
+    original = LayerProgram.backward
+
+    def logged(self, inputs, grads):
+        rec.log.append(("backward", None))
+        return original(self, inputs, grads)
+
+    monkeypatch.setattr(LayerProgram, "backward", logged)
+    model, make_inputs = zoo.qwen3_sdpa()
+    run = run_eager_and_compiled(model, make_inputs("b1"), {"chunk_size": 5, "offload": "cpu"})
+    check(run, offloaded=L)
+    ups = [v for op, v in rec.log if op == "to_host"]
+    downs = [v for op, v in rec.log if op == "to_device"]
+    assert len(ups) == L and downs == ups[::-1], rec.log
+    order = [op for op, _ in rec.log if op != "to_host"]
+    assert order == ["to_device", "ready"] + ["to_device", "backward", "ready"] * (L - 1) + ["backward"], order
+
+@pytest.mark.fast
+def test_entries_live_with_the_autograd_graph(tmp_path, monkeypatch):
+    """Files exist between the forward and the backward, and go when the graph goes (backward,
+    or a forward whose graph is dropped without one)."""
+    deep(monkeypatch, 3)
+    model, make_inputs = zoo.qwen3_sdpa()
+    inputs = make_inputs("b1")
+    compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "chunk_size": 5,
+                                                                  "offload": "disk", "offload_dir": str(tmp_path)})
+    loss = compiled(*inputs.args, **inputs.kwargs).loss
+    assert len(files_under(tmp_path)) == 3
+    loss.backward()
+    assert not files_under(tmp_path) and not offload.STORE.live
+    loss = compiled(*inputs.args, **inputs.kwargs).loss
+    assert len(files_under(tmp_path)) == 3
+    del loss
+    gc.collect()
+    assert not files_under(tmp_path) and not offload.STORE.live
+
+
+def fail_on(monkeypatch, method, call):
+    calls = {"n": 0}
+    original = getattr(LayerProgram, method)
+
+    def failing(self, *args):
+        calls["n"] += 1
+        if calls["n"] == call:
+            raise torch.OutOfMemoryError("injected")
+        return original(self, *args)
+
+    monkeypatch.setattr(LayerProgram, method, failing)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_failure_mid_step_leaves_no_files(phase, tmp_path, monkeypatch):
+    """An error in the third layer's forward, or the second layer's backward, reaches the caller
+    as itself; once it is handled and the step's tensors are gone, no file is left."""
+    deep(monkeypatch)
+    model, make_inputs = zoo.qwen3_sdpa()
+    inputs = make_inputs("b1")
+    compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "chunk_size": 5,
+                                                                  "offload": "disk", "keep_every": 2,
+                                                                  "offload_dir": str(tmp_path)})
+    fail_on(monkeypatch, phase, 3 if phase == "forward" else 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            compiled(*inputs.args, **inputs.kwargs).loss.backward()
+        except torch.OutOfMemoryError as err:
+            assert "injected" in str(err)
+        else:
+            raise AssertionError("the injected error did not reach the caller")
+    gc.collect()
+    assert not files_under(tmp_path) and not offload.STORE.live
+
+
+# ---- graphs of one layer, explain ----------------------------------------------------------------
+@pytest.mark.fast
+def test_layers_compiled_alone(tmp_path, monkeypatch):
+    """One graph per layer (FSDP2 / ZeRO-3 per layer, graph breaks): each offloads its input;
+    keep_every has no neighbours to rebuild from and says so."""
+    deep(monkeypatch, 3)
+    model, make_inputs = zoo.qwen3_sdpa()
+    ref = copy.deepcopy(model)
+    for layer in model.model.layers:
+        layer.compile(backend="streambp", options={"codegen": "eager", "chunk_size": 5, "offload": "disk",
+                                                   "keep_every": 2, "offload_dir": str(tmp_path)})
+    inputs = make_inputs("right_pad")
+    ref_loss = inputs.loss_of(ref(*inputs.args, **inputs.kwargs))
+    ref_loss.backward()
+    before = dict(COUNTERS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = inputs.loss_of(model(*inputs.args, **inputs.kwargs))
+        assert files_under(tmp_path)
+        loss.backward()
+    ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
+    grads = {k.replace("._orig_mod", ""): g for k, g in grads_of(model).items()}
+    assert_grads_match(grads_of(ref), grads, rtol=1e-5)
+    assert ran["inputs_offloaded"] >= 3 and ran["inputs_dropped"] == 0, ran
+    assert any("keep_every" in str(w.message) and "one layer" in str(w.message) for w in caught)
+    assert not files_under(tmp_path)
+
+
+@pytest.mark.fast
+def test_explain_says_what_was_chosen(monkeypatch):
+    deep(monkeypatch, 4)
+    model, make_inputs = zoo.qwen3_sdpa()
+    inputs = make_inputs("b1")
+    report = streamfx.explain(model, *inputs.args, **inputs.kwargs,
+                              options={"codegen": "eager", "offload": "disk", "keep_every": 3})
+    text = str(report)
+    assert "layer inputs offloaded to files" in text and "keep_every=3" in text, text
+    assert text.count("input rebuilt in the backward") == 2 and text.count("input kept") == 2, text
+
+
+@pytest.mark.slow
+def test_inductor_disk_and_keep_every(tmp_path, monkeypatch):
+    deep(monkeypatch)
+    model, make_inputs = zoo.qwen3_sdpa()
+    run = run_eager_and_compiled(model, make_inputs("left_pad"), {"codegen": "inductor", "chunk_size": 5,
+                                                                  "keep_every": 2, "offload": "disk",
+                                                                  "offload_dir": str(tmp_path)})
+    check(run, tmp_path, offloaded=L - dropped_of(L, 2), dropped=dropped_of(L, 2))
+
+
+@pytest.mark.fast
+def test_later_lengths_through_the_symbolic_compile(tmp_path, monkeypatch):
+    """The second length recompiles with symbolic sizes (the stored inputs' shapes are symbols in
+    the backward); the third reuses that compile. Every length is exact and leaves no file."""
+    deep(monkeypatch, 3)
+    model, make_inputs = zoo.qwen3_sdpa()
+    ref, mine = copy.deepcopy(model), copy.deepcopy(model)
+    compiled = torch.compile(mine, backend="streambp", options={"codegen": "eager", "chunk_size": 5, "offload": "disk",
+                                                                "keep_every": 2, "offload_dir": str(tmp_path)})
+    before = dict(COUNTERS)
+    for case in ("right_pad", "odd13", zoo.Case("t20", 2, 20, pad="left")):
+        inputs = make_inputs(case)
+        for m in (ref, mine):
+            m.zero_grad(set_to_none=True)
+        ref_loss = inputs.loss_of(ref(*inputs.args, **inputs.kwargs))
+        ref_loss.backward()
+        loss = inputs.loss_of(compiled(*inputs.args, **inputs.kwargs))
+        loss.backward()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        assert_grads_match(grads_of(ref), grads_of(mine), rtol=1e-5)
+        assert not files_under(tmp_path)
+    ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
+    assert ran["inputs_rebuilt"] == 3 and ran["inputs_offloaded"] == 6, ran
