@@ -15,7 +15,7 @@ from streamfx.errors import CannotStream
 from .graphs import ALIASES, ancestors, in_order, per_token, same
 from .kv import kv_outputs
 from .positions import rebuild_positions
-from .schedule import auto_chunk
+from .schedule import chunk_size
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
 from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
 from .specs import SUM, WHOLE, Spec
@@ -43,7 +43,7 @@ class RegionPlan:
 
     def chunk_at(self, T: int) -> int:
         """Tokens per chunk at sequence length T."""
-        return min(self.chunk_size or auto_chunk(T), T)
+        return chunk_size(self.kind, T, self.chunk_size)
 
     @property
     def saved(self) -> list:

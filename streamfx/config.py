@@ -28,6 +28,13 @@ class StreamConfig:
                      computed from (multi-head latent attention's compressed latent and rotary
                      key), each chunk then rebuilding the keys and values of its prefix;
                      "auto", the latent where that keeps fewer bytes (see passes/kv.py).
+    memory_budget:   the memory a training step may reach, parameters, gradients and what is
+                     held before the step included: bytes (an int), a string ("70GiB",
+                     "512MiB", "80GB") or a fraction of the device's memory (a float in (0, 1]).
+                     Each call's automatic chunk sizes are then the largest the memory model
+                     (streamfx.plan_memory) predicts to fit at that call's length; a length that
+                     fits no chunk size raises StreamBPError before its step. None: on a GPU the
+                     free device memory, on a CPU the fixed rules of passes/schedule.py.
     """
 
     chunk_size: int | None = None
@@ -37,6 +44,7 @@ class StreamConfig:
     strict: bool = False
     return_logits: bool = False
     kv_boundary: str = "auto"
+    memory_budget: int | float | str | None = None
 
     def __post_init__(self) -> None:
         for key in ("chunk_size", "head_chunk_size"):
@@ -47,6 +55,10 @@ class StreamConfig:
             raise StreamBPError(f"option 'codegen' must be one of {CODEGENS}, got {self.codegen!r}")
         if self.kv_boundary not in KV_BOUNDARIES:
             raise StreamBPError(f"option 'kv_boundary' must be one of {KV_BOUNDARIES}, got {self.kv_boundary!r}")
+        if self.memory_budget is not None:
+            from .membudget import parse_budget
+
+            parse_budget(self.memory_budget)   # raises with the allowed forms
         if self.dump_dir is not None:
             _check_dump_dir(self.dump_dir, "option 'dump_dir'")
         for key in ("strict", "return_logits"):

@@ -27,7 +27,30 @@ class Report:
     caveats: list = dataclasses.field(default_factory=list)  # (region, what limits its streaming) pairs
     settings: dict = dataclasses.field(default_factory=dict)  # the compile settings explained: dynamic, options
     fallbacks: list = dataclasses.field(default_factory=list)  # (region, cause): streamed regions that ran whole
-    _later: object = dataclasses.field(default=None, repr=False)  # () -> Report for dynamic=None's later lengths
+    _later: object = dataclasses.field(default=None, repr=False)
+    _memory: object = dataclasses.field(default=None, repr=False)  # () -> Report for dynamic=None's later lengths
+
+    def memory(self):
+        """(T, layer chunk, head chunk, predicted step peak, [(bytes, role, module, source)]) of the
+        explained call, from the memory model of its step (``streamfx.plan_memory``); None where no
+        region streams. Computed on first use."""
+        if self._memory is None:
+            self._memory = _step_memory(self.analyses)
+        return self._memory or None
+
+    def memory_lines(self) -> list:
+        try:
+            m = self.memory()
+        except Exception as e:  # noqa: BLE001 - the report explains; a model it cannot size is said so
+            return [f"  predicted step peak: not available ({type(e).__name__}: {str(e).splitlines()[0][:200]})"]
+        if m is None:
+            return []
+        from .membudget import gib, summarize
+
+        T, c, h, peak, rows = m
+        lines = [f"  chunk sizes at T={T}: {c} tokens per layer chunk, {h} tokens per head chunk",
+                 f"  predicted step peak at T={T}: {gib(peak)} above what the step starts with; largest terms:"]
+        return lines + ["    " + line for line in summarize(rows, 6)]
 
     @property
     def later_lengths(self) -> "Report | None":
@@ -57,8 +80,10 @@ class Report:
         lines.append("  streamed:" + ("" if self.plan else " nothing"))
         for p in self.plan:
             lines.append(f"    {p.describe()}")
-        lines.append(f"  saved for backward by streamed regions: {self.saved or 'nothing'}")
-        lines.append(f"  estimated peak of streamed regions: {self.estimated_peak_bytes / 2**20:.1f} MiB")
+        lines.append("  saved for backward by streamed regions:" + ("" if self.saved else " nothing"))
+        for what, count in Counter(self.saved).items():
+            lines.append(f"    {what}" + (f" (x{count})" if count > 1 else ""))
+        lines += self.memory_lines()
         for where, why in self.caveats:
             lines.append(f"  {where} streams, but {why}")
         if self.not_streamed:
@@ -184,11 +209,42 @@ def build_report(analyses) -> Report:
             if any(n in r.nodes for r in a.regions):
                 refusals.append((op_name(n), f"mixes tokens other than causal attention{source_line(n)}"))
         for p in a.plans:
-            saved += [x.name for x in p.saved]
+            saved += [_saved_name(p, x, spec) for x, spec in zip(p.inputs, p.in_specs) if spec.sliced]
             peak += _chunk_peak(p)
         fallbacks += [(prog.name, f"{phase}: {cause}") for _, prog in a.programs for phase, cause in prog.fallbacks]
     return Report([a.seq_len for a in analyses], sites, regions, plans, refusals, classes, saved, peak, analyses,
                   moved, caveats, fallbacks=fallbacks)
+
+
+def _saved_name(plan, x, spec) -> str:
+    """A tensor a streamed region keeps, as the user knows it: its role, module and source line."""
+    from .memory import common_module, where
+
+    v = x.meta.get("val")
+    if spec.kind in ("qk", "prefix"):
+        role = "attention mask data"
+    elif plan.kind == "layer":
+        role = "layer input" if v.is_floating_point() else "per-token input (positions)"
+    else:
+        role = "hidden states entering the head" if v.is_floating_point() else "labels"
+    src = where(x)
+    return f"{role} of {common_module(plan.nodes) or plan.name}" + (f" ({src})" if src else "")
+
+
+def _step_memory(analyses):
+    """The memory model's prediction for the last analysed graph that streams (see ``memory``)."""
+    from . import membudget
+
+    a = next((a for a in reversed(analyses) if getattr(a, "graphs", None) is not None), None)
+    if a is None:
+        return False
+    model, _ = membudget.step_models(a, membudget._device(a))
+    length = next(iter(a.plans)).length
+    T = int(length.node.hint) if isinstance(length, torch.SymInt) else int(length)
+    c = next((prog.size_for(T) for p, prog in a.programs if p.kind == "layer"), T)
+    h = next((prog.size_for(T) for p, prog in a.programs if p.kind == "head"), T)
+    peak, rows = model.breakdown(T, c, h)
+    return T, c, h, peak, rows
 
 
 def _chunk_peak(p) -> int:

@@ -17,7 +17,7 @@ import itertools
 import torch
 import torch.fx as fx
 
-from streamfx.passes.schedule import auto_chunk
+from streamfx.passes.schedule import chunk_size
 
 from . import failures, keyranges
 from .chunks import COUNTERS, ChunkGraph  # noqa: F401  (COUNTERS is part of the runtime's interface)
@@ -37,6 +37,8 @@ class RegionProgram:
     key: int = -1
     strict: bool = False              # a run-time chunk failure raises (``failures.settle``)
     fallbacks: list = dataclasses.field(default_factory=list)  # (phase, cause) of each call run whole
+    policy: object = None             # a memory budget's chunk sizes (``membudget.BudgetPolicy``)
+    kind = "head"
 
     def register(self) -> int:
         self.key = next(_ids)
@@ -61,7 +63,7 @@ class RegionProgram:
         return lengths.pop()
 
     def size_for(self, T: int) -> int:
-        return self.chunk_size or auto_chunk(T)
+        return chunk_size(self.kind, T, self.chunk_size, self.policy)
 
     def bounds(self, inputs):
         T = self.length(inputs)
@@ -204,6 +206,7 @@ class LayerProgram(RegionProgram):
     producers at once and the chunk's input gradient is complete.
     """
 
+    kind = "layer"
     kv: ChunkGraph | None = None
     kv_dims: tuple = (None, None)  # the sequence dim of each K/V graph output
     mask: MaskCheck | None = None
@@ -372,6 +375,8 @@ def _acc_dtype(x: torch.Tensor) -> torch.dtype:
 def region(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run a streamed region forward, chunk by chunk."""
     prog = _PROGRAMS[key]
+    if prog.policy is not None:   # a length no chunk size fits raises here, before any chunk runs
+        prog.size_for(prog.length(list(inputs)))
     try:
         return prog.forward(list(inputs))
     except Exception as err:  # noqa: BLE001 - raised as the error asks, or the region runs whole
