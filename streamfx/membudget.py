@@ -280,7 +280,17 @@ def attach(analysis, config) -> None:
         return
     if config.memory_budget is None and config.chunk_size and config.head_chunk_size:
         return
-    model, _ = step_models(analysis, device)
+    try:
+        model, _ = step_models(analysis, device)
+    except Exception as e:  # noqa: BLE001 - a graph the model cannot size keeps the fixed rules
+        if config.memory_budget is not None:
+            raise StreamBPError(f"streamfx: memory_budget is set but the step's memory could not be modelled "
+                                f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from e
+        import warnings
+
+        warnings.warn(f"streamfx: chunk sizes follow the fixed rules: the step's memory could not be modelled "
+                      f"({type(e).__name__})")
+        return
     fw = analysis.graphs[0].graph
     params = [p for p in fw.find_nodes(op="placeholder") if isinstance(p.meta.get("val"), torch.Tensor)]
 

@@ -46,7 +46,10 @@ def values_of(env) -> dict:
 def evaluate(expr, subs: dict) -> int:
     if isinstance(expr, int):
         return expr
-    return int(sympy.sympify(expr).xreplace(subs))
+    expr = sympy.sympify(expr)
+    if expr.is_number:
+        return int(expr)
+    return int(expr.xreplace(subs))
 
 
 def is_view(node: fx.Node) -> bool:
@@ -136,8 +139,15 @@ class ChunkCurve:
     q: object
     k: object
     fixed: dict
+    _cache: dict = dataclasses.field(default_factory=dict)
 
     def __call__(self, q: int, k: int | None = None) -> int:
+        key = (q, k)
+        if key not in self._cache:
+            self._cache[key] = self._peak(q, k)
+        return self._cache[key]
+
+    def _peak(self, q: int, k: int | None) -> int:
         subs = dict(self.fixed)
         if self.q is not None:
             subs[self.q] = q
@@ -174,7 +184,6 @@ def _trace_curve(graph, grads, train) -> ChunkCurve:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from .chunks import fake_inputs
-    from .runtime import autograd_inside_op
 
     grads = tuple(i for i in grads if graph.slots[i].dtype.is_floating_point) if train else ()
     mode, fakes = fake_inputs(graph.slots, graph.sizes, grads)
@@ -192,7 +201,7 @@ def _trace_curve(graph, grads, train) -> ChunkCurve:
             got = torch.autograd.grad(outs, wrt, [torch.empty_like(o) for o in outs], allow_unused=True)
             return [g for g in got if g is not None]
 
-    with mode, autograd_inside_op():
+    with mode:
         traced = make_fx(run)(*fakes)
     q = k = None
     for slot, x in zip(graph.slots, fakes):

@@ -4,10 +4,12 @@
 streambp backend at the (small) length of the given inputs, with symbolic sizes, runs its
 forward once, and returns a ``membudget.MemoryReport`` built from the partitioned graphs:
 ``report.step_peak(T)``, ``report.max_length(budget)``, the same for the baselines, and a
-printable breakdown. Works on the meta device (no weights are read).
+printable breakdown.
 
 The command line builds a Hugging Face model from its config on the meta device (``--config``
-or ``--preset``) and prints the longest sequence for a budget:
+or ``--preset``), gives it uninitialised CPU storage for one short traced call (no weights are
+downloaded or initialised, no GPU is needed; CUDA's allocator rounding is applied), and prints
+the longest sequence for a budget:
 
     python -m streamfx.plan --preset qwen3-8b --dtype bf16 --budget 80GiB
 
@@ -29,6 +31,7 @@ import torch
 from .config import StreamConfig
 from .errors import StreamBPError
 from .membudget import MemoryReport, gib, longest, parse_budget, step_models
+from .passes.schedule import MIN_CHUNK, chunk_candidates, largest_fitting
 
 # Published shapes (the models' config.json on the Hugging Face hub).
 PRESETS = {
@@ -132,14 +135,24 @@ class Extrapolated:
     def held(self) -> int:
         return self._lin(self.r2.held, self.r3.held)
 
+    def chunks(self, T: int, budget: int) -> tuple[int, int]:
+        """The largest (layer, head) chunks whose extrapolated step fits ``budget``."""
+        avail = budget - self.held
+
+        def peak(c, h):
+            return self._lin(self.r2.model.peak(T, c, h), self.r3.model.peak(T, c, h))
+
+        cands = chunk_candidates(T)
+        c = largest_fitting(cands, lambda c: peak(c, MIN_CHUNK) <= avail)
+        h = largest_fitting(cands, lambda h: peak(c, h) <= avail) if c is not None else None
+        if h is None:
+            raise StreamBPError(f"no chunk size fits T={T} in {gib(budget)}")
+        return c, h
+
     def step_peak(self, T: int, method: str = "streamfx", budget=None) -> int:
         if method == "streamfx" and budget is not None:
-            # the chunks the whole model would choose: the budget less the other layers' share
-            b2 = budget - (self.held - self.r2.held) - (self._lin(self.r2.step_peak(T, method, None),
-                                                                 self.r3.step_peak(T, method, None))
-                                                       - self.r2.step_peak(T, method, None))
-            c = self.r2.chunks(T, b2)
-            return self._lin(self.r2.model.peak(T, *c), self.r3.model.peak(T, *c))
+            c, h = self.chunks(T, budget)
+            return self._lin(self.r2.model.peak(T, c, h), self.r3.model.peak(T, c, h))
         return self._lin(self.r2.step_peak(T, method), self.r3.step_peak(T, method))
 
     def max_length(self, budget: int, method: str = "streamfx", limit: int = 1 << 22) -> int:
@@ -159,14 +172,21 @@ def build_meta_model(config: dict, dtype: torch.dtype, layers: int):
     cfg = transformers.AutoConfig.for_model(**config)
     cfg._attn_implementation = "sdpa"
     with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     return model.train()
 
 
-def report_for(config: dict, dtype, layers: int, batch: int, optimizer, length: int = 64) -> MemoryReport:
-    model = build_meta_model(config, dtype, layers)
-    ids = torch.zeros(batch, length, dtype=torch.long, device="meta")
-    return plan_memory(model, input_ids=ids, labels=ids, optimizer=optimizer)
+def report_for(config: dict, dtype, layers: int, batch: int, optimizer, length: int = 32,
+               device: str = "cuda") -> MemoryReport:
+    """The report of the config's model with ``layers`` layers, sized for ``device``. The model is
+    built on the meta device, then given uninitialised CPU storage for the short traced call
+    (nothing is read from the hub; pages no one writes take no memory)."""
+    model = build_meta_model(config, dtype, layers).to_empty(device="cpu")
+    ids = torch.ones(batch, length, dtype=torch.long)
+    report = plan_memory(model, input_ids=ids, labels=ids, optimizer=optimizer)
+    for m in [report.model, *report.baselines.values()]:
+        m.device = device
+    return report
 
 
 def main(argv=None) -> int:

@@ -11,6 +11,7 @@ dropped after the forward and recomputed at the layer's backward (activation che
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 
 import sympy
@@ -35,7 +36,7 @@ class RegionWork:
     kind: str                     # "layer" | "head"
     module: str                   # the module path the region's code is in
 
-    @property
+    @functools.cached_property
     def _curves(self):
         p = self.prog
         if self.kind != "layer":
@@ -118,6 +119,12 @@ class StepModel:
 
     def profile(self, T: int) -> tuple[int, list]:
         """(peak of the steps outside regions, [(bytes live while region step i runs, work, phase)])."""
+        cache = self.__dict__.setdefault("_profiles", {})
+        if T not in cache:
+            cache[T] = self._profile(T)
+        return cache[T]
+
+    def _profile(self, T: int) -> tuple[int, list]:
         subs = self.subs(T)
         current, alive, outside, inside = 0, {}, 0, []
         for i, (n, born, dies) in enumerate(self.live.steps):

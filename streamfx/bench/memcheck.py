@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 
+WIDE_HIDDEN = 256   # zoo models are built this wide: their step then holds megabytes, not kilobytes
 ZOO_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "tests")
 
 
@@ -36,6 +37,7 @@ def build(spec: str, seq: int):
     import zoo
 
     zoo.MAX_POS = max(zoo.MAX_POS, seq)
+    zoo.HIDDEN, zoo.HEAD_DIM = WIDE_HIDDEN, WIDE_HIDDEN // zoo.HEADS
     model, _ = getattr(zoo, name)()
     torch.manual_seed(0)
     ids = torch.randint(1, zoo.VOCAB, (1, seq))
