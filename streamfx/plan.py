@@ -218,11 +218,13 @@ def main(argv=None) -> int:
     print(f"longest sequence (activation checkpointing): {best['activation checkpointing']} tokens")
     print(f"longest sequence (no checkpointing): {best['no checkpointing']} tokens")
     T = ns.length or best["streamfx"] or 1024
-    print(f"budget {gib(budget)}, batch {ns.batch}, {ns.dtype}, {L} layers; held before the step "
-          f"(parameters{', optimizer state' if model.held - r2.held * 0 > 0 and opt != 'none' else ''}): {gib(model.held)}")
+    state = "parameters" + (", optimizer state" if opt not in ("none", "sgd", 0.0) else "")
+    print(f"budget {gib(budget)}, batch {ns.batch}, {ns.dtype}, {L} layers; held before the step ({state}): "
+          f"{gib(model.held)}")
     print(f"at T={T}: predicted step peak {gib(model.step_peak(T, 'streamfx', budget))} (streamfx), "
           f"{gib(model.step_peak(T, 'activation checkpointing'))} (activation checkpointing)")
-    print(f"breakdown at T={T} of the {r3.model and 3}-layer trace (each further layer adds its layer input):")
+    print(f"breakdown at T={T} of the 3-layer trace (each further layer adds its layer input, parameters "
+          f"and gradients):")
     print(r3.breakdown(T))
     print(f"({time.perf_counter() - t0:.1f} s)")
     return 0
