@@ -247,11 +247,22 @@ def module_path(node: fx.Node | None) -> str:
 
 
 def common_module(nodes) -> str:
-    """The deepest module that holds the code of most of the nodes (a layer region:
-    ``model.layers.3``, though the rotary and mask code it also reads sits in ``model``)."""
+    """The module a region's code is in: the deepest module holding every node whose module is
+    not an outer one of another node's (a layer region: ``model.layers.3``, though the rotary and
+    mask code it also reads sits in ``model``); where that is no module (a head: the final norm,
+    the projection, the loss), the deepest module holding most of the nodes (``lm_head``)."""
     paths = [p.split(".") for p in map(module_path, nodes) if p]
     if not paths:
         return ""
+    inner = [p for p in paths if not any(len(q) > len(p) and q[:len(p)] == p for q in paths)]
+    common = inner[0]
+    for p in inner[1:]:
+        k = 0
+        while k < min(len(common), len(p)) and common[k] == p[k]:
+            k += 1
+        common = common[:k]
+    if common:
+        return ".".join(common)
     counts: dict = {}
     for p in paths:
         for k in range(1, len(p) + 1):
