@@ -2,7 +2,9 @@
 
 Builds a small Qwen3 model from its config (random weights, no download), checks one step's
 loss and gradients against eager autograd, prints what streamfx streamed, then trains a few
-SFT steps with a masked prompt. Run: python examples/train_qwen3.py [--seq 2048] [--steps 3]
+SFT steps with a masked prompt, and prints the step's measured memory peak beside the peak
+``streamfx.plan_memory`` predicted for it and beside Hugging Face gradient checkpointing's
+(measured and predicted). Run: python examples/train_qwen3.py [--seq 2048] [--steps 3]
 """
 import argparse
 import copy
@@ -31,6 +33,9 @@ def batch(seq: int, vocab: int, prompt: int):
 
 
 def main() -> None:
+    from streamfx.bench.worker import fix_malloc_thresholds
+
+    fix_malloc_thresholds()   # RSS then follows live memory (freed blocks go back to the system)
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--steps", type=int, default=3)
@@ -65,6 +70,29 @@ def main() -> None:
         loss.backward()
         opt.step()
         print(f"step {step}: loss {loss.item():.4f}  {time.perf_counter() - t0:.2f}s")
+
+    # the step's memory: predicted from a short trace, measured over one step
+    short = args.seq // 16
+    plan = streamfx.plan_memory(build(), input_ids=ids[:, :short], labels=labels[:, :short], options=options)
+    streamed = measure_step(model, lambda: compiled(input_ids=ids, labels=labels).loss.backward())
+    reference.gradient_checkpointing_enable()
+    ckpt = measure_step(reference, lambda: reference(input_ids=ids, labels=labels).loss.backward())
+    mib = 2 ** 20
+    print(f"step peak at T={args.seq}: streamfx measured {streamed / mib:.1f} MiB, predicted "
+          f"{plan.step_peak(args.seq) / mib:.1f} MiB; HF gradient checkpointing measured {ckpt / mib:.1f} MiB, "
+          f"predicted {plan.step_peak(args.seq, 'activation checkpointing') / mib:.1f} MiB")
+    print(plan.breakdown(args.seq))
+
+
+def measure_step(model, step) -> int:
+    """Bytes by which one step (after a warm-up step) raises the peak: RSS on CPU."""
+    from streamfx.bench.worker import MemoryMeter
+
+    step()
+    model.zero_grad(set_to_none=True)
+    with MemoryMeter("cpu") as meter:
+        step()
+    return meter.peak_bytes - meter.pre_bytes
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from . import unit_axes
 from .graphs import ALIASES, ancestors, in_order, per_token, same
 from .kv import kv_outputs
 from .positions import rebuild_positions
-from .schedule import auto_chunk, auto_head_chunk
+from .schedule import auto_chunk, auto_head_chunk, chunk_size
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
 from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
 from .specs import SUM, WHOLE, Spec
@@ -46,7 +46,7 @@ class RegionPlan:
 
     def chunk_at(self, T: int) -> int:
         """Tokens per chunk at sequence length T."""
-        return min(self.chunk_size or auto_chunk(T), T)
+        return chunk_size(self.kind, T, self.chunk_size)
 
     @property
     def saved(self) -> list:

@@ -13,7 +13,7 @@ from .backend import backend, streambp_backend
 from .explain import explain, Report
 
 __all__ = ["StreamConfig", "StreamBPError", "backend", "streambp_backend", "explain", "Report",
-           "prepare", "StreamBPCallback"]
+           "prepare", "StreamBPCallback", "plan_memory"]
 __version__ = "0.1.0"
 
 _TRAINERS = ("prepare", "StreamBPCallback", "state_of")
@@ -24,6 +24,10 @@ def __getattr__(name):  # the trainer helpers import transformers: loaded on fir
         from . import trainers
 
         return getattr(trainers, name)
+    if name == "plan_memory":  # (lazily: ``python -m streamfx.plan`` runs that module as __main__)
+        from .plan import plan_memory
+
+        return plan_memory
     if name == "zero3":  # DeepSpeed ZeRO-3's LM head: streamfx.zero3.stream_head(engine)
         import importlib
 

@@ -41,6 +41,13 @@ class StreamConfig:
     offload_dir:     the directory of offload="disk" files; None is the system temporary directory.
     keep_every:      keep every k-th layer input of consecutive layers in one graph and rebuild the
                      others in the backward by a streamed forward from the kept one (None or 1: keep all).
+    memory_budget:   the memory a training step may reach, parameters, gradients and what is
+                     held before the step included: bytes (an int), a string ("70GiB",
+                     "512MiB", "80GB") or a fraction of the device's memory (a float in (0, 1]).
+                     Each call's automatic chunk sizes are then the largest the memory model
+                     (streamfx.plan_memory) predicts to fit at that call's length; a length that
+                     fits no chunk size raises StreamBPError before its step. None: on a GPU the
+                     free device memory, on a CPU the fixed rules of passes/schedule.py.
     """
 
     chunk_size: int | None = None
@@ -54,6 +61,7 @@ class StreamConfig:
     offload: str | None = None
     offload_dir: str | None = None
     keep_every: int | None = None
+    memory_budget: int | float | str | None = None
 
     def __post_init__(self) -> None:
         for key in ("chunk_size", "head_chunk_size"):
@@ -66,6 +74,10 @@ class StreamConfig:
             raise StreamBPError(f"option 'kv_boundary' must be one of {KV_BOUNDARIES}, got {self.kv_boundary!r}")
         if self.head_grad not in HEAD_GRADS:
             raise StreamBPError(f"option 'head_grad' must be one of {HEAD_GRADS}, got {self.head_grad!r}")
+        if self.memory_budget is not None:
+            from .membudget import parse_budget
+
+            parse_budget(self.memory_budget)   # raises with the allowed forms
         if self.dump_dir is not None:
             _check_dump_dir(self.dump_dir, "option 'dump_dir'")
         if self.offload not in OFFLOADS:

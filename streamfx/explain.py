@@ -31,6 +31,29 @@ class Report:
     units: list = dataclasses.field(default_factory=list)  # (Function and line, where it runs): one op each
     storage: list = dataclasses.field(default_factory=list)  # offload.StorePlan of each layer whose inputs leave the device or are rebuilt
     _later: object = dataclasses.field(default=None, repr=False)  # () -> Report for dynamic=None's later lengths
+    _memory: object = dataclasses.field(default=None, repr=False)  # the memory model's summary, made on first use
+
+    def memory(self):
+        """(T, layer chunk, head chunk, predicted step peak, [(bytes, role, module, source)]) of the
+        explained call, from the memory model of its step (``streamfx.plan_memory``); None where no
+        region streams. Computed on first use."""
+        if self._memory is None:
+            self._memory = _step_memory(self.analyses)
+        return self._memory or None
+
+    def memory_lines(self) -> list:
+        try:
+            m = self.memory()
+        except Exception as e:  # noqa: BLE001 - the report explains; a model it cannot size is said so
+            return [f"  predicted step peak: not available ({type(e).__name__}: {str(e).splitlines()[0][:200]})"]
+        if m is None:
+            return []
+        from .membudget import gib, summarize
+
+        T, c, h, peak, rows = m
+        lines = [f"  chunk sizes at T={T}: {c} tokens per layer chunk, {h} tokens per head chunk",
+                 f"  predicted step peak at T={T}: {gib(peak)} above what the step starts with; largest terms:"]
+        return lines + ["    " + line for line in summarize(rows, 6)]
 
     @property
     def later_lengths(self) -> "Report | None":
@@ -60,12 +83,14 @@ class Report:
         lines.append("  streamed:" + ("" if self.plan else " nothing"))
         for p in self.plan:
             lines.append(f"    {p.describe()}")
-        lines.append(f"  saved for backward by streamed regions: {self.saved or 'nothing'}")
+        lines.append("  saved for backward by streamed regions:" + ("" if self.saved else " nothing"))
+        for what, count in Counter(self.saved).items():
+            lines.append(f"    {what}" + (f" (x{count})" if count > 1 else ""))
+        lines += self.memory_lines()
         if self.storage:
             lines.append(f"  layer inputs: {self.storage[0].options.describe()}")
             for sp in self.storage:
                 lines.append(f"    {sp.describe()}")
-        lines.append(f"  estimated peak of streamed regions: {self.estimated_peak_bytes / 2**20:.1f} MiB")
         if self.units:
             lines.append("  torch.autograd.Functions, each one op with its own backward:")
             for what, where in self.units:
@@ -200,12 +225,43 @@ def build_report(analyses) -> Report:
                 units.append((f"{_UNITS[n.args[0]].name}{source_line(n)}",
                               f"per chunk in {where}" if where else "whole, outside the streamed regions"))
         for p in a.plans:
-            saved += [x.name for x in p.saved]
+            saved += [_saved_name(p, x, spec) for x, spec in zip(p.inputs, p.in_specs) if spec.sliced]
             peak += _chunk_peak(p)
         fallbacks += [(prog.name, f"{phase}: {cause}") for _, prog in a.programs for phase, cause in prog.fallbacks]
         storage += getattr(a, "stores", [])
     return Report([a.seq_len for a in analyses], sites, regions, plans, refusals, classes, saved, peak, analyses,
                   moved, caveats, fallbacks=fallbacks, units=units, storage=storage)
+
+
+def _saved_name(plan, x, spec) -> str:
+    """A tensor a streamed region keeps, as the user knows it: its role, module and source line."""
+    from .memory import common_module, where
+
+    v = x.meta.get("val")
+    if spec.kind in ("qk", "prefix"):
+        role = "attention mask data"
+    elif plan.kind == "layer":
+        role = "layer input" if v.is_floating_point() else "per-token input (positions)"
+    else:
+        role = "hidden states entering the head" if v.is_floating_point() else "labels"
+    src = where(x)
+    return f"{role} of {common_module(plan.nodes) or plan.name}" + (f" ({src})" if src else "")
+
+
+def _step_memory(analyses):
+    """The memory model's prediction for the last analysed graph that streams (see ``memory``)."""
+    from . import membudget
+
+    a = next((a for a in reversed(analyses) if getattr(a, "graphs", None) is not None), None)
+    if a is None:
+        return False
+    model, _ = membudget.step_models(a, membudget._device(a))
+    length = next(iter(a.plans)).length
+    T = int(length.node.hint) if isinstance(length, torch.SymInt) else int(length)
+    c = next((prog.size_for(T) for p, prog in a.programs if p.kind == "layer"), T)
+    h = next((prog.size_for(T) for p, prog in a.programs if p.kind == "head"), T)
+    peak, rows = model.breakdown(T, c, h)
+    return T, c, h, peak, rows
 
 
 def _chunk_peak(p) -> int:

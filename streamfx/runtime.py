@@ -20,7 +20,7 @@ import time
 import torch
 import torch.fx as fx
 
-from streamfx.passes.schedule import auto_chunk
+from streamfx.passes.schedule import chunk_size
 
 from . import failures, keyranges
 from .chunks import COUNTERS, ChunkGraph  # noqa: F401  (COUNTERS is part of the runtime's interface)
@@ -63,6 +63,8 @@ class RegionProgram:
     # whose gradients with respect to the inputs the forward keeps (``forward_with_grads``), or
     # None: the backward recomputes the chunks
     seeds: tuple | None = None
+    policy: object = None             # a memory budget's chunk sizes (``membudget.BudgetPolicy``)
+    kind = "head"
 
     def register(self) -> int:
         self.key = next(_ids)
@@ -87,7 +89,7 @@ class RegionProgram:
         return lengths.pop()
 
     def size_for(self, T: int) -> int:
-        return self.chunk_size or auto_chunk(T)
+        return chunk_size(self.kind, T, self.chunk_size, self.policy)
 
     def bounds(self, inputs):
         T = self.length(inputs)
@@ -345,6 +347,7 @@ class LayerProgram(RegionProgram):
     producers at once and the chunk's input gradient is complete.
     """
 
+    kind = "layer"
     kv: ChunkGraph | None = None
     kv_dims: tuple = (None, None)  # the sequence dim of each K/V graph output
     mask: MaskCheck | None = None
@@ -514,6 +517,8 @@ def region(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run a streamed region forward, chunk by chunk (and for a region with ``seeds``, its
     seeds' gradients after its outputs, see ``RegionProgram.forward_with_grads``)."""
     prog = _PROGRAMS[key]
+    if prog.policy is not None:   # a length no chunk size fits raises here, before any chunk runs
+        prog.size_for(prog.length(list(inputs)))
     try:
         with _timed(prog, "forward"):
             return prog.forward_with_grads(list(inputs)) if prog.seeds is not None else prog.forward(list(inputs))

@@ -43,6 +43,7 @@ class Session:
         self.warned: set = set()   # refusals warned for this graph (a retrace warns nothing twice)
         self.unstreamed = False    # compile without the passes (after a failure of a streamed compile)
         self.ddp_piece = False     # a piece of a graph that DDPOptimizer cut at gradient buckets
+        self.keep_graphs = False   # keep the partitioned graphs (streamed and not) on the analysis
 
     def begin_graph(self, gm, example_inputs) -> None:
         self.graph_id = next(_graph_ids)
@@ -67,6 +68,7 @@ class Session:
         if self.unstreamed:
             return base_partition(joint, joint_inputs, **kwargs)
         original, users = joint, _user_outputs(joint, nfwd, self.n_user_outputs)
+        baseline = _copy(joint) if self.keep_graphs else None
         try:
             joint, analysis = pipeline.run(joint, nfwd, self.config, self._constants(joint), self._dumper())
         except (StreamBPError, DetachOutputs, RestartAnalysis):  # (Dynamo's restart: control flow)
@@ -95,7 +97,14 @@ class Session:
             if set(dropped) - set(self.detached):
                 raise DetachOutputs(dropped)
         self.reports.append(analysis)
-        return base_partition(joint, joint_inputs, **kwargs)
+        result = base_partition(joint, joint_inputs, **kwargs)
+        if analysis.programs:
+            from .membudget import attach
+
+            analysis.graphs = result   # the streamed step's forward and backward (the memory model's)
+            analysis.baseline = base_partition(baseline, joint_inputs, **kwargs) if baseline is not None else None
+            attach(analysis, self.config)
+        return result
 
     def _dumper(self):
         """Writes each changed graph to ``<dump_dir>/graph<id>.<n>-<step>``; None without a dump dir."""
@@ -156,6 +165,13 @@ class Session:
             return type(outs)(seq) if isinstance(outs, tuple) else seq
 
         return run
+
+
+def _copy(gm):
+    """A copy of a graph module whose nodes keep their names and metadata."""
+    g = torch.fx.Graph()
+    g.output(g.graph_copy(gm.graph, {}))
+    return torch.fx.GraphModule(gm, g)
 
 
 def _user_outputs(joint, nfwd: int, n_user: int) -> dict:

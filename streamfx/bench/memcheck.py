@@ -1,0 +1,133 @@
+"""Predicted against measured step peaks: ``python -m streamfx.bench.memcheck``.
+
+For each model and sequence length: ``streamfx.plan_memory`` (in this process, traced once at a
+short length) predicts the step peak; a fresh process measures it (CPU: the RSS high-water mark
+over one training step after a warm-up step, above the RSS before it; CUDA: the allocator's
+peak above what was allocated before it; ``worker.MemoryMeter``). Models: ``preset:<name>``
+(``presets.PRESETS``, fp32) or ``zoo:<function>`` (``tests/zoo.py``, with the model's
+hidden size and positions widened so long sequences are meaningful).
+
+    python -m streamfx.bench.memcheck --models preset:qwen3-layers,preset:qwen3-head --seqs 1024,4096,16384
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+WIDE_HIDDEN = 256   # zoo models are built this wide: their step then holds megabytes, not kilobytes
+ZOO_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "tests")
+
+
+def build(spec: str, seq: int):
+    """(model, input_ids, labels) of a model spec at length ``seq`` (CPU, fp32)."""
+    import torch
+
+    kind, name = spec.split(":", 1)
+    if kind == "preset":
+        from . import presets
+
+        p = presets.PRESETS[name]
+        model = presets.build_model(p, "float32", "cpu", max_seq=seq)
+        ids, labels = presets.make_batch(p, seq, "cpu")
+        return model, ids, labels
+    sys.path.insert(0, os.path.abspath(ZOO_DIR))
+    import zoo
+
+    zoo.MAX_POS = max(zoo.MAX_POS, seq)
+    zoo.HIDDEN, zoo.HEAD_DIM = WIDE_HIDDEN, WIDE_HIDDEN // zoo.HEADS
+    model, _ = getattr(zoo, name)()
+    torch.manual_seed(0)
+    ids = torch.randint(1, zoo.VOCAB, (1, seq))
+    labels = ids.clone()
+    labels[:, : seq // 4] = -100
+    return model, ids, labels
+
+
+def measure(spec: str, seq: int, options: dict | None = None, device: str = "cpu") -> dict:
+    """One warm-up step, then the measured one (run in a fresh process)."""
+    import torch
+
+    from . import worker
+
+    if device == "cpu":
+        worker.fix_malloc_thresholds()
+    model, ids, labels = build(spec, seq)
+    model.to(device)
+    ids, labels = ids.to(device), labels.to(device)
+    compiled = torch.compile(model, backend="streambp", options=options or {})
+
+    def step():
+        out = compiled(input_ids=ids, labels=labels)
+        out.loss.backward()
+
+    step()
+    model.zero_grad(set_to_none=True)
+    with worker.MemoryMeter(device) as meter:
+        step()
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"measured": meter.peak_bytes - meter.pre_bytes, "params": params}
+
+
+def measure_in_subprocess(spec: str, seq: int, options: dict | None = None, timeout: float = 3600) -> dict:
+    env = dict(os.environ)
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    arg = json.dumps({"spec": spec, "seq": seq, "options": options or {}})
+    out = subprocess.run([sys.executable, "-m", "streamfx.bench.memcheck", "--measure", arg], env=env,
+                         capture_output=True, text=True, timeout=timeout)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"error": (out.stderr or out.stdout)[-2000:]}
+    return json.loads(lines[-1])
+
+
+def predict(spec: str, seqs, options: dict | None = None, trace_len: int = 64):
+    """The memory report of a model spec, and its predicted step peaks at ``seqs``."""
+    import streamfx
+
+    model, ids, labels = build(spec, max(seqs))
+    report = streamfx.plan_memory(model, input_ids=ids[:, :trace_len], labels=labels[:, :trace_len], options=options)
+    return report, {T: report.step_peak(T) for T in seqs}
+
+
+def table(specs, seqs, options=None) -> list:
+    rows = []
+    for spec in specs:
+        report, predicted = predict(spec, seqs, options)
+        for T in seqs:
+            m = measure_in_subprocess(spec, T, options)
+            row = {"model": spec, "T": T, "chunks": report.chunks(T), "predicted": predicted[T], **m}
+            if "measured" in m:
+                row["ratio"] = predicted[T] / m["measured"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m streamfx.bench.memcheck", description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="preset:qwen3-layers,preset:qwen3-head")
+    parser.add_argument("--seqs", default="1024,4096,16384")
+    parser.add_argument("--options", default="{}", help="backend options, JSON")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    ns = parser.parse_args(argv)
+    if ns.measure:
+        a = json.loads(ns.measure)
+        print(json.dumps(measure(a["spec"], a["seq"], a.get("options"))))
+        return 0
+    rows = table(ns.models.split(","), [int(s) for s in ns.seqs.split(",")], json.loads(ns.options))
+    print(f"{'model':<24} {'T':>6} {'chunks':>12} {'predicted':>10} {'measured':>10} {'ratio':>6}")
+    for r in rows:
+        if "measured" in r:
+            print(f"{r['model']:<24} {r['T']:>6} {str(tuple(r['chunks'])):>12} {r['predicted'] / 2**20:>8.1f}Mi "
+                  f"{r['measured'] / 2**20:>8.1f}Mi {r['ratio']:>6.2f}")
+        else:
+            print(f"{r['model']:<24} {r['T']:>6}  measurement failed: {r['error'][-300:]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,315 @@
+"""Memory budgets: parsing them, the report of ``streamfx.plan_memory``, and the run-time policy
+that sizes each call's chunks to a budget.
+
+The numbers come from ``stepmodel.StepModel``, built from the step's partitioned graphs when
+the backend compiles them (``attach``). A budget is the memory the whole training step may
+reach: what is held before the step (parameters, their optimizer state, the inputs) plus the
+step's own peak (activations, the regions' working sets, the gradients it allocates).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import torch
+
+from . import memory
+from .errors import StreamBPError
+from .passes.schedule import auto_chunk, chunk_candidates, largest_fitting
+from .stepmodel import RegionWork, StepModel
+
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+         "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+FORMS = ("bytes as an int (80_000_000_000)", "a string with a unit ('70GiB', '512MiB', '80GB')",
+         "a fraction of the device's memory as a float in (0, 1] (0.9)")
+
+
+def parse_budget(value, device: str = "cpu") -> int:
+    """Bytes of a memory budget given as an int, a string with a unit, or a fraction of the
+    device's memory (the GPU's total memory; on a CPU the machine's)."""
+    if isinstance(value, bool) or value is None:
+        pass
+    elif isinstance(value, int):
+        if value > 0:
+            return value
+    elif isinstance(value, float):
+        if 0 < value <= 1:
+            return int(value * device_memory(device))
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", value)
+        if m and m.group(2).upper() in UNITS and float(m.group(1)) > 0:
+            return int(float(m.group(1)) * UNITS[m.group(2).upper()])
+    raise StreamBPError(f"option 'memory_budget' must be {', '.join(FORMS[:-1])} or {FORMS[-1]}; got {value!r}")
+
+
+def device_memory(device: str) -> int:
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+# ---- from an analysis to a step model ---------------------------------------------------------------
+def step_models(analysis, device: str = "cpu") -> tuple[StepModel, dict]:
+    """(the streamed step's model, {baseline name: model}) of an analysis the session kept graphs on."""
+    fw, bw = analysis.graphs
+    seq, fixed = _symbols(analysis)
+    works = {}
+    for plan, prog in analysis.programs:
+        kind = "layer" if plan.kind == "layer" else "head"
+        works[prog.key] = RegionWork(prog, kind, memory.common_module(plan.nodes) or plan.name)
+    model = StepModel(fw.graph, bw.graph, works, seq, fixed, device)
+    model.roles = _roles(analysis, fw.graph)
+    baselines = {}
+    if getattr(analysis, "baseline", None) is not None:
+        fw0, bw0 = analysis.baseline
+        baselines["no checkpointing"] = StepModel(fw0.graph, bw0.graph, {}, seq, fixed, device)
+        ckpt = {n.name: r.name for r in analysis.regions if r.kind == "layer" for n in r.nodes}
+        baselines["activation checkpointing"] = StepModel(fw0.graph, bw0.graph, {}, seq, fixed, device, ckpt=ckpt)
+        for b in baselines.values():
+            b.roles = model.roles
+    return model, baselines
+
+
+def _symbols(analysis) -> tuple[set, dict]:
+    """The symbols of the sequence length, and every shape symbol's value at the traced call."""
+    for plan in analysis.plans:
+        length = plan.length
+        if isinstance(length, torch.SymInt):
+            env = length.node.shape_env
+            fixed = {s: int(v) for s, v in memory.values_of(env).items()}
+            seq = set(length.node.expr.free_symbols)
+            hint = {fixed[s] for s in seq}
+            # Dynamo gives each input's sequence dim its own symbol; those share the length's value
+            seq |= {s for s, v in fixed.items() if v in hint}
+            return seq, {s: v for s, v in fixed.items() if s not in seq}
+    return set(), {}
+
+
+def _roles(analysis, fw) -> dict:
+    """Forward tensor name -> (role, module, source line) for the tensors streamed regions read
+    (the region's inputs in the partitioned forward graph, named from the plan's)."""
+    roles = {}
+    by_key = {prog.key: plan for plan, prog in analysis.programs}
+    for n in fw.nodes:
+        plan = by_key.get(n.args[0]) if n.op == "call_function" and "streamfx.region" in str(n.target) else None
+        if plan is None:
+            continue
+        module = memory.common_module(plan.nodes) or plan.name
+        for x, orig, spec in zip(n.args[1], plan.inputs, plan.in_specs):
+            v = x.meta.get("val") if hasattr(x, "meta") else None
+            if not spec.sliced or not isinstance(v, torch.Tensor):
+                continue
+            if spec.kind in ("qk", "prefix"):
+                role = "attention mask data (per token)"
+            elif plan.kind == "layer":
+                role = "layer input" if v.is_floating_point() else "per-token input"
+            else:
+                role = "head input (hidden states)" if v.is_floating_point() else "labels"
+            roles.setdefault(memory.base_of(x).name, (role, module, memory.where(orig) or memory.where(x)))
+    return roles
+
+
+# ---- the report ------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class MemoryReport:
+    """Predicted memory of a training step at any length, from one small-length compile.
+
+    ``step_peak(T)``: bytes by which a step at length T raises the peak above what was held before
+    it (parameters, gradients held before it, optimizer state excluded; gradients the step
+    allocates included). ``max_length(budget)``: the longest T whose held memory (parameters,
+    optimizer state) plus step peak fits. ``method``: "streamfx", "no checkpointing" or
+    "activation checkpointing" (Hugging Face's gradient checkpointing)."""
+    model: StepModel
+    baselines: dict
+    param_bytes: int
+    optimizer_bytes: int
+    traced_length: int
+    layer_chunk: int | None = None      # the user's fixed chunk sizes (None: automatic)
+    head_chunk: int | None = None
+    budget: int | None = None           # the memory_budget option, if given
+    default_head: int | None = None     # the head's automatic chunk without a budget
+
+    @property
+    def held(self) -> int:
+        return self.param_bytes + self.optimizer_bytes
+
+    def chunks(self, T: int, budget: int | None = None) -> tuple[int, int]:
+        """(layer chunk, head chunk) a call at length T runs with: the fixed ones, else the largest
+        that fit ``budget`` (default: the memory_budget option), else the automatic rules."""
+        budget = budget if budget is not None else self.budget
+        if budget is None:
+            return (min(self.layer_chunk or auto_chunk(T), T), min(self.head_chunk or self.default_head or T, T))
+        return choose(self.model, T, budget - self.held, self.layer_chunk, self.head_chunk)
+
+    def step_peak(self, T: int, method: str = "streamfx", budget: int | None = None) -> int:
+        if method != "streamfx":
+            return self.baselines[method].peak(T)
+        c, h = self.chunks(T, budget)
+        return self.model.peak(T, c, h)
+
+    def max_length(self, budget, method: str = "streamfx", limit: int = 1 << 24) -> int:
+        """The longest sequence length whose step fits ``budget`` (0 if none)."""
+        budget = parse_budget(budget)
+
+        def fits(T):
+            try:
+                return self.held + self.step_peak(T, method, budget if method == "streamfx" else None) <= budget
+            except StreamBPError:
+                return False
+
+        return longest(fits, limit)
+
+    def breakdown(self, T: int, top: int = 8) -> str:
+        c, h = self.chunks(T)
+        peak, rows = self.model.breakdown(T, c, h)
+        lines = [f"step at T={T}: chunks of {c} tokens (layers), {h} tokens (head); predicted step peak "
+                 f"{gib(peak)} above {gib(self.held)} held (parameters{', optimizer state' if self.optimizer_bytes else ''})"]
+        lines += ["  " + line for line in summarize(rows, top)]
+        for name, b in self.baselines.items():
+            lines.append(f"  {name}: predicted step peak {gib(b.peak(T))}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.breakdown(self.traced_length)
+
+
+def summarize(rows: list, top: int = 8) -> list:
+    """The largest terms at the peak, tensors of one role summed over the modules that hold one."""
+    groups: dict = {}
+    for b, role, module, src in rows:
+        key = (role, re.sub(r"\.\d+(\.|$)", r".*\1", module))
+        g = groups.setdefault(key, [0, [], src])
+        g[0] += b
+        g[1].append(module)
+    out = []
+    for (role, pattern), (b, modules, src) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:top]:
+        where = modules[0] if len(modules) == 1 else f"{len(modules)}x {pattern}"
+        out.append(f"{gib(b):>12}  {role}" + (f" in {where}" if where else "") + (f" ({src})" if src else ""))
+    return out
+
+
+def longest(fits, limit: int = 1 << 24) -> int:
+    """The largest T <= limit with fits(T), assuming fits is monotone (doubling, then bisection)."""
+    lo, hi = 0, 16
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def choose(model: StepModel, T: int, available: int, layer_fixed=None, head_fixed=None) -> tuple[int, int]:
+    """The largest (layer, head) chunk sizes whose step at T stays within ``available`` bytes;
+    StreamBPError when none does."""
+    profile = model.profile(T)
+    out = []
+    for kind, fixed in (("layer", layer_fixed), ("head", head_fixed)):
+        cands = [min(fixed, T)] if fixed else chunk_candidates(T)
+        c = largest_fitting(cands, lambda c: model.fits(T, available, kind, c, profile))
+        if c is None:
+            raise NoFit(model, T, available)
+        out.append(c)
+    return tuple(out)
+
+
+class NoFit(StreamBPError):
+    def __init__(self, model, T, available):
+        need = model.peak(T, 16, 16)
+        super().__init__(f"streamfx: a training step at sequence length {T} needs about {gib(need)} for the step "
+                         f"with the smallest chunks, over the {gib(available)} the memory budget leaves it")
+        self.need, self.T, self.available = need, T, available
+
+
+# ---- the run-time policy ----------------------------------------------------------------------------
+class BudgetPolicy:
+    """Chunk sizes per call from the memory model and a budget (``runtime.RegionProgram.size_for``)."""
+
+    def __init__(self, model: StepModel, config, device: str, held_fn):
+        self.model, self.config, self.device, self.held_fn = model, config, device, held_fn
+        self.cache: dict = {}
+
+    def budget(self) -> int:
+        if self.config.memory_budget is not None:
+            return parse_budget(self.config.memory_budget, self.device)
+        free, _ = torch.cuda.mem_get_info(torch.device(self.device))
+        return free + torch.cuda.memory_allocated(torch.device(self.device))
+
+    def sizes(self, T: int) -> tuple[int, int]:
+        if T not in self.cache:
+            budget, held = self.budget(), self.held_fn(T)
+            try:
+                self.cache[T] = choose(self.model, T, budget - held, self.config.chunk_size, self.config.head_chunk_size)
+            except NoFit as e:
+                fits = lambda t: _fits_any(self.model, t, budget - held)  # noqa: E731
+                raise StreamBPError(
+                    f"streamfx: a training step at sequence length {T} is predicted to need {gib(held + e.need)} "
+                    f"({gib(held)} held before the step + {gib(e.need)} for the step, at the smallest chunks), over "
+                    f"the memory budget of {gib(budget)}; the longest sequence that fits is {longest(fits, T)} tokens"
+                ) from None
+        return self.cache[T]
+
+    def chunk(self, kind: str, T: int) -> int:
+        layer, head = self.sizes(T)
+        return layer if kind == "layer" else head
+
+
+def _fits_any(model, T, available) -> bool:
+    try:
+        choose(model, T, available)
+        return True
+    except NoFit:
+        return False
+
+
+def attach(analysis, config) -> None:
+    """Give every streamed program of the analysis the budget policy (a memory budget, or on a GPU
+    without one the free device memory); chunk sizes the user fixed stay as they are."""
+    device = _device(analysis)
+    if config.memory_budget is None and not device.startswith("cuda"):
+        return
+    if config.memory_budget is None and config.chunk_size and config.head_chunk_size:
+        return
+    try:
+        model, _ = step_models(analysis, device)
+    except Exception as e:  # noqa: BLE001 - a graph the model cannot size keeps the fixed rules
+        if config.memory_budget is not None:
+            raise StreamBPError(f"streamfx: memory_budget is set but the step's memory could not be modelled "
+                                f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from e
+        import warnings
+
+        warnings.warn(f"streamfx: chunk sizes follow the fixed rules: the step's memory could not be modelled "
+                      f"({type(e).__name__})")
+        return
+    fw = analysis.graphs[0].graph
+    params = [p for p in fw.find_nodes(op="placeholder") if isinstance(p.meta.get("val"), torch.Tensor)]
+
+    def held(T):
+        if device.startswith("cuda"):
+            return torch.cuda.memory_allocated(torch.device(device))
+        subs = model.subs(T)
+        return sum(memory.evaluate(memory.nbytes_expr(p.meta["val"]), subs) for p in params)
+
+    policy = BudgetPolicy(model, config, device, held)
+    for _, prog in analysis.programs:
+        prog.policy = policy
+    analysis.step_model = model
+
+
+def _device(analysis) -> str:
+    for plan in analysis.plans:
+        for x in plan.inputs:
+            v = x.meta.get("val")
+            if isinstance(v, torch.Tensor):
+                return str(v.device)
+    return "cpu"

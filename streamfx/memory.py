@@ -1,0 +1,276 @@
+"""The memory model of a training step: liveness over the partitioned forward and backward graphs.
+
+Every tensor a graph node makes is allocated when the node runs and freed after its last use
+(a view lives as long as its base; the backward's inputs saved by the forward live from the
+forward to their last use in the backward; parameter gradients, the backward's outputs, live
+past the step). Sizes come from each node's fake value: expressions of the graph's shape
+symbols, evaluated at the sequence length asked for (the symbols of the sequence length get T,
+every other symbol the value it had when the graph was traced).
+
+A streamed region runs as one node of these graphs; while it runs it also holds its working set,
+a function of its chunk size c and of T: the K/V buffers of the sequence and, in the backward,
+their fp32 gradients; and one chunk's working set, the peak of a liveness run over the chunk
+graph (traced once with symbolic chunk and key lengths, its backward included: the chunk's
+intermediates, its attention over the key prefix, its weight gradients).
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+import re
+
+import sympy
+import torch
+import torch.fx as fx
+
+from .errors import source_line
+
+REGION_OPS = ("streamfx::region", "streamfx::region_backward")
+
+
+# ---- sizes ----------------------------------------------------------------------------------------
+def nbytes_expr(v):
+    """Bytes of a (fake) tensor as an int or a sympy expression of shape symbols; 0 for others."""
+    if not isinstance(v, torch.Tensor):
+        return 0
+    n = v.numel()
+    n = n.node.expr if isinstance(n, torch.SymInt) else n
+    return n * v.element_size()
+
+
+def values_of(env) -> dict:
+    """Every symbol of a shape environment with the value it was created with."""
+    return dict(getattr(env, "backed_var_to_val", None) or env.var_to_val)
+
+
+def evaluate(expr, subs: dict) -> int:
+    if isinstance(expr, int):
+        return expr
+    expr = sympy.sympify(expr)
+    if expr.is_number:
+        return int(expr)
+    return int(expr.xreplace(subs))
+
+
+def is_view(node: fx.Node) -> bool:
+    """The node's output shares its input's storage (a view, an alias, an item of a list)."""
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return not isinstance(node.args[0].meta.get("val"), (list, tuple))
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and any(r.alias_info is not None for r in schema.returns)
+
+
+def base_of(node: fx.Node) -> fx.Node:
+    while is_view(node) and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def rounded(nbytes: int, device: str) -> int:
+    """Bytes the allocator hands out for a request: CUDA's caching allocator rounds blocks up to
+    512 bytes, and requests over 1 MiB to whole 2 MiB pages; the CPU allocator as asked."""
+    if not device.startswith("cuda") or nbytes <= 0:
+        return nbytes
+    if nbytes > 1 << 20:
+        return -(-nbytes // (2 << 20)) * (2 << 20)
+    return -(-nbytes // 512) * 512
+
+
+# ---- liveness -------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Live:
+    """One graph's allocations in execution order: per step the node, the tensors it makes
+    (``born``: (node, bytes expr)) and those that die after it (nodes)."""
+    steps: list          # [(node, born, dies)]
+
+    @staticmethod
+    def of(graph: fx.Graph, held=frozenset(), keep=frozenset(), born_early=None) -> "Live":
+        """``held``: nodes whose storage exists before the graph and is not counted (parameters,
+        inputs); ``keep``: nodes that outlive the graph (outputs, tensors saved for later);
+        ``born_early``: placeholders of tensors made earlier and counted (the backward's saved
+        tensors), given with their bytes; they die after their last use here."""
+        nodes = list(graph.nodes)
+        owner = {n: base_of(n) for n in nodes}
+        last: dict = {}
+        for i, n in enumerate(nodes):
+            for x in n.all_input_nodes:
+                last[owner[x]] = i
+        out = graph.find_nodes(op="output")
+        for o in out:
+            for x in o.all_input_nodes:
+                if owner[x] not in held:
+                    keep = keep | {owner[x]}
+        steps = []
+        dying: dict = {}
+        for n in nodes:
+            if n in keep or n in held:
+                continue
+            if owner[n] is n:
+                dying.setdefault(last.get(n, nodes.index(n)), []).append(n)
+        for i, n in enumerate(nodes):
+            born = []
+            if n.op == "placeholder":
+                if born_early and n in born_early:
+                    born.append((n, born_early[n]))
+            elif n.op == "call_function" and owner[n] is n and n not in held:
+                born += _made(n)
+            steps.append((n, born, [d for d in dying.get(i, []) if d.op != "placeholder" or
+                                    (born_early and d in born_early)]))
+        return Live(steps)
+
+
+def _made(n: fx.Node) -> list:
+    v = n.meta.get("val")
+    if isinstance(v, (list, tuple)):
+        return [(n, sum((nbytes_expr(x) for x in v), 0))]
+    return [(n, nbytes_expr(v))]
+
+
+# ---- chunk graphs ---------------------------------------------------------------------------------
+@dataclasses.dataclass
+class ChunkCurve:
+    """The peak bytes a chunk graph allocates while it runs (inputs are views of what the region
+    holds and are not counted; its outputs are), as a function of the chunk length q and the key
+    length k. ``train``: the graph's forward and its backward (autograd.grad to the inputs that
+    get a gradient), as the region's backward runs it; else its no-grad forward."""
+    live: Live
+    q: object
+    k: object
+    fixed: dict
+    _cache: dict = dataclasses.field(default_factory=dict)
+
+    def __call__(self, q: int, k: int | None = None) -> int:
+        key = (q, k)
+        if key not in self._cache:
+            self._cache[key] = self._peak(q, k)
+        return self._cache[key]
+
+    def _peak(self, q: int, k: int | None) -> int:
+        subs = dict(self.fixed)
+        if self.q is not None:
+            subs[self.q] = q
+        if self.k is not None:
+            subs[self.k] = k if k is not None else q
+        return peak_of(self.live, subs)[0]
+
+    def outputs_at(self, q: int) -> int:
+        """Bytes of the graph's outputs at chunk length q (the K/V graph: one row of K/V per token)."""
+        subs = {**self.fixed, **({self.q: q} if self.q is not None else {})}
+        out = self.live.steps[-1][0]
+        return sum(evaluate(nbytes_expr(x.meta.get("val")), subs) for x in out.all_input_nodes)
+
+    def output_elems_at(self, q: int) -> int:
+        """Elements of the graph's outputs at chunk length q."""
+        subs = {**self.fixed, **({self.q: q} if self.q is not None else {})}
+        out = self.live.steps[-1][0]
+        return sum(evaluate(nbytes_expr(x.meta.get("val")), subs) // x.meta["val"].element_size()
+                   for x in out.all_input_nodes if isinstance(x.meta.get("val"), torch.Tensor))
+
+
+_CURVES: dict = {}
+
+
+def chunk_curve(graph, grads=(), train=False) -> ChunkCurve:
+    """The working-set curve of a ``chunks.ChunkGraph`` (cached on its structure and slots)."""
+    key = (graph.key(), tuple(grads), train)
+    if key not in _CURVES:
+        _CURVES[key] = _trace_curve(graph, tuple(grads), train)
+    return _CURVES[key]
+
+
+def _trace_curve(graph, grads, train) -> ChunkCurve:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .chunks import fake_inputs
+
+    grads = tuple(i for i in grads if graph.slots[i].dtype.is_floating_point) if train else ()
+    mode, fakes = fake_inputs(graph.slots, graph.sizes, grads)
+    gm = graph.gm
+
+    def run(*args):
+        if not train:
+            with torch.no_grad():
+                return gm(*args)
+        with torch.enable_grad():
+            outs = [o for o in gm(*args) if isinstance(o, torch.Tensor) and o.requires_grad]
+            wrt = [args[i] for i in grads]
+            if not outs or not wrt:
+                return outs
+            got = torch.autograd.grad(outs, wrt, [torch.empty_like(o) for o in outs], allow_unused=True)
+            return [g for g in got if g is not None]
+
+    with mode:
+        traced = make_fx(run)(*fakes)
+    q = k = None
+    for slot, x in zip(graph.slots, fakes):
+        for d, role in enumerate(slot.shape):
+            if role in ("q", "k"):
+                sym = x.shape[d].node.expr
+                q, k = (sym, k) if role == "q" else (q, sym)
+    fixed = {s: v for s, v in values_of(mode.shape_env).items() if s not in (q, k)}
+    # (the tangents the trace makes stand for rows of the output gradient: views, not counted)
+    tangents = {n for n in traced.graph.nodes if n.target is torch.ops.aten.empty_like.default}
+    return ChunkCurve(Live.of(traced.graph, held=frozenset(tangents)), q, k, fixed)
+
+
+def peak_of(live: Live, subs: dict, extra=None) -> tuple[int, int, dict]:
+    """(peak bytes, step index of the peak, {node: bytes} live there). ``extra(step) -> bytes``
+    adds a working set held while a step runs (a streamed region's)."""
+    current, alive = 0, {}
+    best, at, snapshot = -1, -1, {}
+    for i, (n, born, dies) in enumerate(live.steps):
+        for x, b in born:
+            b = evaluate(b, subs)
+            alive[x] = alive.get(x, 0) + b
+            current += b
+        total = current + (extra(i) if extra is not None else 0)
+        if total > best:
+            best, at, snapshot = total, i, dict(alive)
+        for d in dies:
+            current -= alive.pop(d, 0)
+    return max(best, 0), at, snapshot
+
+
+# ---- names the user knows --------------------------------------------------------------------------
+def module_path(node: fx.Node | None) -> str:
+    """The module a node's code is in, as the model names it (``model.layers.3``)."""
+    stack = (node.meta.get("nn_module_stack") or {}) if node is not None else {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    path = re.sub(r"^L\[[^\]]*\](\[\d+\])*\.?", "", path)   # the compiled object itself
+    for a, b in (("._modules['", "."), ("']", ""), ("[", "."), ("]", ""), ("['", "."), ("_modules.", "")):
+        path = path.replace(a, b)
+    return path.strip(".") or "the model"
+
+
+def common_module(nodes) -> str:
+    """The module a region's code is in: the deepest module holding every node whose module is
+    not an outer one of another node's (a layer region: ``model.layers.3``, though the rotary and
+    mask code it also reads sits in ``model``); where that is no module (a head: the final norm,
+    the projection, the loss), the deepest module holding most of the nodes (``lm_head``)."""
+    paths = [p.split(".") for p in map(module_path, nodes) if p]
+    if not paths:
+        return ""
+    inner = [p for p in paths if not any(len(q) > len(p) and q[:len(p)] == p for q in paths)]
+    common = inner[0]
+    for p in inner[1:]:
+        k = 0
+        while k < min(len(common), len(p)) and common[k] == p[k]:
+            k += 1
+        common = common[:k]
+    if common:
+        return ".".join(common)
+    counts: dict = {}
+    for p in paths:
+        for k in range(1, len(p) + 1):
+            key = ".".join(p[:k])
+            counts[key] = counts.get(key, 0) + 1
+    held = [k for k, n in counts.items() if 2 * n > len(paths)]
+    return max(held, key=lambda k: k.count("."), default="")
+
+
+def where(node: fx.Node | None) -> str:
+    return source_line(node).strip() if node is not None else ""

@@ -1,0 +1,200 @@
+"""A training step's memory as a function of the sequence length T and the chunk sizes.
+
+``StepModel`` chains the liveness of the partitioned forward graph, the tensors it saves, and
+the backward graph (``memory.Live``); streamed regions add their working set while they run
+(``region_working``). ``peak(T, chunks)`` is the step's peak above what was held before it
+(parameters and inputs); parameter gradients count, since the step allocates them
+(``zero_grad(set_to_none=True)``). Baselines come from the same joint graph partitioned
+without streaming: as is (no checkpointing), and with every layer region's saved tensors
+dropped after the forward and recomputed at the layer's backward (activation checkpointing).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+
+import sympy
+import torch
+
+from . import memory
+from .memory import Live, chunk_curve, evaluate, nbytes_expr, peak_of
+
+REGION = "streamfx::region"
+REGION_BACKWARD = "streamfx::region_backward"
+
+
+def _op(n) -> str:
+    return getattr(getattr(n.target, "_schema", None), "name", "") if n.op == "call_function" else ""
+
+
+# ---- a streamed region's working set ----------------------------------------------------------------
+@dataclasses.dataclass
+class RegionWork:
+    """Working set of one streamed region program (``runtime.RegionProgram``) at chunk c, length T."""
+    prog: object
+    kind: str                     # "layer" | "head"
+    module: str                   # the module path the region's code is in
+
+    @functools.cached_property
+    def _curves(self):
+        p = self.prog
+        if self.kind != "layer":
+            return (chunk_curve(p.chunk, p.grad_inputs, True), chunk_curve(p.chunk), None, None)
+        n = len(p.in_specs)
+        q_grads = list(p.grad_inputs) + list(range(n, len(p.chunk.slots)))
+        return (chunk_curve(p.chunk, q_grads, True), chunk_curve(p.chunk),
+                chunk_curve(p.kv, p.grad_inputs, True), chunk_curve(p.kv))
+
+    def terms(self, phase: str, c: int, T: int) -> list:
+        """[(what, bytes)] the region holds while it runs (phase "forward" or "backward")."""
+        train, nograd, kv_train, kv_nograd = self._curves
+        c = min(c, T)
+        if self.kind != "layer":
+            chunk = (train if phase == "backward" else nograd)(c)
+            what = "logits and loss of one chunk" if phase == "backward" else "logits of one chunk"
+            return [(f"{what} ({c} tokens, with its gradients)" if phase == "backward" else f"{what} ({c} tokens)", chunk)]
+        kv = kv_nograd.outputs_at(T)
+        out = [("keys and values of the whole sequence", kv)]
+        if phase == "backward":
+            out.append(("fp32 gradients of the keys and values", kv_nograd.output_elems_at(T) * 4))
+            out.append((f"one chunk's recomputed forward and backward ({c} tokens against {T} keys)",
+                        max(train(c, T), kv_train(c))))
+        else:
+            out.append((f"one chunk's forward ({c} tokens against {T} keys)", max(nograd(c, T), kv_nograd(c))))
+        return out
+
+    def bytes(self, phase: str, c: int, T: int) -> int:
+        return sum(b for _, b in self.terms(phase, c, T))
+
+
+# ---- the step -------------------------------------------------------------------------------------
+class StepModel:
+    """Liveness of a step's forward and backward graphs with the regions' working sets.
+
+    ``fw``, ``bw``: the partitioned graphs; ``works``: {region op key: RegionWork};
+    ``seq``: the shape symbols of the sequence length; ``fixed``: the other symbols' values;
+    ``ckpt``: names of forward nodes recomputed in the backward (activation checkpointing)."""
+
+    def __init__(self, fw: torch.fx.Graph, bw: torch.fx.Graph, works: dict, seq: set, fixed: dict,
+                 device: str = "cpu", ckpt: dict | None = None):
+        self.works, self.seq, self.fixed, self.device = works, seq, fixed, device
+        self.fw_nodes = {n.name: n for n in fw.nodes}
+        self.bw_graph = bw
+        held = frozenset(fw.find_nodes(op="placeholder"))
+        bw_inputs = [p for p in bw.find_nodes(op="placeholder") if p.name in self.fw_nodes]
+        saved = {memory.base_of(self.fw_nodes[p.name]) for p in bw_inputs} - held
+        ckpt = ckpt or {}
+        recomputed = {memory.base_of(self.fw_nodes[n]) for n in ckpt if n in self.fw_nodes} & saved
+        fw_live = Live.of(fw, held=held, keep=frozenset(saved - recomputed))
+        bw_live = Live.of(bw, held=frozenset(bw.find_nodes(op="placeholder")))
+        # the backward's saved inputs are the forward's nodes: each dies after its last use there
+        # (a base with several saved views, after the last of them); a checkpointed one is made
+        # again at the first backward use of its layer's saved tensors
+        last, first_of_layer = {}, {}
+        for i, (n, _, _) in enumerate(bw_live.steps):
+            for x in n.all_input_nodes:
+                if x.op == "placeholder" and x.name in self.fw_nodes:
+                    base = memory.base_of(self.fw_nodes[x.name])
+                    last[base] = i
+                    layer = ckpt.get(x.name)
+                    if layer is not None and base in recomputed:
+                        first_of_layer.setdefault(layer, i)
+        born = {}
+        for base in recomputed:
+            layer = next((ckpt[n] for n in ckpt if n in self.fw_nodes and memory.base_of(self.fw_nodes[n]) is base), None)
+            born.setdefault(first_of_layer.get(layer, 0), []).append((base, nbytes_expr(base.meta.get("val"))))
+        steps = list(fw_live.steps)
+        for i, (n, b, dies) in enumerate(bw_live.steps):
+            steps.append((n, b + born.get(i, []), dies + [x for x, j in last.items() if j == i]))
+        self.live = Live(steps)
+        self.region_steps = {}
+        for i, (n, _, _) in enumerate(steps):
+            op = _op(n)
+            if op in (REGION, REGION_BACKWARD) and n.args[0] in works:
+                self.region_steps[i] = (works[n.args[0]], "forward" if op == REGION else "backward")
+
+    def subs(self, T: int) -> dict:
+        return {**self.fixed, **{s: T for s in self.seq}}
+
+    def profile(self, T: int) -> tuple[int, list]:
+        """(peak of the steps outside regions, [(bytes live while region step i runs, work, phase)])."""
+        cache = self.__dict__.setdefault("_profiles", {})
+        if T not in cache:
+            cache[T] = self._profile(T)
+        return cache[T]
+
+    def _profile(self, T: int) -> tuple[int, list]:
+        subs = self.subs(T)
+        current, alive, outside, inside = 0, {}, 0, []
+        for i, (n, born, dies) in enumerate(self.live.steps):
+            for x, b in born:
+                b = memory.rounded(evaluate(b, subs), self.device)
+                alive[x] = alive.get(x, 0) + b
+                current += b
+            if i in self.region_steps:
+                inside.append((current, *self.region_steps[i]))
+            else:
+                outside = max(outside, current)
+            for d in dies:
+                current -= alive.pop(d, 0)
+        return outside, inside
+
+    def peak(self, T: int, layer_chunk: int | None = None, head_chunk: int | None = None) -> int:
+        outside, inside = self.profile(T)
+        chunks = {"layer": layer_chunk, "head": head_chunk}
+        return max([outside] + [base + work.bytes(phase, chunks[work.kind] or T, T) for base, work, phase in inside])
+
+    def fits(self, T: int, budget: int, kind: str, c: int, profile=None) -> bool:
+        """Whether the steps of ``kind``'s regions stay within ``budget`` at chunk ``c``."""
+        outside, inside = profile or self.profile(T)
+        return outside <= budget and all(base + work.bytes(phase, c, T) <= budget
+                                         for base, work, phase in inside if work.kind == kind)
+
+    def breakdown(self, T: int, layer_chunk: int | None = None, head_chunk: int | None = None) -> tuple[int, list]:
+        """(peak, [(bytes, role, module, source)]): what is live at the step's peak."""
+        subs = self.subs(T)
+        chunks = {"layer": layer_chunk, "head": head_chunk}
+
+        def extra(i):
+            if i not in self.region_steps:
+                return 0
+            work, phase = self.region_steps[i]
+            return work.bytes(phase, chunks[work.kind] or T, T)
+
+        peak, at, alive = peak_of(self.live, subs, extra)
+        rows = []
+        for node, b in alive.items():
+            if b:
+                rows.append((b, *self.describe(node)))
+        if at in self.region_steps:
+            work, phase = self.region_steps[at]
+            for what, b in work.terms(phase, chunks[work.kind] or T, T):
+                rows.append((b, f"{work.kind} {phase}: {what}", work.module, ""))
+        rows.sort(key=lambda r: -r[0])
+        return peak, rows
+
+    def describe(self, node) -> tuple[str, str, str]:
+        """(role, module, source line) of a tensor of the step."""
+        role = getattr(self, "roles", {}).get(node.name)
+        if role is not None:
+            return role
+        parent = node.args[0] if node.target is operator.getitem else node
+        if _op(parent) in (REGION, REGION_BACKWARD):
+            work = self.works.get(parent.args[0])
+            what = "output" if _op(parent) == REGION else "gradients (input and parameters)"
+            return (f"{(work.kind if work else 'region')} {what}", work.module if work else "", "")
+        src = memory.where(node)
+        v = node.meta.get("val")
+        shape = "[" + ", ".join(self.size_text(s) for s in v.shape) + "]" if isinstance(v, torch.Tensor) else ""
+        op = getattr(node.target, "__name__", str(node.target)).split(".")[0]
+        if any(u.op == "output" for u in node.users) and node.graph is self.bw_graph:
+            return (f"parameter gradient {shape}", memory.module_path(node), src)
+        return (f"{op} result {shape}", memory.module_path(node), src)
+
+    def size_text(self, s) -> str:
+        if isinstance(s, int):
+            return str(s)
+        expr = s.node.expr
+        return str(expr.xreplace({x: sympy.Symbol("T") for x in self.seq}).xreplace(
+            {x: v for x, v in self.fixed.items()}))

@@ -1,0 +1,187 @@
+"""The memory model: budgets, ``streamfx.plan_memory``, the chunk sizes a budget picks, the CLI.
+
+Fast tests use the zoo's small Qwen3; the slow test compares predicted step peaks with the
+peak RSS rise measured in fresh processes (``streamfx.bench.memcheck``).
+"""
+import json
+import re
+
+import pytest
+import torch
+
+import streamfx
+from streamfx import membudget
+from streamfx.chunks import COUNTERS
+from streamfx.passes.schedule import chunk_candidates, largest_fitting
+
+import zoo
+
+pytestmark = pytest.mark.fast
+TRACE = 32
+
+
+def _ids(T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, zoo.VOCAB, (1, T), generator=g)
+
+
+@pytest.fixture(scope="module")
+def report():
+    model, _ = zoo.qwen3("sdpa")
+    ids = _ids(TRACE)
+    return streamfx.plan_memory(model, input_ids=ids, labels=ids)
+
+
+# ---- budgets -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("value, expected", [(1234, 1234), ("70GiB", 70 * 2**30), ("512MiB", 512 * 2**20),
+                                             ("80GB", 80 * 10**9), ("1.5 GiB", int(1.5 * 2**30))])
+def test_budget_forms(value, expected):
+    assert membudget.parse_budget(value) == expected
+    assert streamfx.StreamConfig.from_options({"memory_budget": value}).memory_budget == value
+
+
+def test_budget_fraction_of_device():
+    total = membudget.device_memory("cpu")
+    assert membudget.parse_budget(0.5) == int(0.5 * total)
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1.5, 0.0, True, "lots", "70 parsecs", "-1GiB", [1]])
+def test_bad_budget_raises_with_the_allowed_forms(bad):
+    with pytest.raises(streamfx.StreamBPError, match="memory_budget.*GiB.*fraction"):
+        streamfx.StreamConfig(memory_budget=bad)
+
+
+def test_largest_fitting_chunk():
+    cands = chunk_candidates(1000)
+    assert cands[0] == 1000 and cands[1] == 512 and cands[-1] == 16
+    assert largest_fitting(cands, lambda c: c <= 300) == 256
+    assert largest_fitting(cands, lambda c: False) is None
+
+
+# ---- the report ----------------------------------------------------------------------------------
+def test_step_peak_grows_with_length_at_least_by_the_saved_layer_inputs(report):
+    a, b = report.step_peak(2048), report.step_peak(4096)
+    floor = (zoo.LAYERS + 1) * zoo.HIDDEN * 4          # fp32 layer inputs and the head's input
+    assert b > a > report.step_peak(256) > 0
+    assert (b - a) / 2048 >= floor
+
+
+def test_baselines_hold_more_than_streaming_at_long_lengths(report):
+    T = 4096
+    stream = report.step_peak(T)
+    assert report.step_peak(T, "no checkpointing") > 4 * stream
+    assert report.step_peak(T, "activation checkpointing") > 4 * stream
+
+
+def test_max_length_is_the_longest_that_fits(report):
+    budget = 64 * 2**20
+    T = report.max_length(budget)
+    assert T > 0
+    assert report.held + report.step_peak(T, budget=budget) <= budget
+    try:
+        over = report.held + report.step_peak(T + 1, budget=budget) > budget
+    except streamfx.StreamBPError:   # no chunk size fits T + 1
+        over = True
+    assert over
+    assert report.max_length(4 * budget) > T
+    assert report.max_length(budget, "activation checkpointing") < T
+
+
+def test_chunks_grow_with_the_budget(report):
+    T = 8192
+    small, large = report.chunks(T, 24 * 2**20), report.chunks(T, 512 * 2**20)
+    assert small[0] < large[0]
+    assert large[0] <= T
+
+
+def test_breakdown_names_what_the_user_knows(report):
+    text = report.breakdown(4096)
+    assert "layer input" in text and "model.layers." in text
+    assert "modeling_qwen3.py" in text
+    assert not re.search(r"\b(index|iota|getitem|primals)_\d+", text)
+
+
+# ---- the budget at run time -----------------------------------------------------------------------
+def _step(options, T):
+    model, _ = zoo.qwen3("sdpa")
+    compiled = torch.compile(model, backend="streambp", options=options)
+    ids = _ids(T)
+    before = COUNTERS["chunks_forward"]
+    compiled(input_ids=ids, labels=ids).loss.backward()
+    return COUNTERS["chunks_forward"] - before
+
+
+def test_impossible_budget_raises_before_the_step():
+    model, _ = zoo.qwen3("sdpa")
+    compiled = torch.compile(model, backend="streambp", options={"memory_budget": 4096})
+    ids = _ids(64)
+    before = COUNTERS["chunks_forward"]
+    with pytest.raises(streamfx.StreamBPError, match=r"needs? .*budget.*longest sequence that fits is \d+ tokens"):
+        compiled(input_ids=ids, labels=ids)
+    assert COUNTERS["chunks_forward"] == before
+
+
+def test_larger_budget_runs_fewer_chunks(report):
+    T = 256
+    tight = report.held + report.model.peak(T, 64, 64)   # about what chunks of 64 tokens need
+    few = _step({"memory_budget": "1GiB"}, T)
+    many = _step({"memory_budget": tight}, T)
+    assert few < many
+
+
+# ---- explain and the CLI ----------------------------------------------------------------------------
+def test_explain_shows_chunks_and_predicted_peak():
+    model, _ = zoo.qwen3("sdpa")
+    ids = _ids(TRACE)
+    text = str(streamfx.explain(model, input_ids=ids, labels=ids, dynamic=True))
+    assert re.search(r"chunk sizes at T=\d+: \d+ tokens per layer chunk", text)
+    assert "predicted step peak" in text
+    saved = text.split("saved for backward by streamed regions:")[1].split("predicted")[0]
+    assert "layer input of model.layers.0" in saved
+    assert not re.search(r"\b(index|iota)(_\d+)?\b", saved)
+
+
+def test_cli_prints_longest_sequences(tmp_path, capsys):
+    from streamfx import plan
+
+    cfg = dict(model_type="qwen3", vocab_size=zoo.VOCAB, hidden_size=zoo.HIDDEN, intermediate_size=64,
+               num_hidden_layers=4, num_attention_heads=zoo.HEADS, num_key_value_heads=zoo.KV_HEADS,
+               head_dim=zoo.HEAD_DIM, tie_word_embeddings=False, max_position_embeddings=64)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert plan.main(["--config", str(path), "--dtype", "fp32", "--budget", "256MiB", "--optimizer", "adamw"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    m = re.fullmatch(r"longest sequence \(streamfx\): (\d+) tokens", lines[0])
+    c = re.fullmatch(r"longest sequence \(activation checkpointing\): (\d+) tokens", lines[1])
+    assert m and c and int(m.group(1)) > int(c.group(1)) > 0
+
+
+# ---- predicted against measured (fresh processes) ---------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("spec, seqs", [("preset:qwen3-layers", (1024, 4096, 16384)),
+                                        ("preset:qwen3-head", (1024, 4096, 16384)),
+                                        ("zoo:llama_tied", (2048, 8192)),
+                                        ("zoo:mistral_sliding", (2048, 8192))])
+def test_predicted_step_peak_within_15_percent_of_measured(spec, seqs):
+    from streamfx.bench import memcheck
+
+    report, predicted = memcheck.predict(spec, seqs)
+    for T in seqs:
+        got = memcheck.measure_in_subprocess(spec, T)
+        assert "measured" in got, got.get("error")
+        assert abs(predicted[T] / got["measured"] - 1) <= 0.15, (spec, T, predicted[T], got["measured"])
+
+
+@pytest.mark.slow
+def test_budget_sweep_stays_under_budget_and_chunks_grow():
+    from streamfx.bench import memcheck
+
+    spec, T = "preset:qwen3-layers", 8192
+    chunks = []
+    for mib in (160, 320):
+        options = {"memory_budget": f"{mib}MiB"}
+        report, _ = memcheck.predict(spec, [T], options)
+        got = memcheck.measure_in_subprocess(spec, T, options)
+        assert got["measured"] + got["params"] <= 1.05 * mib * 2**20, got
+        chunks.append(report.chunks(T))
+    assert chunks[0] < chunks[1]
