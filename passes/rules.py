@@ -15,7 +15,6 @@ import torch.fx as fx
 from .axes import AxisTable, RuleOut
 from .graphs import bind, normalize_dim, same, unpadded, val as tensor_meta
 from .stops import STOP
-from . import unit_axes
 
 aten = torch.ops.aten
 RULES: dict = {}
@@ -86,7 +85,6 @@ register(aten.where.self, aten.clone.default, aten._to_copy.default, aten.alias.
          aten.ones_like.default, aten.full_like.default, aten.empty_like.default, STOP)(pointwise)
 
 
-register(unit_axes.UNIT)(unit_axes.rule)  # a Function with its own backward: its axes from its bodies
 
 
 # ---- reduction family ----------------------------------------------------------------------------

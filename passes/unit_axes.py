@@ -18,6 +18,7 @@ from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from streamfx.errors import CannotStream, op_name, source_line
+from .rules import register
 from .units import _UNITS, UNIT, Unit, _fake_mode, _forward, _grads, _read
 
 aten = torch.ops.aten
@@ -228,3 +229,6 @@ def refusal(node: fx.Node, sd) -> CannotStream | None:
         f"sequence ({'; '.join(sorted(set(ops))[:2]) or 'in its outputs'}), so it cannot run per chunk of tokens "
         f"and its region runs unstreamed; a Function streams when each token's outputs and input gradients "
         f"depend only on that token's rows (sums over the tokens only in weight gradients)", node)
+
+
+register(UNIT)(rule)  # a Function with its own backward: its axes from its bodies (``rule``)

@@ -152,9 +152,9 @@ def is_function_call(n: fx.Node) -> bool:
     return n.op == "call_function" and type(n.target).__name__ == "AutogradFunctionApply"
 
 
-def wrap(gm: fx.GraphModule) -> dict:
+def wrap(gm: fx.GraphModule, signature) -> dict:
     """Each ``autograd_function_apply`` of Dynamo's graph that can be a unit becomes one (see the
-    module doc). One that cannot (a size argument, random ops, effects beyond its outputs, an
+    module doc); ``signature(unit, vals)`` gives its axes (``unit_axes.signature``). One that cannot (a size argument, random ops, effects beyond its outputs, an
     in-place output) stays as it is, for ``stops.custom_backward`` to judge; returns those, each
     with why it is not a unit."""
     count, kept = 0, {}
@@ -168,7 +168,7 @@ def wrap(gm: fx.GraphModule) -> dict:
         inputs = [a for a in n.args[2:] if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
         vals = [_value(a) for a in inputs]
         try:
-            key = _register(unit, vals)
+            key = _register(unit, vals, signature)
         except (ImportError, NameError):  # this code against a torch it does not know: loud
             raise
         except Exception as e:  # noqa: BLE001 - bodies that do not trace to ATen: left to the derivative check
@@ -274,7 +274,7 @@ def _random(body: fx.GraphModule) -> bool:
                for n in body.graph.nodes)
 
 
-def _register(unit: Unit, vals) -> int:
+def _register(unit: Unit, vals, signature) -> int:
     """The unit's key: one per structure and input metadata (a Function applied in every layer
     is one unit, so the layers' chunk graphs stay one graph)."""
     from streamfx.chunks import structure_key
@@ -283,8 +283,6 @@ def _register(unit: Unit, vals) -> int:
            tuple(sorted(unit.non_differentiable)), unit.grads,
            tuple((tuple(map(str, v.shape)), str(v.dtype), str(v.device)) for v in vals))
     if key not in _KEYS:
-        from .unit_axes import signature
-
         unit.signature = signature(unit, vals)
         _KEYS[key] = len(_UNITS)
         _UNITS[_KEYS[key]] = unit

@@ -20,7 +20,7 @@ from .config import StreamConfig
 from . import frames, untraceable
 from .errors import CannotStream, StreamBPError, failure
 from . import logging_calls
-from .passes import stops, units, verify
+from .passes import stops, unit_axes, units, verify
 from .session import DetachOutputs, Session
 
 logging_calls.install()  # (loaded as a backend: before Dynamo traces the first model)
@@ -70,7 +70,7 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
     session = session or Session(config)
     frames.check_callers(config.strict)  # a caller that Dynamo skipped runs eagerly around this graph
     stops.mark(gm)
-    kept = units.wrap(gm)  # a Function with a backward of its own: one op, run per chunk where it is per token
+    kept = units.wrap(gm, unit_axes.signature)  # a Function with a backward of its own: one op, run per chunk where it is per token
     session.begin_graph(gm, example_inputs)
     custom = stops.custom_backward(gm)
     if custom is not None:

@@ -94,10 +94,16 @@ def test_disk_offload_with_keep_every_is_exact(tmp_path, monkeypatch):
     check(run, tmp_path, offloaded=L - dropped_of(L, 3), dropped=dropped_of(L, 3))
 
 
-@pytest.mark.parametrize("name", ["qwen3_sdpa", "qwen3_eager", "llama_tied", "mistral_sliding", "gemma3", "gpt2",
-                                  "nanogpt", "tiny_llama"])
-@pytest.mark.parametrize("options", [{"offload": "disk"}, {"keep_every": 2}, {"keep_every": 3, "offload": "disk"}],
-                         ids=["disk", "keep2", "keep3-disk"])
+DENSE = ["qwen3_sdpa", "qwen3_eager", "llama_tied", "mistral_sliding", "gemma3", "gpt2", "nanogpt", "tiny_llama"]
+MODES = {"disk": {"offload": "disk"}, "keep2": {"keep_every": 2}, "keep3-disk": {"keep_every": 3, "offload": "disk"}}
+
+
+# every dense zoo model with both options (keep_every 3 over the disk tier); each option alone on
+# three models of different forms (the suite's time on two cores: each case compiles its model)
+@pytest.mark.parametrize("name, options", [(n, MODES["keep3-disk"]) for n in DENSE]
+                         + [(n, MODES[m]) for m in ("disk", "keep2") for n in ("qwen3_sdpa", "gemma3", "gpt2")],
+                         ids=[f"keep3-disk-{n}" for n in DENSE]
+                         + [f"{m}-{n}" for m in ("disk", "keep2") for n in ("qwen3_sdpa", "gemma3", "gpt2")])
 def test_zoo_dense_models(name, options, tmp_path, monkeypatch):
     deepened = name in zoo.HF_MODELS and name != "gemma3"  # (gemma3's layer pattern and the plain models: 2)
     if deepened:

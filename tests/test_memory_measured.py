@@ -1,0 +1,34 @@
+"""The memory model against measurement: predicted step peaks beside the peak RSS rise of a
+step measured in fresh processes (``streamfx.bench.memcheck``), and a budget sweep (slow tier)."""
+import pytest
+
+
+# ---- predicted against measured (fresh processes) ---------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("spec, seqs", [("preset:qwen3-layers", (1024, 4096, 8192)),
+                                        ("preset:qwen3-head", (1024, 4096, 8192)),
+                                        ("zoo:llama_tied", (2048, 8192)),
+                                        ("zoo:mistral_sliding", (2048, 8192))])
+def test_predicted_step_peak_within_15_percent_of_measured(spec, seqs):
+    from streamfx.bench import memcheck
+
+    report, predicted = memcheck.predict(spec, seqs)
+    for T in seqs:
+        got = memcheck.measure_in_subprocess(spec, T)
+        assert "measured" in got, got.get("error")
+        assert abs(predicted[T] / got["measured"] - 1) <= 0.15, (spec, T, predicted[T], got["measured"])
+
+
+@pytest.mark.slow
+def test_budget_sweep_stays_under_budget_and_chunks_grow():
+    from streamfx.bench import memcheck
+
+    spec, T = "preset:qwen3-layers", 8192
+    chunks = []
+    for mib in (160, 320):
+        options = {"memory_budget": f"{mib}MiB"}
+        report, _ = memcheck.predict(spec, [T], options)
+        got = memcheck.measure_in_subprocess(spec, T, options)
+        assert got["measured"] + got["params"] <= 1.05 * mib * 2**20, got
+        chunks.append(report.chunks(T))
+    assert chunks[0] < chunks[1]
