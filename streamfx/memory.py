@@ -247,28 +247,16 @@ def module_path(node: fx.Node | None) -> str:
 
 
 def common_module(nodes) -> str:
-    """The module a region's code is in: the deepest module holding every node whose module is
-    not an outer one of another node's (a layer region: ``model.layers.3``, though the rotary and
-    mask code it also reads sits in ``model``); where that is no module (a head: the final norm,
-    the projection, the loss), the deepest module holding most of the nodes (``lm_head``)."""
+    """The module a region's code is in: the deepest module holding at least three quarters of
+    the nodes that come from a module (a layer region: ``model.layers.3``, though the rotary and
+    mask code it also reads sits in ``model.rotary_emb`` and ``model``; a head: ``lm_head``)."""
     paths = [p.split(".") for p in map(module_path, nodes) if p]
-    if not paths:
-        return ""
-    inner = [p for p in paths if not any(len(q) > len(p) and q[:len(p)] == p for q in paths)]
-    common = inner[0]
-    for p in inner[1:]:
-        k = 0
-        while k < min(len(common), len(p)) and common[k] == p[k]:
-            k += 1
-        common = common[:k]
-    if common:
-        return ".".join(common)
     counts: dict = {}
     for p in paths:
         for k in range(1, len(p) + 1):
             key = ".".join(p[:k])
             counts[key] = counts.get(key, 0) + 1
-    held = [k for k, n in counts.items() if 2 * n > len(paths)]
+    held = [k for k, n in counts.items() if 4 * n >= 3 * len(paths)]
     return max(held, key=lambda k: k.count("."), default="")
 
 
