@@ -118,14 +118,21 @@ class RegionProgram:
             for s, e in self.bounds(inputs):
                 COUNTERS["chunks_forward"] += 1
                 with failures.chunk("forward", s, e, T):
-                    outs = fn(*self.chunk_inputs(inputs, s, e))
-                    for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
-                        if spec.kind == "cat":
-                            _put_rows(result, j, o, spec, s, e, T)
-                        elif result[j] is None:
-                            result[j] = o.float()
-                        else:
-                            result[j].add_(o)
+                    self._collect(result, fn(*self.chunk_inputs(inputs, s, e)), s, e, T)
+        return self._outputs(result)
+
+    def _collect(self, result: list, outs, s: int, e: int, T: int) -> None:
+        """Chunk [s, e)'s outputs into ``result``: rows of a cat output, sums accumulated in fp32."""
+        for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
+            if spec.kind == "cat":
+                _put_rows(result, j, o, spec, s, e, T)
+            elif result[j] is None:
+                result[j] = o.float()
+            else:
+                result[j].add_(o)
+
+    def _outputs(self, result: list) -> list:
+        """The collected outputs, sums cast back to their outputs' dtypes."""
         return [r if spec.kind == "cat" else r.to(dtype)
                 for r, spec, dtype in zip(result, self.out_specs, self._out_dtypes)]
 
@@ -152,18 +159,9 @@ class RegionProgram:
                         if target.requires_grad else [None] * len(wrt)
                     self._store(stored[k], got, inputs, s, e)
             with torch.no_grad():
-                for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
-                    o = o.detach()
-                    if spec.kind == "cat":
-                        _put_rows(result, j, o, spec, s, e, T)
-                    elif result[j] is None:
-                        result[j] = o.float()
-                    else:
-                        result[j].add_(o)
+                self._collect(result, [o.detach() for o in outs], s, e, T)
             del outs, xs, wrt
-        outs = [r if spec.kind == "cat" else r.to(dtype)
-                for r, spec, dtype in zip(result, self.out_specs, self._out_dtypes)]
-        return outs + [g if g is not None else self._stored_zeros(inputs, i)
+        return self._outputs(result) + [g if g is not None else self._stored_zeros(inputs, i)
                        for per_seed in stored for i, g in zip(self.grad_inputs, per_seed)]
 
     def _store(self, stored: list, got, inputs, s: int, e: int) -> None:
