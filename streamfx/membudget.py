@@ -158,15 +158,7 @@ class MemoryReport:
 
     def max_length(self, budget, method: str = "streamfx", limit: int = 1 << 24) -> int:
         """The longest sequence length whose step fits ``budget`` (0 if none)."""
-        budget = parse_budget(budget)
-
-        def fits(T):
-            try:
-                return self.held + self.step_peak(T, method, budget if method == "streamfx" else None) <= budget
-            except StreamBPError:
-                return False
-
-        return longest(fits, limit)
+        return longest_fitting(self, parse_budget(budget), method, limit)
 
     def breakdown(self, T: int, top: int = 8) -> str:
         c, h = self.chunks(T)
@@ -313,3 +305,15 @@ def _device(analysis) -> str:
             if isinstance(v, torch.Tensor):
                 return str(v.device)
     return "cpu"
+
+
+def longest_fitting(report, budget: int, method: str, limit: int) -> int:
+    """The longest T at which ``report.held + report.step_peak(T, method, ...)`` fits ``budget``
+    (streamfx's chunks chosen for that budget); 0 if none."""
+    def fits(T):
+        try:
+            return report.held + report.step_peak(T, method, budget if method == "streamfx" else None) <= budget
+        except StreamBPError:
+            return False
+
+    return longest(fits, limit)

@@ -30,7 +30,7 @@ import torch
 
 from .config import StreamConfig
 from .errors import StreamBPError
-from .membudget import MemoryReport, gib, longest, parse_budget, step_models
+from .membudget import MemoryReport, gib, longest_fitting, parse_budget, step_models
 from .passes.schedule import MIN_CHUNK, chunk_candidates, largest_fitting
 
 # Published shapes (the models' config.json on the Hugging Face hub).
@@ -156,12 +156,7 @@ class Extrapolated:
         return self._lin(self.r2.step_peak(T, method), self.r3.step_peak(T, method))
 
     def max_length(self, budget: int, method: str = "streamfx", limit: int = 1 << 22) -> int:
-        def fits(T):
-            try:
-                return self.held + self.step_peak(T, method, budget if method == "streamfx" else None) <= budget
-            except StreamBPError:
-                return False
-        return longest(fits, limit)
+        return longest_fitting(self, budget, method, limit)
 
 
 def build_meta_model(config: dict, dtype: torch.dtype, layers: int):
