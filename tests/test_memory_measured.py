@@ -37,3 +37,16 @@ def test_budget_sweep_stays_under_budget_and_chunks_grow():
         assert got["measured"] + got["params"] <= 1.05 * mib * 2**20, got
         chunks.append(report.chunks(T))
     assert chunks[0] < chunks[1]
+
+
+@pytest.mark.fast
+def test_a_wide_zoo_model_leaves_the_zoo_as_it_was():
+    """memcheck builds zoo models wider and longer than the tests' own; the test process that
+    predicts with it shares ``zoo``, whose later models must keep their own sizes."""
+    import zoo
+    from streamfx.bench import memcheck
+
+    before = zoo.HIDDEN, zoo.HEAD_DIM, zoo.MAX_POS
+    model, ids, _ = memcheck.build("zoo:llama_tied", 4 * zoo.MAX_POS)
+    assert model.config.hidden_size == memcheck.WIDE_HIDDEN and ids.shape[1] == 4 * before[2]
+    assert (zoo.HIDDEN, zoo.HEAD_DIM, zoo.MAX_POS) == before

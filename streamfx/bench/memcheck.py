@@ -33,12 +33,19 @@ def build(spec: str, seq: int):
         model = presets.build_model(p, "float32", "cpu", max_seq=seq)
         ids, labels = presets.make_batch(p, seq, "cpu")
         return model, ids, labels
-    sys.path.insert(0, os.path.abspath(ZOO_DIR))
+    if os.path.abspath(ZOO_DIR) not in sys.path:
+        sys.path.insert(0, os.path.abspath(ZOO_DIR))
     import zoo
 
+    # zoo's builders read its module constants when called: widen them for this build only, so a
+    # caller that shares the module (a test process) keeps its own small models
+    saved = zoo.MAX_POS, zoo.HIDDEN, zoo.HEAD_DIM
     zoo.MAX_POS = max(zoo.MAX_POS, seq)
     zoo.HIDDEN, zoo.HEAD_DIM = WIDE_HIDDEN, WIDE_HIDDEN // zoo.HEADS
-    model, _ = getattr(zoo, name)()
+    try:
+        model, _ = getattr(zoo, name)()
+    finally:
+        zoo.MAX_POS, zoo.HIDDEN, zoo.HEAD_DIM = saved
     torch.manual_seed(0)
     ids = torch.randint(1, zoo.VOCAB, (1, seq))
     labels = ids.clone()
