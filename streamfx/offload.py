@@ -536,7 +536,8 @@ def _region_stored_backward_fake(key, kept, handle, grads, present):
     for i, p in enumerate(prog.full_gm.graph.find_nodes(op="placeholder")[:len(prog.in_specs)]):
         v = p.meta["val"]
         out[i] = torch.empty(v.shape, dtype=v.dtype, device=v.device) if i in plan.stored else next(it)
-    return [torch.empty_like(out[i]) for i in prog.grad_inputs]
+    # contiguous, as streamfx::region_backward returns them (an input may be a strided view)
+    return [out[i].new_empty(out[i].shape) for i in prog.grad_inputs]
 
 
 def _setup(ctx, inputs, output):
