@@ -17,8 +17,8 @@ import torch.fx as fx
 from streamfx import offload
 from streamfx.errors import CannotStream
 from . import attention as attn, hoist, masks, verify
-from .graphs import (PROJECTIONS, ancestors, is_tangent, is_tensor, normalize_dim, outputs as graph_outputs,
-                     primals, val, written_input)
+from .graphs import (ancestors, is_tangent, is_tensor, normalize_dim, outputs as graph_outputs,
+                     primals, projects, val, written_input)
 from .plan import plan_head, plan_layer
 from .record import NodeRecord, tag
 from .regions import find_regions
@@ -231,7 +231,7 @@ def _logits_from_outside(a: Analysis, plan):
     the loss over them streams. None otherwise."""
     inside = set(plan.nodes)
     feeding = ancestors(list(plan.inputs), within=set(a.fwd_nodes)) | inside
-    if any(n.target in PROJECTIONS for n in feeding):
+    if any(projects(n) for n in feeding):
         return None
     if not any(n.op == "placeholder" and _floating(n) and a.sd.seq_dim(n) is not None for n in feeding):
         return None

@@ -17,7 +17,7 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from .graphs import COPIES, PROJECTIONS, SEQ_VIEWS, order, per_token
+from .graphs import COPIES, SEQ_VIEWS, order, per_token, projects
 from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, seq_slice
 from .sources import residual_source
 
@@ -164,8 +164,7 @@ def _head_entry(tail, sd, floor, fwd_nodes, rank):
     best = min(per_token(n, sd) for n in tail)
     narrowest = [n for n in tail if per_token(n, sd) == best]
     first = narrowest[0]
-    if first.op == "placeholder" and not any(n.target in PROJECTIONS for n in fwd_nodes
-                                             if rank.get(n, -1) > rank[first]):
+    if first.op == "placeholder" and not any(projects(n) for n in fwd_nodes if rank.get(n, -1) > rank[first]):
         return first
     return narrowest[-1]
 

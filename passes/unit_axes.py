@@ -33,6 +33,7 @@ class Signature:
     outs: tuple
     sizes: dict
     mixed: dict
+    ops: frozenset = frozenset()  # the ATen ops of its bodies (a Function wrapping a linear projects)
 
 
 # ops through which a sum over a dim stays a sum of per-chunk parts (with operands free of it)
@@ -110,7 +111,8 @@ def signature(unit: Unit, vals) -> Signature:
             mark(table.canon(sd.axes[node.args[0]][0][node.args[1]]), node)
     return Signature(tuple(ins), tuple(canon(o) for o in results[:n_res]),
                      {a: table.size[a] for a in table.parent if table.find(a) == a},
-                     {a: _describe(node) for a, node in mixed.items()})
+                     {a: _describe(node) for a, node in mixed.items()},
+                     frozenset(n.target for n in gm.graph.nodes if n.op == "call_function"))
 
 
 def _sums_into_gradients(node, atoms, sd, table, results, grad_of, ins) -> bool:

@@ -264,6 +264,57 @@ def test_fused_cross_entropy_function_streams_in_the_head():
     print(f"fused cross-entropy: max relative gradient error {_max_rel_error(run):.2e}")
 
 
+class LinearFunction(torch.autograd.Function):
+    """``x @ weight.T`` with its backward written out, as DeepSpeed ZeRO-3 replaces
+    ``F.linear`` (``LinearFunctionForZeroStage3``)."""
+
+    @staticmethod
+    def forward(ctx, x, weight):
+        ctx.save_for_backward(x, weight)
+        return x.matmul(weight.t())
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        return g.matmul(weight), g.reshape(-1, g.shape[-1]).t().matmul(x.reshape(-1, x.shape[-1]))
+
+
+class FunctionLinear(torch.nn.Module):
+    def __init__(self, linear):
+        super().__init__()
+        self.weight = linear.weight
+
+    def forward(self, x):
+        return LinearFunction.apply(x, self.weight)
+
+
+class BreakAfter(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        y = self.module(x)
+        torch._dynamo.graph_break()  # what follows is a graph of its own (as ZeRO-3's hooks make it)
+        return y
+
+
+@pytest.mark.fast
+def test_lm_head_as_a_function_streams_with_its_loss():
+    """An LM head whose projection is a Function (ZeRO-3's linear), in a graph of its own with the
+    loss (a graph break before it, as ZeRO-3's hooks make): the head region starts at the hidden
+    state it receives and takes the unit in, so the logits stream (no "logits arrive as an input"
+    caveat, which a graph with no projection before its loss gets)."""
+    lm, inputs = _llama(lambda block: None)
+    lm.lm_head, lm.norm = FunctionLinear(lm.lm_head), BreakAfter(lm.norm)
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    _exact(run)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert not run.warnings, run.warnings
+    head = next(p for p in run.programs if p.name == "head")
+    assert any(str(n.target) == "streamfx.unit.default" for n in head.full_gm.graph.nodes), head.full_gm.graph
+
+
 def _noise(x):
     """Uniform-looking numbers in (0, 1) from each value of ``x`` (a hash of it), so the routing
     samples are the same in eager and in every chunk."""
