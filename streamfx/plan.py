@@ -2,7 +2,8 @@
 
 ``plan_memory(model, *args, options=None, optimizer=None, **kwargs)`` compiles the model with the
 streambp backend at the (small) length of the given inputs, with symbolic sizes, runs its
-forward once, and returns a ``membudget.MemoryReport`` built from the partitioned graphs:
+forward once (its streamed regions only give outputs of the right shapes: nothing of a region
+is computed), and returns a ``membudget.MemoryReport`` built from the partitioned graphs:
 ``report.step_peak(T)``, ``report.max_length(budget)``, the same for the baselines, and a
 printable breakdown.
 
@@ -78,6 +79,7 @@ def optimizer_bytes(model, optimizer) -> int:
 def plan_memory(model, *args, options=None, optimizer=None, **kwargs) -> MemoryReport:
     """The memory report of a training step of ``model`` called as ``model(*args, **kwargs)``
     (see the module docstring). ``options``: the backend's (chunk sizes, memory_budget)."""
+    from . import runtime
     from .backend import compile_graph
     from .session import Session
 
@@ -91,7 +93,7 @@ def plan_memory(model, *args, options=None, optimizer=None, **kwargs) -> MemoryR
 
     args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, lambda x: x.detach(), (args, kwargs))
     compiled = torch.compile(model, backend=capture, dynamic=True)
-    with torch.enable_grad():
+    with torch.enable_grad(), runtime.shapes_only():  # (the regions' chunks need not run)
         compiled(*args, **kwargs)
     analyses = [a for a in collected if getattr(a, "graphs", None) is not None]
     if not analyses:

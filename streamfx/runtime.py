@@ -33,6 +33,32 @@ TIMING = [False]
 TIMES: dict = collections.defaultdict(float)
 
 
+# while SHAPES_ONLY[0] is True, a region call returns uninitialised outputs of the right shapes
+# without running its chunks (``plan_memory`` runs a model once to compile it and reads only the
+# compiled graphs: a 152k-token vocabulary's head would otherwise compute its logits and weight
+# gradient on the CPU for nothing)
+SHAPES_ONLY = [False]
+
+
+@contextlib.contextmanager
+def shapes_only():
+    SHAPES_ONLY[0], before = True, SHAPES_ONLY[0]
+    try:
+        yield
+    finally:
+        SHAPES_ONLY[0] = before
+
+
+def _uninitialised(fake_impl, key, inputs) -> list:
+    """The outputs ``fake_impl`` gives for ``inputs``, as real uninitialised tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fakes = fake_impl(key, list(inputs))
+    return [torch.empty_strided(f.shape, f.stride(), dtype=f.dtype, device=f.device) if f is not None else None
+            for f in fakes]
+
+
 @contextlib.contextmanager
 def _timed(prog, phase: str):
     if not TIMING[0]:
@@ -517,6 +543,8 @@ def region(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     prog = _PROGRAMS[key]
     if prog.policy is not None:   # a length no chunk size fits raises here, before any chunk runs
         prog.size_for(prog.length(list(inputs)))
+    if SHAPES_ONLY[0]:
+        return _uninitialised(_region_fake, key, inputs)
     try:
         with _timed(prog, "forward"):
             return prog.forward_with_grads(list(inputs)) if prog.seeds is not None else prog.forward(list(inputs))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import streamfx
-from streamfx import membudget
+from streamfx import membudget, runtime
 from streamfx.chunks import COUNTERS
 from streamfx.passes.schedule import chunk_candidates, largest_fitting
 
@@ -59,6 +59,23 @@ def test_largest_fitting_chunk():
 
 
 # ---- the report ----------------------------------------------------------------------------------
+def test_planning_computes_no_chunk():
+    """plan_memory runs the model once to compile it; its streamed regions only give outputs of
+    the right shapes (a large vocabulary's head would compute its logits and gradients for
+    nothing), and later steps of the same model compute as ever."""
+    model, _ = zoo.qwen3("sdpa")
+    ids = _ids(TRACE)
+    before = dict(COUNTERS)
+    streamfx.plan_memory(model, input_ids=ids, labels=ids)
+    assert COUNTERS["chunks_forward"] == before["chunks_forward"], COUNTERS
+    assert COUNTERS["region_forward"] == before["region_forward"], COUNTERS
+    assert not runtime.SHAPES_ONLY[0]
+    compiled = torch.compile(model, backend="streambp", options={"chunk_size": 8, "head_chunk_size": 8})
+    loss = compiled(input_ids=ids, labels=ids).loss
+    assert COUNTERS["chunks_forward"] > before["chunks_forward"]
+    torch.testing.assert_close(loss, model(input_ids=ids, labels=ids).loss, rtol=1e-5, atol=1e-6)
+
+
 def test_step_peak_grows_with_length_at_least_by_the_saved_layer_inputs(report):
     a, b = report.step_peak(2048), report.step_peak(4096)
     floor = (zoo.LAYERS + 1) * zoo.HIDDEN * 4          # fp32 layer inputs and the head's input
