@@ -97,14 +97,9 @@ class Report:
                 lines.append(f"    {what}: {where}")
         for where, why in self.caveats:
             lines.append(f"  {where} streams, but {why}")
-        if self.not_streamed:
-            lines.append("  not streamed:")
-            for where, why in self.not_streamed:
-                lines.append(f"    {where}: {why}")
-        if self.fallbacks:
-            lines.append(f"  ran whole at run time ({len(self.fallbacks)}: a chunk failed; strict=True raises):")
-            for where, why in self.fallbacks:
-                lines.append(f"    {where}: {why}")
+        lines += _pairs("  not streamed:", self.not_streamed, "    ")
+        lines += _pairs(f"  ran whole at run time ({len(self.fallbacks)}: a chunk failed; strict=True raises):",
+                        self.fallbacks, "    ")
         later = self.later_lengths
         if later is not None:
             lines.append("  later lengths (dynamic=None recompiles a new sequence length or batch size with "
@@ -112,10 +107,7 @@ class Report:
             lines.append("    streamed:" + (" nothing" if not later.plan else ""))
             for p in later.plan:
                 lines.append(f"      {p.describe()}")
-            if later.not_streamed:
-                lines.append("    not streamed:")
-                for where, why in later.not_streamed:
-                    lines.append(f"      {where}: {why}")
+            lines += _pairs("    not streamed:", later.not_streamed, "      ")
         elif self.settings.get("dynamic") is False:
             lines.append("  later lengths: dynamic=False compiles every new sequence length or batch size again, "
                          "with static sizes, as above")
@@ -233,17 +225,16 @@ def build_report(analyses) -> Report:
                   moved, caveats, fallbacks=fallbacks, units=units, storage=storage)
 
 
+def _pairs(title: str, pairs, indent: str) -> list:
+    """A titled section of (where, why) lines; nothing when there are none."""
+    return [title] + [f"{indent}{where}: {why}" for where, why in pairs] if pairs else []
+
+
 def _saved_name(plan, x, spec) -> str:
     """A tensor a streamed region keeps, as the user knows it: its role, module and source line."""
-    from .memory import common_module, where
+    from .memory import common_module, saved_role, where
 
-    v = x.meta.get("val")
-    if spec.kind in ("qk", "prefix"):
-        role = "attention mask data"
-    elif plan.kind == "layer":
-        role = "layer input" if v.is_floating_point() else "per-token input (positions)"
-    else:
-        role = "hidden states entering the head" if v.is_floating_point() else "labels"
+    role = saved_role(plan, spec, x.meta.get("val"))
     src = where(x)
     return f"{role} of {common_module(plan.nodes) or plan.name}" + (f" ({src})" if src else "")
 

@@ -108,12 +108,7 @@ def _roles(analysis, fw) -> dict:
             v = x.meta.get("val") if hasattr(x, "meta") else None
             if not spec.sliced or not isinstance(v, torch.Tensor):
                 continue
-            if spec.kind in ("qk", "prefix"):
-                role = "attention mask data (per token)"
-            elif plan.kind == "layer":
-                role = "layer input" if v.is_floating_point() else "per-token input"
-            else:
-                role = "head input (hidden states)" if v.is_floating_point() else "labels"
+            role = memory.saved_role(plan, spec, v)
             roles.setdefault(memory.base_of(x).name, (role, module, memory.where(orig) or memory.where(x)))
     return roles
 

@@ -246,6 +246,17 @@ def module_path(node: fx.Node | None) -> str:
     return path.strip(".") or "the model"
 
 
+def saved_role(plan, spec, value) -> str:
+    """What a per-token tensor a streamed region keeps is, as the user knows it (``explain()``'s
+    saved list and the memory report's rows read this one name)."""
+    if spec.kind in ("qk", "prefix"):
+        return "attention mask data"
+    floating = value.is_floating_point()
+    if plan.kind == "layer":
+        return "layer input" if floating else "per-token input (positions)"
+    return "hidden states entering the head" if floating else "labels"
+
+
 def common_module(nodes) -> str:
     """The module a region's code is in: the deepest module holding at least three quarters of
     the nodes that come from a module (a layer region: ``model.layers.3``, though the rotary and
