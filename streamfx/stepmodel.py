@@ -51,9 +51,12 @@ class RegionWork:
         train, nograd, kv_train, kv_nograd = self._curves
         c = min(c, T)
         if self.kind != "layer":
-            chunk = (train if phase == "backward" else nograd)(c)
-            what = "logits and loss of one chunk" if phase == "backward" else "logits of one chunk"
-            return [(f"{what} ({c} tokens, with its gradients)" if phase == "backward" else f"{what} ({c} tokens)", chunk)]
+            # a head whose forward computes its gradients (``head_grad``) runs each chunk's
+            # backward there; its backward only scales what the forward kept
+            grads = phase == "backward" or getattr(self.prog, "seeds", None) is not None
+            what = "logits and loss of one chunk" if grads else "logits of one chunk"
+            return [(f"{what} ({c} tokens, with its gradients)" if grads else f"{what} ({c} tokens)",
+                     (train if grads else nograd)(c))]
         kv = kv_nograd.outputs_at(T)
         out = [("keys and values of the whole sequence", kv)]
         if phase == "backward":

@@ -6,10 +6,7 @@ import pytest
 # ---- predicted against measured (fresh processes) ---------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("spec, seqs", [("preset:qwen3-layers", (1024, 4096, 8192)),
-                                        pytest.param("preset:qwen3-head", (1024, 4096, 8192), marks=pytest.mark.xfail(
-                                            strict=True, reason="open (#31): the head's working set is under-predicted "
-                                            "(T=1024: 285 MiB predicted, 535 MiB measured) since the head computes its "
-                                            "gradients in its forward pass, in 1,048-token chunks")),
+                                        ("preset:qwen3-head", (1024, 4096, 8192)),
                                         ("zoo:llama_tied", (2048, 8192)),
                                         pytest.param("zoo:mistral_sliding", (2048, 8192), marks=pytest.mark.xfail(
                                             strict=True, reason="open (#31): over-predicted by 25% at T=2048 "
