@@ -21,22 +21,6 @@ PROJECTIONS = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddb
 
 
 
-def projects(n: fx.Node) -> bool:
-    """Whether ``n`` is a projection: one of ``PROJECTIONS``, or a unit (a Function with a
-    backward of its own, ``units``) whose bodies compute one, as DeepSpeed ZeRO-3's linear does."""
-    if n.op != "call_function":
-        return False
-    if n.target in PROJECTIONS:
-        return True
-    if str(n.target) != "streamfx.unit.default":
-        return False
-    from .units import _UNITS
-
-    unit = _UNITS.get(n.args[0])
-    sig = getattr(unit, "signature", None)
-    return sig is not None and any(t in PROJECTIONS for t in sig.ops)
-
-
 # ops that return their input as it is (a view of all of it, or a copy)
 ALIASES = frozenset({aten.alias.default, aten.detach.default, STOP})
 COPIES = frozenset({aten.clone.default, aten.alias.default, STOP})

@@ -18,13 +18,14 @@ from streamfx import offload
 from streamfx.errors import CannotStream
 from . import attention as attn, hoist, masks, verify
 from .graphs import (ancestors, is_tangent, is_tensor, normalize_dim, outputs as graph_outputs,
-                     primals, projects, val, written_input)
+                     primals, val, written_input)
 from .plan import plan_head, plan_layer
 from .record import NodeRecord, tag
 from .regions import find_regions
 from .rewrite import stream_joint
 from .seq_dims import SEQ_REDUCTION, UNKNOWN_MIXING, infer_axes
 from .sources import seed_sequence
+from .units import projects
 
 aten = torch.ops.aten
 

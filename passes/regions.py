@@ -17,9 +17,10 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from .graphs import COPIES, SEQ_VIEWS, order, per_token, projects
+from .graphs import COPIES, SEQ_VIEWS, order, per_token
 from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, seq_slice
 from .sources import residual_source
+from .units import projects
 
 aten = torch.ops.aten
 

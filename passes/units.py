@@ -23,7 +23,7 @@ import torch.fx as fx
 from torch._guards import detect_fake_mode
 
 from . import verify
-from .graphs import same
+from .graphs import PROJECTIONS, same
 
 aten = torch.ops.aten
 
@@ -145,6 +145,18 @@ def _backward(ctx, grads):
 unit_op.register_autograd(_backward, setup_context=_setup)
 UNIT = torch.ops.streamfx.unit.default
 UNIT_BACKWARD = torch.ops.streamfx.unit_backward.default
+
+
+def projects(n: fx.Node) -> bool:
+    """Whether ``n`` is a projection: one of ``graphs.PROJECTIONS``, or a unit whose bodies
+    compute one (a Function wrapping a linear, as DeepSpeed ZeRO-3's does)."""
+    if n.op != "call_function":
+        return False
+    if n.target in PROJECTIONS:
+        return True
+    unit = _UNITS.get(n.args[0]) if n.target is UNIT else None
+    sig = getattr(unit, "signature", None)
+    return sig is not None and any(t in PROJECTIONS for t in sig.ops)
 
 
 # ---- Dynamo's graph: Function calls become units ----------------------------------------------

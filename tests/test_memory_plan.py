@@ -138,9 +138,6 @@ def test_impossible_budget_raises_before_the_step():
     assert COUNTERS["chunks_forward"] == before
 
 
-@pytest.mark.xfail(strict=True, reason="open (#31): at this tight budget the run-time budget policy keeps 256-token "
-                   "layer chunks where plan_memory's report picks 64 for the same budget (the two step models "
-                   "disagree since the head computes its gradients in its forward pass)")
 def test_larger_budget_runs_fewer_chunks(report):
     T = 256
     tight = report.held + report.model.peak(T, 64, 64)   # about what chunks of 64 tokens need
