@@ -19,8 +19,6 @@ aten = torch.ops.aten
 # the matmuls an LM head's projection is traced as
 PROJECTIONS = (aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default)
 
-
-
 # ops that return their input as it is (a view of all of it, or a copy)
 ALIASES = frozenset({aten.alias.default, aten.detach.default, STOP})
 COPIES = frozenset({aten.clone.default, aten.alias.default, STOP})
