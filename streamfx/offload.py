@@ -529,15 +529,14 @@ def region_stored_backward(key: int, kept: list[torch.Tensor], handle: torch.Ten
 
 @region_stored_backward.register_fake
 def _region_stored_backward_fake(key, kept, handle, grads, present):
-    from .runtime import _PROGRAMS
+    from .runtime import _PROGRAMS, _region_backward_fake
 
     prog, plan = _PROGRAMS[key], PLANS[key]
-    it, out = iter(kept), {}
+    it, xs = iter(kept), []
     for i, p in enumerate(prog.full_gm.graph.find_nodes(op="placeholder")[:len(prog.in_specs)]):
         v = p.meta["val"]
-        out[i] = torch.empty(v.shape, dtype=v.dtype, device=v.device) if i in plan.stored else next(it)
-    # contiguous, as streamfx::region_backward returns them (an input may be a strided view)
-    return [out[i].new_empty(out[i].shape) for i in prog.grad_inputs]
+        xs.append(torch.empty(v.shape, dtype=v.dtype, device=v.device) if i in plan.stored else next(it))
+    return _region_backward_fake(key, xs, grads, present)  # (the op returns region_backward's gradients)
 
 
 def _setup(ctx, inputs, output):

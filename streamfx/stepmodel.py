@@ -54,9 +54,9 @@ class RegionWork:
             # a head whose forward computes its gradients (``head_grad``) runs each chunk's
             # backward there; its backward only scales what the forward kept
             grads = phase == "backward" or getattr(self.prog, "seeds", None) is not None
-            what = "logits and loss of one chunk" if grads else "logits of one chunk"
-            return [(f"{what} ({c} tokens, with its gradients)" if grads else f"{what} ({c} tokens)",
-                     (train if grads else nograd)(c))]
+            if grads:
+                return [(f"logits and loss of one chunk ({c} tokens, with its gradients)", train(c))]
+            return [(f"logits of one chunk ({c} tokens)", nograd(c))]
         kv = kv_nograd.outputs_at(T)
         out = [("keys and values of the whole sequence", kv)]
         if phase == "backward":
