@@ -65,18 +65,76 @@ def step_models(analysis, device: str = "cpu") -> tuple[StepModel, dict]:
     works = {}
     for plan, prog in analysis.programs:
         kind = "layer" if plan.kind == "layer" else "head"
-        works[prog.key] = RegionWork(prog, kind, memory.common_module(plan.nodes) or plan.name)
+        works[prog.key] = RegionWork(prog, kind, memory.common_module(plan.nodes) or plan.name, _window(plan))
     model = StepModel(fw.graph, bw.graph, works, seq, fixed, device)
     model.roles = _roles(analysis, fw.graph)
     baselines = {}
     if getattr(analysis, "baseline", None) is not None:
         fw0, bw0 = analysis.baseline
-        baselines["no checkpointing"] = StepModel(fw0.graph, bw0.graph, {}, seq, fixed, device)
-        ckpt = {n.name: r.name for r in analysis.regions if r.kind == "layer" for n in r.nodes}
-        baselines["activation checkpointing"] = StepModel(fw0.graph, bw0.graph, {}, seq, fixed, device, ckpt=ckpt)
+        free = _causal_masks(analysis, fw0.graph, seq, fixed)
+        baselines["no checkpointing"] = StepModel(fw0.graph, bw0.graph, {}, seq, fixed, device, free=free)
+        ckpt = _checkpointed(analysis, fw0.graph)
+        baselines["activation checkpointing"] = StepModel(fw0.graph, bw0.graph, {}, seq, fixed, device, ckpt=ckpt,
+                                                          free=free)
         for b in baselines.values():
             b.roles = model.roles
     return model, baselines
+
+
+def _window(plan) -> int | None:
+    """The most keys before its own rows a chunk of a layer reads, when every attention site of
+    the layer has a sliding window or chunked pattern (a chunk [s, e) then reads keys from
+    s - W + 1 at the earliest), else None (keys from the first on)."""
+    sites = getattr(plan, "sites", ())
+    if not sites or any(s.mask_kind not in ("sliding-window", "chunked") or not s.window for s in sites):
+        return None
+    return max(s.window for s in sites)
+
+
+def _checkpointed(analysis, fw) -> dict:
+    """Forward node name -> layer, for what activation checkpointing recomputes: the nodes of each
+    layer region and every node whose code is in the layer's module (the checkpointed call)."""
+    ckpt = {n.name: r.name for r in analysis.regions if r.kind == "layer" for n in r.nodes}
+    modules = {}
+    for r in analysis.regions:
+        if r.kind == "layer":
+            module = memory.common_module(r.nodes)
+            if module:
+                modules[module] = r.name
+    for n in fw.nodes:
+        path = memory.module_path(n) if n.op == "call_function" else ""
+        while path and n.name not in ckpt:
+            if path in modules:
+                ckpt[n.name] = modules[path]
+            path = path.rpartition(".")[0]
+    return ckpt
+
+
+def _causal_masks(analysis, fw, seq: set, fixed: dict) -> frozenset:
+    """Names of the forward's token-by-token tensors that only make a plain causal mask for an
+    SDPA call: a traced graph materialises them, but eagerly transformers passes ``is_causal``
+    to SDPA with no mask when no token is padded, so the baselines count them as absent."""
+    nodes = {n.name: n for n in fw.nodes}
+    free = set()
+    for site in getattr(analysis, "sites", ()):
+        if site.mask is None or site.mask_kind != "causal" or not site.kind.startswith("sdpa"):
+            continue
+        todo = [site.mask]
+        while todo:
+            n = todo.pop()
+            if n.name in free or n.name not in nodes or n.op != "call_function":
+                continue
+            v = n.meta.get("val")
+            if not isinstance(v, torch.Tensor):
+                continue
+            size = memory.nbytes_expr(v)
+            small = memory.evaluate(size, {**fixed, **{s: 64 for s in seq}})
+            large = memory.evaluate(size, {**fixed, **{s: 128 for s in seq}})
+            if large < 4 * small:   # not token by token: the chain's per-token inputs (positions)
+                continue
+            free.add(n.name)
+            todo.extend(n.all_input_nodes)
+    return frozenset(free)
 
 
 def _symbols(analysis) -> tuple[set, dict]:

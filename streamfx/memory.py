@@ -86,21 +86,23 @@ class Live:
     steps: list          # [(node, born, dies)]
 
     @staticmethod
-    def of(graph: fx.Graph, held=frozenset(), keep=frozenset(), born_early=None) -> "Live":
+    def of(graph: fx.Graph, held=frozenset(), keep=frozenset(), born_early=None, drop=frozenset()) -> "Live":
         """``held``: nodes whose storage exists before the graph and is not counted (parameters,
         inputs); ``keep``: nodes that outlive the graph (outputs, tensors saved for later);
         ``born_early``: placeholders of tensors made earlier and counted (the backward's saved
-        tensors), given with their bytes; they die after their last use here."""
+        tensors), given with their bytes; they die after their last use here; ``drop``: outputs
+        that die after their last use all the same (saved tensors recomputed later)."""
         nodes = list(graph.nodes)
         owner = {n: base_of(n) for n in nodes}
         last: dict = {}
         for i, n in enumerate(nodes):
             for x in n.all_input_nodes:
-                last[owner[x]] = i
+                if n.op != "output" or owner[x] not in drop:
+                    last[owner[x]] = i
         out = graph.find_nodes(op="output")
         for o in out:
             for x in o.all_input_nodes:
-                if owner[x] not in held:
+                if owner[x] not in held and owner[x] not in drop:
                     keep = keep | {owner[x]}
         steps = []
         dying: dict = {}

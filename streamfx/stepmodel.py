@@ -35,6 +35,7 @@ class RegionWork:
     prog: object
     kind: str                     # "layer" | "head"
     module: str                   # the module path the region's code is in
+    window: int | None = None     # a layer whose chunks read at most c + window - 1 keys (sliding)
 
     @functools.cached_property
     def _curves(self):
@@ -59,12 +60,13 @@ class RegionWork:
             return [(f"logits of one chunk ({c} tokens)", nograd(c))]
         kv = kv_nograd.outputs_at(T)
         out = [("keys and values of the whole sequence", kv)]
+        k = T if self.window is None else min(T, c + self.window - 1)   # the keys the widest chunk reads
         if phase == "backward":
             out.append(("fp32 gradients of the keys and values", kv_nograd.output_elems_at(T) * 4))
-            out.append((f"one chunk's recomputed forward and backward ({c} tokens against {T} keys)",
-                        max(train(c, T), kv_train(c))))
+            out.append((f"one chunk's recomputed forward and backward ({c} tokens against {k} keys)",
+                        max(train(c, k), kv_train(c))))
         else:
-            out.append((f"one chunk's forward ({c} tokens against {T} keys)", max(nograd(c, T), kv_nograd(c))))
+            out.append((f"one chunk's forward ({c} tokens against {k} keys)", max(nograd(c, k), kv_nograd(c))))
         return out
 
     def bytes(self, phase: str, c: int, T: int) -> int:
@@ -77,19 +79,24 @@ class StepModel:
 
     ``fw``, ``bw``: the partitioned graphs; ``works``: {region op key: RegionWork};
     ``seq``: the shape symbols of the sequence length; ``fixed``: the other symbols' values;
-    ``ckpt``: names of forward nodes recomputed in the backward (activation checkpointing)."""
+    ``ckpt``: names of forward nodes recomputed in the backward (activation checkpointing);
+    ``free``: names of nodes whose tensors count as never made."""
 
     def __init__(self, fw: torch.fx.Graph, bw: torch.fx.Graph, works: dict, seq: set, fixed: dict,
-                 device: str = "cpu", ckpt: dict | None = None):
+                 device: str = "cpu", ckpt: dict | None = None, free=frozenset()):
         self.works, self.seq, self.fixed, self.device = works, seq, fixed, device
         self.fw_nodes = {n.name: n for n in fw.nodes}
         self.bw_graph = bw
         held = frozenset(fw.find_nodes(op="placeholder"))
         bw_inputs = [p for p in bw.find_nodes(op="placeholder") if p.name in self.fw_nodes]
         saved = {memory.base_of(self.fw_nodes[p.name]) for p in bw_inputs} - held
-        ckpt = ckpt or {}
-        recomputed = {memory.base_of(self.fw_nodes[n]) for n in ckpt if n in self.fw_nodes} & saved
-        fw_live = Live.of(fw, held=held, keep=frozenset(saved - recomputed))
+        ckpt = {n: layer for n, layer in (ckpt or {}).items() if n in self.fw_nodes}
+        # a checkpointed layer keeps its outputs (the next layer's input) and recomputes the rest
+        outputs = {n for n, layer in ckpt.items()
+                   if any(ckpt.get(u.name) != layer for u in self.fw_nodes[n].users if u.op != "output")}
+        recomputed = {memory.base_of(self.fw_nodes[n]) for n in set(ckpt) - outputs} & saved
+        recomputed -= {memory.base_of(self.fw_nodes[n]) for n in outputs}
+        fw_live = Live.of(fw, held=held, keep=frozenset(saved - recomputed), drop=frozenset(recomputed))
         bw_live = Live.of(bw, held=frozenset(bw.find_nodes(op="placeholder")))
         # the backward's saved inputs are the forward's nodes: each dies after its last use there
         # (a base with several saved views, after the last of them); a checkpointed one is made
@@ -110,6 +117,8 @@ class StepModel:
         steps = list(fw_live.steps)
         for i, (n, b, dies) in enumerate(bw_live.steps):
             steps.append((n, b + born.get(i, []), dies + [x for x, j in last.items() if j == i]))
+        if free:   # tensors the modelled execution does not make (``membudget._causal_masks``)
+            steps = [(n, [(x, b) for x, b in born if x.name not in free], dies) for n, born, dies in steps]
         self.live = Live(steps)
         self.region_steps = {}
         for i, (n, _, _) in enumerate(steps):

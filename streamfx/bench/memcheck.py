@@ -53,8 +53,14 @@ def build(spec: str, seq: int):
     return model, ids, labels
 
 
-def measure(spec: str, seq: int, options: dict | None = None, device: str = "cpu") -> dict:
-    """One warm-up step, then the measured one (run in a fresh process)."""
+METHODS = ("streamfx", "activation checkpointing")
+
+
+def measure(spec: str, seq: int, options: dict | None = None, device: str = "cpu",
+            method: str = "streamfx") -> dict:
+    """One warm-up step, then the measured one (run in a fresh process). ``method``: the model
+    under ``torch.compile(backend="streambp")``, or eager with Hugging Face's gradient
+    checkpointing (``gradient_checkpointing_enable()``)."""
     import torch
 
     from . import worker
@@ -64,7 +70,13 @@ def measure(spec: str, seq: int, options: dict | None = None, device: str = "cpu
     model, ids, labels = build(spec, seq)
     model.to(device)
     ids, labels = ids.to(device), labels.to(device)
-    compiled = torch.compile(model, backend="streambp", options=options or {})
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; known: {METHODS}")
+    if method == "streamfx":
+        compiled = torch.compile(model, backend="streambp", options=options or {})
+    else:
+        model.gradient_checkpointing_enable()
+        compiled = model
 
     def step():
         out = compiled(input_ids=ids, labels=labels)
@@ -78,11 +90,12 @@ def measure(spec: str, seq: int, options: dict | None = None, device: str = "cpu
     return {"measured": meter.peak_bytes - meter.pre_bytes, "params": params}
 
 
-def measure_in_subprocess(spec: str, seq: int, options: dict | None = None, timeout: float = 3600) -> dict:
+def measure_in_subprocess(spec: str, seq: int, options: dict | None = None, timeout: float = 3600,
+                          method: str = "streamfx") -> dict:
     env = dict(os.environ)
     root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    arg = json.dumps({"spec": spec, "seq": seq, "options": options or {}})
+    arg = json.dumps({"spec": spec, "seq": seq, "options": options or {}, "method": method})
     out = subprocess.run([sys.executable, "-m", "streamfx.bench.memcheck", "--measure", arg], env=env,
                          capture_output=True, text=True, timeout=timeout)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
@@ -91,13 +104,14 @@ def measure_in_subprocess(spec: str, seq: int, options: dict | None = None, time
     return json.loads(lines[-1])
 
 
-def predict(spec: str, seqs, options: dict | None = None, trace_len: int = 64):
-    """The memory report of a model spec, and its predicted step peaks at ``seqs``."""
+def predict(spec: str, seqs, options: dict | None = None, trace_len: int = 64, method: str = "streamfx"):
+    """The memory report of a model spec, and its predicted step peaks at ``seqs`` (``method``:
+    streamfx's, or a baseline's, see ``MemoryReport.step_peak``)."""
     import streamfx
 
     model, ids, labels = build(spec, max(seqs))
     report = streamfx.plan_memory(model, input_ids=ids[:, :trace_len], labels=labels[:, :trace_len], options=options)
-    return report, {T: report.step_peak(T) for T in seqs}
+    return report, {T: report.step_peak(T, method) for T in seqs}
 
 
 def table(specs, seqs, options=None) -> list:
@@ -123,7 +137,7 @@ def main(argv=None) -> int:
     ns = parser.parse_args(argv)
     if ns.measure:
         a = json.loads(ns.measure)
-        print(json.dumps(measure(a["spec"], a["seq"], a.get("options"))))
+        print(json.dumps(measure(a["spec"], a["seq"], a.get("options"), method=a.get("method", "streamfx"))))
         return 0
     rows = table(ns.models.split(","), [int(s) for s in ns.seqs.split(",")], json.loads(ns.options))
     print(f"{'model':<24} {'T':>6} {'chunks':>12} {'predicted':>10} {'measured':>10} {'ratio':>6}")
