@@ -25,14 +25,17 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The architecture sweep runs only when asked for by name (``-m sweep``): it takes over an
-    hour, and ``-m "not slow"`` must not select it."""
-    if "sweep" in (config.option.markexpr or ""):
-        return
-    kept = [item for item in items if item.get_closest_marker("sweep") is None]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker("sweep")])
-        items[:] = kept
+    """The architecture sweep and the extended tier (``tiers.cases``) run only when asked for by
+    name (``-m sweep``, ``-m extended``): the sweep takes over an hour, the extended cases repeat
+    capabilities the default run covers, and ``-m "not slow"`` must not select either."""
+    expr = config.option.markexpr or ""
+    for mark in ("sweep", "extended"):
+        if mark in expr:
+            continue
+        kept = [item for item in items if item.get_closest_marker(mark) is None]
+        if len(kept) != len(items):
+            config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker(mark)])
+            items[:] = kept
 
 
 @pytest.fixture(autouse=True)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import zoo
+from tiers import cases
 from conftest import assert_grads_match, assert_streamed, run_eager_and_compiled
 
 T = 18
@@ -50,9 +51,12 @@ def check(run, case, chunk, head_chunk):
 # half the (model, chunk size) product, every chunk size on four models and every case four times,
 # no (chunk size, case) pair twice: each model alternates between the odd and the even chunk sizes
 COVER = [(name, i) for m, name in enumerate(MODELS) for i in range(len(LAYER_CHUNKS)) if (i + m) % 2 == 0]
+# by default every chunk size and every model once: model i at chunk size i, the last two models
+# at the first two sizes
+DEFAULT = [(name, m if m < len(LAYER_CHUNKS) else m - len(LAYER_CHUNKS)) for m, name in enumerate(MODELS)]
 
 
-@pytest.mark.parametrize("name, i", COVER, ids=[f"chunk{LAYER_CHUNKS[i]}-{name}" for name, i in COVER])
+@pytest.mark.parametrize("name, i", cases(COVER, DEFAULT), ids=[f"chunk{LAYER_CHUNKS[i]}-{name}" for name, i in COVER])
 def test_every_chunk_size_eager_codegen(name, i):
     model, make_inputs = build(name)
     case = CASES[(i + MODELS.index(name) // 2) % len(CASES)]
@@ -82,7 +86,7 @@ def inductor_every_chunk_size(name, sizes=range(len(LAYER_CHUNKS))):
     assert compiles[1:] == [0] * (len(compiles) - 1), compiles
 
 
-@pytest.mark.parametrize("name", ["qwen3_eager", "mistral_sliding"])
+@pytest.mark.parametrize("name", cases(["qwen3_eager", "mistral_sliding"], ["mistral_sliding"]))
 def test_every_chunk_size_inductor(name):
     """Eager attention with left padding (rows that see no key: wide chunks); a sliding window
     with right padding."""
@@ -90,7 +94,8 @@ def test_every_chunk_size_inductor(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [m for m in MODELS if m not in ("qwen3_eager", "mistral_sliding")])
+@pytest.mark.parametrize("name", cases([m for m in MODELS if m not in ("qwen3_eager", "mistral_sliding")],
+                                       ["llama_tied", "nanogpt"]))
 def test_every_chunk_size_inductor_rest_of_zoo(name):
     """Every other zoo model at three chunk sizes (one token, a middle size, more than T): the
     graphs compiled for the first serve the other two."""

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 import streamfx
 import zoo
+from tiers import cases
 from conftest import assert_grads_match
 from streamfx.backend import streambp_backend
 from streamfx.runtime import COUNTERS
@@ -101,7 +102,7 @@ def plain(calls, B, T, i):
     return calls.make_inputs(zoo.Case("t", B, T, ignore=(1, min(3, T)) if i % 2 else None, seed=i))
 
 
-@pytest.mark.parametrize("name", zoo.HF_MODELS)
+@pytest.mark.parametrize("name", cases(zoo.HF_MODELS, ["qwen3_sdpa", "mistral_sliding", "gpt2"]))
 def test_hf_zoo_every_length_and_batch(name):
     """Ten lengths, three batch sizes, changing padding: two backend compiles, every call exact
     and streamed."""
@@ -148,7 +149,7 @@ def test_forms_every_length_and_batch(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", FORMS)
+@pytest.mark.parametrize("name", cases(FORMS, ["mla", "chunked"]))
 def test_forms_every_length_inductor(name):
     """Under Inductor: the static first shape, then the symbolic compile, whose chunk graphs
     serve the later lengths and batch sizes without compiling. (Falcon runs on one intra-op
@@ -210,14 +211,14 @@ def inductor_loop(name):
     assert all(c == 0 for c in chunk_compiles[2:]), chunk_compiles
 
 
-@pytest.mark.parametrize("name", ["qwen3_sdpa", "mistral_sliding"])
+@pytest.mark.parametrize("name", cases(["qwen3_sdpa", "mistral_sliding"], ["mistral_sliding"]))
 def test_inductor_chunk_graphs_compile_once_for_every_length(name):
     inductor_loop(name)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["qwen3_eager", "llama_tied", "gemma3", "gpt2", "nanogpt", "tiny_llama",
-                                  "tiny_llama_logit_shift"])
+@pytest.mark.parametrize("name", cases(["qwen3_eager", "llama_tied", "gemma3", "gpt2", "nanogpt", "tiny_llama",
+                                        "tiny_llama_logit_shift"], ["gpt2", "tiny_llama_logit_shift"]))
 def test_inductor_every_length_rest_of_zoo(name):
     """The rest of the zoo's every-length loop under Inductor (eager attention with its mask
     arithmetic, a tied head, Gemma3's sliding layer and softcapped logits, GPT-2's learned
@@ -266,8 +267,9 @@ MASK_DATA = {
 }
 
 
-@pytest.mark.parametrize("name", ["mistral_sliding", "qwen3_eager"])
-@pytest.mark.parametrize("kind", list(MASK_DATA))
+@pytest.mark.parametrize("kind, name", cases(
+    [(k, n) for k in MASK_DATA for n in ("mistral_sliding", "qwen3_eager")],
+    [(k, ("mistral_sliding", "qwen3_eager")[i % 2]) for i, k in enumerate(MASK_DATA)]))
 def test_any_order_of_data_is_exact(name, kind):
     """For each mask kind, every call order (each variant first, then the others) is exact:
     the mask's pattern comes from the graph, never from the first call's data."""

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import zoo
+from tiers import cases
 from conftest import assert_grads_match, grads_of, run_eager_and_compiled
 from streamfx import emulate
 from streamfx.passes import kernels
@@ -147,26 +148,35 @@ def run_form(kernel, case, dtype=torch.float32, codegen="eager"):
         assert ours <= 2 * own + 1e-6, f"{n}: streamed error {ours:.2e}, eager bf16's {own:.2e}"
 
 
-# the fast tier: each kernel once, each kind of mask once; every pair runs in the default tier
+# the fast tier: each kernel once, each kind of mask once; the default run adds half the pairs
+# (each kernel with three cases, each case with two kernels); the rest are extended
 FAST = {("cpu", "causal"), ("flash", "causal"), ("efficient", "hf_causal"), ("cudnn", "left_pad")}
+DEFAULT = FAST | {(k, c) for i, k in enumerate(KERNEL_FORMS) for j, c in enumerate(CASES) if (i + j) % 2 == 0}
 
 
-@pytest.mark.parametrize("kernel,case", [pytest.param(k, c, id=f"{k}-{c}", marks=[pytest.mark.fast] if (k, c) in FAST else [])
+def _pair_marks(k, c):
+    return [pytest.mark.fast] if (k, c) in FAST else [] if (k, c) in DEFAULT else [pytest.mark.extended]
+
+
+@pytest.mark.parametrize("kernel,case", [pytest.param(k, c, id=f"{k}-{c}", marks=_pair_marks(k, c))
                                          for k in KERNEL_FORMS for c in CASES])
 def test_kernel_forms_stream_fp32(kernel, case):
     run_form(kernel, case)
 
 
+BF16_CASES = ["causal", "gqa", "left_pad"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["causal", "gqa", "left_pad"])
-@pytest.mark.parametrize("kernel", KERNEL_FORMS)
+@pytest.mark.parametrize("kernel, case", cases([(k, c) for k in KERNEL_FORMS for c in BF16_CASES],
+                                               [(k, BF16_CASES[i % 3]) for i, k in enumerate(KERNEL_FORMS)]))
 def test_kernel_forms_stream_bf16(kernel, case):
     run_form(kernel, case, dtype=torch.bfloat16)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["causal", "left_pad"])
-@pytest.mark.parametrize("kernel", KERNEL_FORMS)
+@pytest.mark.parametrize("kernel, case", cases([(k, c) for k in KERNEL_FORMS for c in ("causal", "left_pad")],
+                                               [(k, ("causal", "left_pad")[i % 2]) for i, k in enumerate(KERNEL_FORMS)]))
 def test_kernel_forms_stream_inductor(kernel, case):
     run_form(kernel, case, codegen="inductor")
 

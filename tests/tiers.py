@@ -1,0 +1,23 @@
+"""The default run and the extended tier.
+
+A test parametrized over a product of models, forms, chunk sizes or data kinds runs a chosen
+part of it by default, every capability with at least one case; the other cases carry the
+``extended`` mark and run when asked for (``python -m pytest -m extended``), so that the
+default run (what CI runs) stays within its time."""
+from __future__ import annotations
+
+import pytest
+
+
+def cases(values, default) -> list:
+    """``values`` as parameters: those in ``default`` run by default, the rest are ``extended``.
+    A value is one argument or, for several argument names, a tuple of them."""
+    default = list(default)
+    missing = [d for d in default if d not in values]
+    if missing:
+        raise ValueError(f"default cases {missing} are not among {list(values)}")
+    out = []
+    for v in values:
+        args = v if isinstance(v, tuple) else (v,)
+        out.append(pytest.param(*args) if v in default else pytest.param(*args, marks=pytest.mark.extended))
+    return out
