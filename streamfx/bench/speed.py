@@ -107,10 +107,10 @@ def worker(args: dict) -> dict:
             "loss": float(loss), "split_s": split}
 
 
-def _run_one(args: dict, timeout: float) -> dict:
+def _run_one(args: dict, timeout: float, env: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "streamfx.bench.speed", "--worker", json.dumps(args)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return dict(args, error=f"timed out after {timeout:.0f} s")
     for line in reversed(proc.stdout.splitlines()):
@@ -170,13 +170,18 @@ def main(argv=None) -> int:
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
+    # the workers share an Inductor cache of this run's own (they run one after another): another
+    # process compiling into the default cache at the same time can leave a half-written kernel
+    # there, and a chunk graph whose kernel fails to load runs uncompiled (and is timed so)
+    env = dict(os.environ)
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str((out / "inductor-cache").resolve()))
     for preset in ns.preset.split(","):
         for T in [int(t) for t in ns.seq.split(",")]:
             for r in range(ns.pairs):
                 order = methods[r % len(methods):] + methods[:r % len(methods)]
                 for m in order:
                     row = _run_one({"preset": preset, "seq": T, "method": m, "steps": ns.steps,
-                                    "options": options}, ns.timeout)
+                                    "options": options}, ns.timeout, env)
                     row["round"] = r
                     rows.append(row)
                     print(json.dumps(row), flush=True)
