@@ -95,12 +95,12 @@ def _checkpointed(analysis, fw) -> dict:
     """Forward node name -> layer, for what activation checkpointing recomputes: the nodes of each
     layer region and every node whose code is in the layer's module (the checkpointed call)."""
     ckpt = {n.name: r.name for r in analysis.regions if r.kind == "layer" for n in r.nodes}
-    modules = {}
+    owners: dict = {}
     for r in analysis.regions:
         if r.kind == "layer":
-            module = memory.common_module(r.nodes)
-            if module:
-                modules[module] = r.name
+            owners.setdefault(memory.common_module(r.nodes), []).append(r.name)
+    # a module is a layer's when it is that layer region's alone (not the model's, shared by all)
+    modules = {m: names[0] for m, names in owners.items() if m and len(names) == 1}
     for n in fw.nodes:
         path = memory.module_path(n) if n.op == "call_function" else ""
         while path and n.name not in ckpt:
