@@ -203,7 +203,11 @@ def _trace_curve(graph, grads, train) -> ChunkCurve:
             got = torch.autograd.grad(outs, wrt, [torch.empty_like(o) for o in outs], allow_unused=True)
             return [g for g in got if g is not None]
 
-    with mode:
+    # (autograd dispatch on, also when the caller is a custom op's kernel, which runs below
+    # autograd: a budget policy sizes chunks from inside the region op)
+    from .runtime import autograd_inside_op
+
+    with mode, autograd_inside_op():
         traced = make_fx(run)(*fakes)
     q = k = None
     for slot, x in zip(graph.slots, fakes):
