@@ -30,7 +30,7 @@ aten = torch.ops.aten
 class MaskGraph:
     graph: object         # the masks' chunk graph (``streamfx.chunks.ChunkGraph``): one output per mask
     inputs: list          # indices of the layer inputs the graph reads
-    forms: tuple          # per output: (kind, fill_finite, key_dim), see ``convention``
+    forms: tuple          # per output: (kind, fill_finite, key_dim, query_dim), see ``convention``
 
 
 def convention(site) -> tuple:
@@ -98,11 +98,12 @@ def _mask_part(site, inside: set, sd) -> tuple:
         scores = {x for x in chain[0].all_input_nodes if x in site.nodes}
         terms = [x for n in chain for x in n.all_input_nodes if x not in site.nodes]
         nodes = ancestors(terms, within=inside) | set(chain) | {x for x in terms if x not in inside}
-        return chain[-1], nodes, scores, ("additive", True, -1)
+        return chain[-1], nodes, scores, ("additive", True, -1, -2)
     kind, fill_finite = convention(site)
     mask = site.mask
     nodes = ancestors([mask], within=inside) | {mask}
     roles = sd.roles(mask)
     ndim = val(mask).dim()
     key_dim = ndim - 1 if site.mask_user is None else (roles.index("k") if "k" in roles else ndim - 1)
-    return mask, nodes, set(), (kind, fill_finite, key_dim)
+    query_dim = roles.index("q") if "q" in roles and roles.index("q") != key_dim else None
+    return mask, nodes, set(), (kind, fill_finite, key_dim, query_dim)

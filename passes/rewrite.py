@@ -194,29 +194,42 @@ def layer_program(plan, codegen: str) -> LayerProgram:
     kv_dims = tuple(sd.seq_dim(x) for x in kv_out)
     kv = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.kv_nodes, list(kv_out), sd)
 
-    def attention_edits(gm):
+    kept = []   # fused sites planned as causal whose chunk graph keeps their mask (read at run time)
+
+    def attention_edits(gm, drop_masks=False):
         # the copy keeps the graph order: its fused attention calls are the fused sites in order
         fused = sorted((s for s in plan.sites if s.kind.startswith("sdpa")), key=lambda s: plan.nodes.index(s.output))
         calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in kernels.FORWARD_OPS]
         if len(calls) != len(fused):
             raise CannotStream(f"the chunk graph holds {len(calls)} fused attention calls for {len(fused)} sites")
         for node, site in zip(calls, fused):
-            _chunk_attention(gm, node, site)
+            if _chunk_attention(gm, node, site, drop_masks) and site.is_causal and not drop_masks:
+                kept.append(site)
         gm.graph.eliminate_dead_code()
         gm.recompile()
 
-    q = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, sd, extra=kv_out,
-                    extra_dims=kv_dims, key_side=plan.key_side, edit=attention_edits)
-    mask = None
+    def query_graph(edit):
+        return chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, sd, extra=kv_out,
+                           extra_dims=kv_dims, key_side=plan.key_side, edit=edit)
+
+    q = query_graph(attention_edits)
+    mask = causal = None
     mg = reach.mask_graph(plan, lambda ins, specs, nodes, outs, zeros: chunk_graph(plan.name, ins, specs, nodes, outs, sd,
                                                                                   zeros=zeros))
     if mg is not None:
         mask = MaskCheck(mg.graph, mg.inputs, mg.forms)
+        if kept:
+            # the mask is data, or too long to evaluate here: a call whose masks are all exactly
+            # causal (``keyranges.reach``) runs the kernel's own causal attention instead
+            try:
+                causal = query_graph(lambda gm: attention_edits(gm, drop_masks=True))
+            except CannotStream:
+                causal = None
     return LayerProgram(plan.name, q, full, plan.in_specs, plan.out_specs, plan.chunk_size,
-                        plan.grad_inputs, codegen, kv=kv, kv_dims=kv_dims, mask=mask)
+                        plan.grad_inputs, codegen, kv=kv, kv_dims=kv_dims, mask=mask, causal=causal)
 
 
-def _chunk_attention(gm: fx.GraphModule, node: fx.Node, site) -> None:
+def _chunk_attention(gm: fx.GraphModule, node: fx.Node, site, drop_mask: bool = False) -> bool:
     """The chunk's fused attention ``node`` (the copy of ``site``'s) on the model's own kernel (``kernels``), aligned to the bottom
     right of the keys it reads, with no [c, n] mask where the pattern is causal:
 
@@ -228,23 +241,29 @@ def _chunk_attention(gm: fx.GraphModule, node: fx.Node, site) -> None:
     - any other kernel gets the chunk's causal mask;
     - a data mask (padding, documents) stays, built per chunk (padded for a kernel that reads
       aligned rows: ``build_graph``);
-    - grouped K/V heads go to a kernel that takes them without being repeated."""
+    - grouped K/V heads go to a kernel that takes them without being repeated.
+
+    ``drop_mask``: drop any mask as if it were plain causal (the query graph a call runs when its
+    masks are found exactly causal). Returns whether the call keeps a mask."""
     kern = kernels.of(node)
     if kern.grouped_kv:
         _grouped_kv_in_place(gm, node)
     b = bind(node)
     mask = b.get(kern.mask) if kern.mask else None
-    if mask is not None and site.mask_kind == "causal" and not site.data and not b.get("is_causal"):
+    plain = site.mask_kind == "causal" and not site.data
+    if mask is not None and (plain or drop_mask) and not b.get("is_causal"):
         _set_args(node, {kern.mask: None, "is_causal": True})
         b, mask = bind(node), None
     if mask is not None:
         if b.get("is_causal"):
             raise CannotStream("fused attention with both is_causal and a mask", site.output)
-    elif b.get("is_causal") and kern.alignment != "bottom-right":
+        return True
+    if b.get("is_causal") and kern.alignment != "bottom-right":
         if kern.blocks and not b.get("dropout_p"):
             _causal_blocks(gm, node, kern)
         else:
             _lower_right_mask(gm, node, kern, site)
+    return False
 
 
 def _set_args(node: fx.Node, values: dict) -> None:

@@ -32,8 +32,8 @@ from .passes.graphs import hint
 from .passes.specs import dense, dim_order
 
 COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chunks_backward": 0,
-            "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0, "region_fallbacks": 0,
-            "unit_backward": 0}  # (a Function's own backward, run for a chunk or a whole tensor)
+            "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0, "mask_found_causal": 0,
+            "region_fallbacks": 0, "unit_backward": 0}  # (a Function's own backward, run for a chunk or a whole tensor)
 _COMPILED: dict[tuple, Callable] = {}
 _CHECKED: dict[tuple, list | Exception] = {}
 _GENERATION = [0]   # bumped by ``forget``: what a chunk graph remembers of _COMPILED is stale

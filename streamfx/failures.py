@@ -98,7 +98,8 @@ def _op(prog, err) -> str:
 def failing_node(prog, err):
     """The node of one of the program's FX graphs whose generated line is the innermost frame of
     ``err``'s traceback in such a graph (None when no FX graph ran it: Inductor's code)."""
-    graphs = [g.gm for g in (prog.chunk, getattr(prog, "kv", None), prog.full) if g is not None]
+    graphs = [g.gm for g in (prog.chunk, getattr(prog, "causal", None), getattr(prog, "kv", None), prog.full)
+              if g is not None]
     mask = getattr(prog, "mask", None)
     if mask is not None:
         graphs.append(mask.graph.gm)

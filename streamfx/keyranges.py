@@ -73,16 +73,21 @@ def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b))
 
 
-def reach(block: torch.Tensor, kind: str, fill_finite: bool, key_dim: int) -> torch.Tensor:
-    """[first, last, finite_empty] of one chunk's mask block against every key: the first and
-    last key any row may see, and whether some row sees no key while its hidden scores are finite
-    (see ``streamfx.passes.reach`` for ``kind`` and ``fill_finite``)."""
+def reach(block: torch.Tensor, rows: tuple, kind: str, fill_finite: bool, key_dim: int,
+          query_dim: int | None) -> torch.Tensor:
+    """[first, last, finite_empty, causal] of one chunk's mask block (its query rows ``rows``,
+    (s, e)) against every key: the first and last key any row may see, whether some row sees
+    no key while its hidden scores are finite (see ``streamfx.passes.reach`` for ``kind`` and
+    ``fill_finite``), and whether the block is exactly the causal mask: query row s + i sees
+    keys 0..s + i and nothing else, and an additive mask adds exactly zero to what it lets through
+    (the attention then equals the kernel's own causal attention without the mask)."""
     if kind == "additive":
         allowed = block > torch.finfo(block.dtype).min / 2 if block.is_floating_point() else block != 0
     elif kind == "allowed":
         allowed = block.bool()
     else:
         allowed = ~block.bool()
+    causal = _causal(block, allowed, rows, kind, key_dim, query_dim)
     allowed = allowed.movedim(key_dim, -1)
     n = allowed.shape[-1]
     flags = allowed.to(torch.uint8)
@@ -95,24 +100,48 @@ def reach(block: torch.Tensor, kind: str, fill_finite: bool, key_dim: int) -> to
             else (~sees).any()
     else:
         empty = (~sees).any() if fill_finite else torch.zeros((), dtype=torch.bool, device=block.device)
-    return torch.stack([first, last, empty.to(first.dtype)])
+    return torch.stack([first, last, empty.to(first.dtype), causal.to(first.dtype)])
+
+
+def _causal(block, allowed, rows: tuple, kind: str, key_dim: int, query_dim: int | None) -> torch.Tensor:
+    nope = torch.zeros((), dtype=torch.bool, device=block.device)
+    s, e = rows
+    if query_dim is None:
+        return nope
+    pattern = allowed.movedim((query_dim % block.dim(), key_dim % block.dim()), (-2, -1))
+    c, n = pattern.shape[-2:]
+    if c != e - s or e > n:   # (a mask broadcast along the queries is not causal)
+        return nope
+    dev = block.device
+    expected = torch.arange(n, device=dev) <= torch.arange(s, e, device=dev).unsqueeze(1)
+    same = (pattern == expected).all()
+    if kind == "additive" and block.is_floating_point():
+        # what the mask lets through it must leave as it is (no bias, no scaling)
+        same &= (torch.where(allowed, block, 0) == 0).all()
+    return same
+
+
+def all_causal(rows: torch.Tensor) -> bool:
+    """Whether every chunk's mask was exactly causal (the 4th entry of ``reach``'s rows)."""
+    return bool(rows[:, 3].all())
 
 
 def union(rows: list) -> torch.Tensor:
     """The reach of several masks one chunk's rows are attended under (a layer's attention sites):
-    the first key any of them may see, the last, and whether any has a row that sees none."""
+    the first key any of them may see, the last, whether any has a row that sees none, and whether
+    all are causal."""
     if len(rows) == 1:
         return rows[0]
     stacked = torch.stack(rows)
-    return torch.stack([stacked[:, 0].amin(), stacked[:, 1].amax(), stacked[:, 2].amax()])
+    return torch.stack([stacked[:, 0].amin(), stacked[:, 1].amax(), stacked[:, 2].amax(), stacked[:, 3].amin()])
 
 
 def ranges_from_reach(reach_rows: torch.Tensor, bounds, T: int) -> list:
-    """Per chunk (klo, khi) from the stacked per-chunk rows [first, last, finite_empty]: the keys
+    """Per chunk (klo, khi) from the stacked per-chunk rows [first, last, finite_empty, causal]: the keys
     [first, last], every key for a row that sees none under a finite mask, and [0, e) for a
     chunk whose rows see no key at all (their result does not depend on the keys)."""
     out = []
-    for (s, e), (first, last, finite_empty) in zip(bounds, reach_rows.tolist()):
+    for (s, e), (first, last, finite_empty, _) in zip(bounds, reach_rows.tolist()):
         if finite_empty:
             out.append((0, T))
         elif last < first:

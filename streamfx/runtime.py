@@ -375,6 +375,9 @@ class LayerProgram(RegionProgram):
     kv: ChunkGraph | None = None
     kv_dims: tuple = (None, None)  # the sequence dim of each K/V graph output
     mask: MaskCheck | None = None
+    causal: ChunkGraph | None = None  # the query graph with its fused attention's masks dropped
+                                      # (the kernel's own causal attention), for a call whose
+                                      # masks are all exactly causal
 
     @property
     def kv_gm(self) -> fx.GraphModule:
@@ -382,8 +385,20 @@ class LayerProgram(RegionProgram):
 
     def key_ranges(self, inputs, bounds) -> list:
         """(lo, hi) of the keys each chunk reads."""
+        return self._read_mask(inputs, bounds)[0]
+
+    def query_graph(self, inputs, bounds) -> ChunkGraph:
+        """The query graph a call runs: ``causal`` where every chunk's masks are exactly causal
+        (a trainer's all-ones attention mask, a causal mask too long to evaluate at compile time)."""
+        if self.causal is not None and self._read_mask(inputs, bounds)[1]:
+            COUNTERS["mask_found_causal"] += 1
+            return self.causal
+        return self.chunk
+
+    def _read_mask(self, inputs, bounds) -> tuple:
+        """(key ranges, whether every chunk's masks are exactly causal), read from the mask."""
         if self.mask is None:
-            return [(0, e) for _, e in bounds]
+            return [(0, e) for _, e in bounds], False
         m, T = self.mask, self.length(inputs)
         reads = [inputs[i] for i in m.inputs]
         extra = (T, tuple(bounds))
@@ -398,10 +413,11 @@ class LayerProgram(RegionProgram):
             for s, e in bounds:
                 with failures.chunk("mask check", s, e, T):
                     blocks = fn(*[spec.take(x, s, e, 0, T) for x, spec in zip(reads, specs)])
-                    rows.append(keyranges.union([keyranges.reach(b, *form) for b, form in zip(blocks, m.forms)]))
-        ranges = keyranges.ranges_from_reach(torch.stack(rows), bounds, T)
-        m.cache.put(reads, extra, ranges)
-        return ranges
+                    rows.append(keyranges.union([keyranges.reach(b, (s, e), *form) for b, form in zip(blocks, m.forms)]))
+        rows = torch.stack(rows)
+        result = keyranges.ranges_from_reach(rows, bounds, T), keyranges.all_causal(rows)
+        m.cache.put(reads, extra, result)
+        return result
 
     def keys_values(self, inputs, fn_kv):
         """Run the K/V graph chunk by chunk into full-length buffers; yields (s, e, the chunk's
@@ -423,9 +439,9 @@ class LayerProgram(RegionProgram):
 
     def forward(self, inputs):
         COUNTERS["region_forward"] += 1
-        fn, fn_kv, T = self.fn(train=False), self.fn(self.kv, train=False), self.length(inputs)
-        bounds = self.bounds(inputs)
+        bounds, T = self.bounds(inputs), self.length(inputs)
         ranges = self.key_ranges(inputs, bounds)
+        fn, fn_kv = self.fn(self.query_graph(inputs, bounds), train=False), self.fn(self.kv, train=False)
         result = [None] * len(self.out_specs)
         kv, done, KV, xs = self.keys_values(inputs, fn_kv), 0, None, None
 
@@ -451,11 +467,11 @@ class LayerProgram(RegionProgram):
         with torch.no_grad():
             for _, _, _, KV in self.keys_values(inputs, self.fn(self.kv, train=False)):
                 pass
-        fn_kv, fn = self.fn(self.kv), self.fn()
         dKV = [torch.zeros_like(b, dtype=torch.float32) for b in KV]
         acc = self._grad_buffers(inputs)
         bounds, T = self.bounds(inputs), self.length(inputs)
         ranges = self.key_ranges(inputs, bounds)
+        fn_kv, fn = self.fn(self.kv), self.fn(self.query_graph(inputs, bounds))
         # wide chunks first: their dK/dV reach rows after them
         for (s, e), (lo, hi) in zip(bounds, ranges):
             if hi > e:
@@ -506,7 +522,8 @@ class LayerProgram(RegionProgram):
         graph = graph or self.chunk
         # the query graph's last inputs are the K/V prefix: with train, they get gradients
         n = len(self.in_specs)
-        grads = list(self.grad_inputs) + (list(range(n, n + len(self.kv_dims))) if graph is self.chunk else [])
+        queries = graph is self.chunk or graph is self.causal
+        grads = list(self.grad_inputs) + (list(range(n, n + len(self.kv_dims))) if queries else [])
         return graph.fn(self.codegen, train, grads)
 
 

@@ -1,0 +1,98 @@
+"""A mask read at run time that turns out exactly causal runs the kernel's own causal attention.
+
+Trainers pass an all-ones ``attention_mask``, and a mask too long to evaluate at compile time
+(``passes.masks.MAX_EVAL``) is planned from its values at run time: both keep the mask in the
+chunk graph, a [chunk, keys] tensor per chunk that also rules out the fastest kernels. Each call
+reads the mask anyway (``keyranges``, for the keys each chunk reads); where every chunk's rows
+are exactly causal, the layer runs a copy of its query graph without the masks. Padding, packed
+documents, windows and biases keep the mask."""
+import pytest
+import torch
+
+import zoo
+from conftest import assert_grads_match, run_eager_and_compiled
+from streamfx import keyranges
+
+pytestmark = pytest.mark.fast
+NEG = torch.finfo(torch.float32).min
+
+
+def causal(s, e, n):
+    return torch.arange(n) <= torch.arange(s, e).unsqueeze(1)
+
+
+def flag(block, rows, kind="allowed", query_dim=-2):
+    return int(keyranges.reach(block, rows, kind, False, -1, query_dim)[3])
+
+
+# ---- the check on one chunk's mask -----------------------------------------------------------------
+def test_reach_flags_exactly_causal_blocks():
+    n = 12
+    ok = causal(4, 8, n)[None, None]                    # [B, 1, c, n], rows 4..7
+    assert flag(ok, (4, 8)) == 1
+    assert flag(ok.expand(2, 3, 4, n), (4, 8)) == 1     # broadcast over batch and heads
+    assert flag(ok, (3, 7)) == 0                        # the same rows read as other rows
+    hole = ok.clone()
+    hole[0, 0, 1, 0] = False                            # one padded key
+    assert flag(hole, (4, 8)) == 0
+    window = ok & (torch.arange(n) > torch.arange(4, 8).unsqueeze(1) - 3)
+    assert flag(window, (4, 8)) == 0
+    assert flag(ok, (4, 8), query_dim=None) == 0        # no query dim: one row broadcast to all
+    assert flag(ok[:, :, :1], (4, 8)) == 0              # a broadcast row is not the chunk's rows
+    assert flag(~ok, (4, 8), kind="hidden") == 1        # True = masked convention
+
+
+@pytest.mark.parametrize("fill", [float("-inf"), NEG])
+def test_reach_additive_masks_must_add_zero(fill):
+    n = 10
+    allowed = causal(2, 6, n)[None, None]
+    additive = torch.zeros(1, 1, 4, n).masked_fill(~allowed, fill)
+    assert flag(additive, (2, 6), kind="additive") == 1
+    biased = additive + torch.where(allowed, 0.5, 0.0)      # ALiBi-like: a bias on what is seen
+    assert flag(biased, (2, 6), kind="additive") == 0
+
+
+# ---- models -------------------------------------------------------------------------------------------
+def _run(model, inputs, **options):
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "strict": True, **options})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert not run.warnings, run.warnings
+    return run
+
+
+@pytest.mark.parametrize("codegen", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_an_all_ones_attention_mask_runs_causal_attention(codegen):
+    model, make_inputs = zoo.qwen3("sdpa")
+    ids = make_inputs("prompt").kwargs["input_ids"]
+    run = _run(model, make_inputs("prompt", attention_mask=torch.ones_like(ids)), codegen=codegen)
+    layers = [p for p in run.programs if p.kind == "layer"]
+    assert layers and all(p.causal is not None for p in layers)
+    # every layer's forward and backward, from at most one mask check (none where an earlier
+    # call read the same mask values)
+    assert run.counters["mask_found_causal"] == 2 * len({p.name for p in layers}) == 2 * zoo.LAYERS
+    assert run.counters["mask_checks"] <= 1
+
+
+@pytest.mark.parametrize("case", ["left_pad", "right_pad"])
+def test_padding_keeps_the_mask(case):
+    model, make_inputs = zoo.qwen3("sdpa")
+    run = _run(model, make_inputs(case))
+    assert run.counters["mask_found_causal"] == 0
+
+
+def test_a_window_shorter_than_the_sequence_keeps_the_mask():
+    model, make_inputs = zoo.mistral_sliding("sdpa", window=5)
+    ids = make_inputs("prompt").kwargs["input_ids"]
+    run = _run(model, make_inputs("prompt", attention_mask=torch.ones_like(ids)))
+    assert run.counters["mask_found_causal"] == 0
+
+
+def test_a_mask_too_long_to_evaluate_at_compile_time(monkeypatch):
+    """Planned from its values (``unevaluated``): causal at run time, so the causal kernel runs."""
+    from streamfx.passes import masks
+
+    monkeypatch.setattr(masks, "MAX_EVAL", 8)
+    model, make_inputs = zoo.qwen3("sdpa")
+    run = _run(model, make_inputs("prompt"))
+    assert run.counters["mask_found_causal"] > 0
