@@ -92,7 +92,7 @@ def plan_memory(model, *args, options=None, optimizer=None, **kwargs) -> MemoryR
         return compile_graph(gm, example_inputs, session.config, session)
 
     args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, lambda x: x.detach(), (args, kwargs))
-    compiled = torch.compile(model, backend=capture, dynamic=True)
+    compiled = torch.compile(model, backend=capture, **_length_symbolic(args, kwargs))
     with torch.enable_grad(), runtime.shapes_only():  # (the regions' chunks need not run)
         compiled(*args, **kwargs)
     analyses = [a for a in collected if getattr(a, "graphs", None) is not None]
@@ -107,6 +107,23 @@ def plan_memory(model, *args, options=None, optimizer=None, **kwargs) -> MemoryR
     budget = parse_budget(config.memory_budget, device) if config.memory_budget is not None else None
     return MemoryReport(step, baselines, params, optimizer_bytes(model, optimizer), T,
                         config.chunk_size, config.head_chunk_size, budget, head)
+
+
+def _length_symbolic(args, kwargs) -> dict:
+    """torch.compile's arguments for a trace whose sequence length is a symbol: the last dim of the
+    first 2-D integer input (``input_ids``) gives the length, and every dim of that size of every
+    input is marked dynamic (the batch and the other sizes stay as they are: a trace with every
+    size symbolic takes several times longer). Without such an input, every size is dynamic."""
+    leaves = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    ids = next((x for x in leaves if x.dim() == 2 and not x.is_floating_point() and x.shape[-1] > 1), None)
+    if ids is None:
+        return {"dynamic": True}
+    T = ids.shape[-1]
+    for x in leaves:
+        for d, n in enumerate(x.shape):
+            if n == T:
+                torch._dynamo.maybe_mark_dynamic(x, d)
+    return {}
 
 
 def _traced_length(a) -> int:
