@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import streamfx
 from streamfx.passes.record import get
+from tiers import examples
 
 
 class TinyLM(torch.nn.Module):
@@ -150,7 +151,7 @@ def test_source_line_is_the_users_frame_wherever_the_project_lives():
         assert source_line(node) == f" at {user}:42 (h = h + conv(F.pad(h, (2, 0))))", source_line(node)
 
 
-@settings(max_examples=20, deadline=None, derandomize=True)
+@settings(max_examples=examples(10), deadline=None, derandomize=True)
 @given(B=st.integers(1, 3), T=st.integers(2, 9), H=st.sampled_from([1, 2]), hd=st.integers(1, 4),
        V=st.integers(2, 9))
 def test_seq_roles_property(B, T, H, hd, V):

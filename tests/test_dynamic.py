@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 import streamfx
 import zoo
-from tiers import cases
+from tiers import cases, examples
 from conftest import assert_grads_match
 from streamfx.backend import streambp_backend
 from streamfx.runtime import COUNTERS
@@ -342,7 +342,7 @@ class AutomaticDynamic:
 
 
 # (no shrinking: each example compiles a model, and a failing sequence is short already)
-@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
+@settings(max_examples=examples(3), deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
           phases=(Phase.explicit, Phase.reuse, Phase.generate))
 @given(st.lists(call_strategy, min_size=2, max_size=4))
 def test_any_sequence_of_calls(sequence):

@@ -13,6 +13,7 @@ from conftest import at_chunk_size
 from test_analysis import TinyLM
 
 import zoo
+from tiers import examples
 
 
 def run_parity(model, args, options, rtol=1e-4):
@@ -285,7 +286,7 @@ def test_dropout_randomness_is_drawn_once_and_replayed_per_chunk():
     assert "layer.0" in [p.name for p in report.plan]
 
 
-@settings(max_examples=14, deadline=None, derandomize=True,
+@settings(max_examples=examples(7), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
 def test_layer_streaming_property(data):

@@ -17,6 +17,7 @@ import streamfx
 import zoo
 from conftest import assert_grads_match, grads_of, relative_error, run_eager_and_compiled
 from streamfx.runtime import COUNTERS
+from tiers import examples
 
 
 def _streamfx_warnings(caught) -> list:
@@ -313,7 +314,7 @@ class States:
             assert_grads_match(ref_grads, grads)
 
 
-@settings(max_examples=5, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
+@settings(max_examples=examples(3), deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
           phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(st.lists(state_strategy, min_size=3, max_size=5))
 def test_any_sequence_of_training_states(sequence):

@@ -6,7 +6,18 @@ part of it by default, every capability with at least one case; the other cases 
 default run (what CI runs) stays within its time."""
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# property tests run this many times their default number of examples (a deeper run:
+# STREAMFX_EXAMPLES=4 python -m pytest -k property)
+SCALE = float(os.environ.get("STREAMFX_EXAMPLES", "1"))
+
+
+def examples(n: int) -> int:
+    """A property test's number of examples: ``n`` by default, scaled by ``STREAMFX_EXAMPLES``."""
+    return max(1, round(n * SCALE))
 
 
 def cases(values, default) -> list:
