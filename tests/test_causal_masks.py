@@ -96,3 +96,24 @@ def test_a_mask_too_long_to_evaluate_at_compile_time(monkeypatch):
     model, make_inputs = zoo.qwen3("sdpa")
     run = _run(model, make_inputs("prompt"))
     assert run.counters["mask_found_causal"] > 0
+
+
+@pytest.mark.parametrize("kernel", ["flash", "efficient", "cudnn"])
+def test_cuda_kernels_run_their_causal_form_under_an_all_ones_mask(kernel):
+    """With the CUDA kernels emulated: SDPA gives the masked call to the efficient kernel (flash
+    takes no mask) or to cuDNN; the copy without the mask runs that kernel's causal form (a
+    top-left kernel's prefix and diagonal blocks), exactly."""
+    from streamfx.passes import kernels
+    from test_kernels import kernel_context
+
+    model, make_inputs = zoo.qwen3("sdpa")
+    ids = make_inputs("prompt").kwargs["input_ids"]
+    with kernel_context(kernel):
+        run = _run(model, make_inputs("prompt", attention_mask=torch.ones_like(ids)))
+    assert run.counters["mask_found_causal"] == 2 * zoo.LAYERS
+    fused = "efficient" if kernel == "flash" else kernel
+    for prog in (p for p in run.programs if p.kind == "layer"):
+        masked = [kernels.of(n).name for n in prog.chunk.gm.graph.nodes if kernels.of(n) is not None]
+        blocks = [n.args[0] for n in prog.causal.gm.graph.nodes
+                  if n.target is torch.ops.streamfx.causal_blocks.default]
+        assert masked == [fused] and blocks == [fused], (masked, blocks)
