@@ -80,6 +80,18 @@ class AttentionSite:
     # analysis reads is their effect on zero scores, one additive mask per (query, key)
     mask_chain: tuple = ()
 
+    @property
+    def plain_causal_mask(self) -> bool:
+        """A mask whose pattern is plain causal and read from no data: the chunk's fused kernel
+        runs its own causal attention instead (``rewrite._chunk_attention``)."""
+        return self.mask_kind == "causal" and not self.data
+
+    @property
+    def mask_checked_per_call(self) -> bool:
+        """A fused causal site whose mask stays in the chunk graph (data, or too long to evaluate
+        at compile time): each call checks it, and runs the causal kernel where it is exactly causal."""
+        return self.kind.startswith("sdpa") and self.is_causal and self.mask is not None and not self.plain_causal_mask
+
     def describe(self) -> str:
         mask = self.mask_kind + (f"({self.window})" if self.window else "")
         if self.mask_chain:

@@ -243,8 +243,7 @@ class LayerPlan(RegionPlan):
         if masked:
             text += (f"; keys per chunk: those its rows may see under the mask ({', '.join(dict.fromkeys(masked))}), "
                      "read from the mask per call")
-            if any(s.kind.startswith("sdpa") and s.is_causal and s.mask is not None
-                   and (s.data or s.mask_kind != "causal") for s in self.sites):
+            if any(s.mask_checked_per_call for s in self.sites):
                 text += "; a call whose mask is exactly causal runs the kernel's causal attention without it"
         return text
 

@@ -194,8 +194,6 @@ def layer_program(plan, codegen: str) -> LayerProgram:
     kv_dims = tuple(sd.seq_dim(x) for x in kv_out)
     kv = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.kv_nodes, list(kv_out), sd)
 
-    kept = []   # fused sites planned as causal whose chunk graph keeps their mask (read at run time)
-
     def attention_edits(gm, drop_masks=False):
         # the copy keeps the graph order: its fused attention calls are the fused sites in order
         fused = sorted((s for s in plan.sites if s.kind.startswith("sdpa")), key=lambda s: plan.nodes.index(s.output))
@@ -203,8 +201,7 @@ def layer_program(plan, codegen: str) -> LayerProgram:
         if len(calls) != len(fused):
             raise CannotStream(f"the chunk graph holds {len(calls)} fused attention calls for {len(fused)} sites")
         for node, site in zip(calls, fused):
-            if _chunk_attention(gm, node, site, drop_masks) and site.is_causal and not drop_masks:
-                kept.append(site)
+            _chunk_attention(gm, node, site, drop_masks)
         gm.graph.eliminate_dead_code()
         gm.recompile()
 
@@ -218,7 +215,7 @@ def layer_program(plan, codegen: str) -> LayerProgram:
                                                                                   zeros=zeros))
     if mg is not None:
         mask = MaskCheck(mg.graph, mg.inputs, mg.forms)
-        if kept:
+        if any(s.mask_checked_per_call for s in plan.sites):
             # the mask is data, or too long to evaluate here: a call whose masks are all exactly
             # causal (``keyranges.reach``) runs the kernel's own causal attention instead
             try:
@@ -229,7 +226,7 @@ def layer_program(plan, codegen: str) -> LayerProgram:
                         plan.grad_inputs, codegen, kv=kv, kv_dims=kv_dims, mask=mask, causal=causal)
 
 
-def _chunk_attention(gm: fx.GraphModule, node: fx.Node, site, drop_mask: bool = False) -> bool:
+def _chunk_attention(gm: fx.GraphModule, node: fx.Node, site, drop_mask: bool = False) -> None:
     """The chunk's fused attention ``node`` (the copy of ``site``'s) on the model's own kernel (``kernels``), aligned to the bottom
     right of the keys it reads, with no [c, n] mask where the pattern is causal:
 
@@ -244,26 +241,23 @@ def _chunk_attention(gm: fx.GraphModule, node: fx.Node, site, drop_mask: bool = 
     - grouped K/V heads go to a kernel that takes them without being repeated.
 
     ``drop_mask``: drop any mask as if it were plain causal (the query graph a call runs when its
-    masks are found exactly causal). Returns whether the call keeps a mask."""
+    masks are found exactly causal, see ``AttentionSite.mask_checked_per_call``)."""
     kern = kernels.of(node)
     if kern.grouped_kv:
         _grouped_kv_in_place(gm, node)
     b = bind(node)
     mask = b.get(kern.mask) if kern.mask else None
-    plain = site.mask_kind == "causal" and not site.data
-    if mask is not None and (plain or drop_mask) and not b.get("is_causal"):
+    if mask is not None and (site.plain_causal_mask or drop_mask) and not b.get("is_causal"):
         _set_args(node, {kern.mask: None, "is_causal": True})
         b, mask = bind(node), None
     if mask is not None:
         if b.get("is_causal"):
             raise CannotStream("fused attention with both is_causal and a mask", site.output)
-        return True
-    if b.get("is_causal") and kern.alignment != "bottom-right":
+    elif b.get("is_causal") and kern.alignment != "bottom-right":
         if kern.blocks and not b.get("dropout_p"):
             _causal_blocks(gm, node, kern)
         else:
             _lower_right_mask(gm, node, kern, site)
-    return False
 
 
 def _set_args(node: fx.Node, values: dict) -> None:
