@@ -187,18 +187,17 @@ def test_the_step_runs_the_chunk_sizes_the_report_predicts(report):
     """The budget policy sizes chunks from inside the region op (below autograd): its chunk
     working sets must include each chunk's backward, as the report's do. Budgets halfway between
     the report's peaks at chunks c and 2c: the step runs chunks of c."""
-    T = 256
-    for c in (64,):
-        budget = report.held + (report.model.peak(T, c, c) + report.model.peak(T, 2 * c, c)) // 2
-        model, _ = zoo.qwen3("sdpa")
-        compiled = torch.compile(model, backend="streambp", options={"memory_budget": budget})
-        ids = _ids(T)
-        compiled(input_ids=ids, labels=ids).loss.backward()
-        policies = {id(p.policy): p.policy for p in runtime._PROGRAMS.values() if p.policy is not None
-                    and p.policy.config.memory_budget == budget}
-        assert len(policies) == 1
-        layer, _ = next(iter(policies.values())).sizes(T)
-        assert layer == report.chunks(T, budget)[0] == c
+    T, c = 256, 64
+    budget = report.held + (report.model.peak(T, c, c) + report.model.peak(T, 2 * c, c)) // 2
+    model, _ = zoo.qwen3("sdpa")
+    compiled = torch.compile(model, backend="streambp", options={"memory_budget": budget})
+    ids = _ids(T)
+    compiled(input_ids=ids, labels=ids).loss.backward()
+    policies = {id(p.policy): p.policy for p in runtime._PROGRAMS.values() if p.policy is not None
+                and p.policy.config.memory_budget == budget}
+    assert len(policies) == 1
+    layer, _ = next(iter(policies.values())).sizes(T)
+    assert layer == report.chunks(T, budget)[0] == c
 
 
 # ---- explain and the CLI ----------------------------------------------------------------------------
