@@ -524,6 +524,11 @@ class LayerProgram(RegionProgram):
         n = len(self.in_specs)
         queries = graph is self.chunk or graph is self.causal
         grads = list(self.grad_inputs) + (list(range(n, n + len(self.kv_dims))) if queries else [])
+        if queries and self.causal is not None:
+            # both query graphs compile together: a later call whose masks turn exactly causal
+            # (or stop being so) runs code compiled already, as every later length does
+            other = self.causal if graph is self.chunk else self.chunk
+            other.fn(self.codegen, train, grads)
         return graph.fn(self.codegen, train, grads)
 
 
