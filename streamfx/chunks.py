@@ -274,7 +274,9 @@ def fake_inputs(slots, sizes=(), grads=(), hints: dict | None = None):
 def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool) -> Callable:
     """Inductor-compile a chunk graph on symbolic fake inputs. With ``train``, the ``grads``
     inputs require grad, so AOTAutograd also compiles the backward; without, the graph is
-    compiled for inference (its outputs hold no autograd graph)."""
+    compiled for inference (its outputs hold no autograd graph). AOTAutograd's and Inductor's
+    caches serve it: a graph an earlier process compiled (the same model restarted, a measurement
+    at another length) loads instead of tracing and compiling again."""
     from torch._inductor.compile_fx import compile_fx
 
     from .runtime import autograd_inside_op
@@ -283,7 +285,7 @@ def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool) -> Calla
     _LazyGraphModule.force_recompile(gm)
     with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
             torch.set_grad_enabled(train), \
-            functorch_config.patch(force_non_lazy_backward_lowering=True, enable_autograd_cache=False):
+            functorch_config.patch(force_non_lazy_backward_lowering=True):
         return compile_fx(gm, fakes)
 
 

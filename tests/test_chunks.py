@@ -59,6 +59,23 @@ def test_layers_share_their_chunk_graphs(codegen):
     assert (counts[0][1] > 0) == (codegen == "inductor"), counts
 
 
+def test_a_chunk_graph_compiled_before_loads_from_the_caches(tmp_path, monkeypatch):
+    """A chunk graph compiled once (by this process or an earlier one: the caches are on disk)
+    is not traced again: its second compile is a hit of AOTAutograd's cache, with exact
+    gradients."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    hits = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        runtime.clear_caches()
+        before = counters["aot_autograd"]["autograd_cache_hit"]
+        _train(1, "inductor")
+        hits.append(counters["aot_autograd"]["autograd_cache_hit"] - before)
+    assert hits[0] == 0 and hits[1] > 0, hits
+
+
 def test_inputs_sharing_a_symbolic_axis_must_agree_at_run_time():
     """Two inputs whose dims are one axis of one symbolic size (an equality the analysis assumed
     where Dynamo had not proven it) are read through one size: a call where they differ raises,
