@@ -114,6 +114,17 @@ def fix_malloc_thresholds() -> None:
         libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
 
 
+def default_malloc_steady_state() -> None:
+    """glibc's default settings as a long-running process reaches them: its dynamic mmap threshold
+    rises to the largest block freed, up to 32 MiB on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``),
+    the trim threshold to twice that; freed blocks below it stay in the heap and are reused
+    without page faults. For timing after ``fix_malloc_thresholds`` has served a measurement."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "mallopt"):
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 64 << 20)  # M_TRIM_THRESHOLD
+
+
 def _malloc_trim() -> None:
     libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):
