@@ -79,17 +79,39 @@ def optimizer_bytes(model, optimizer) -> int:
 def plan_memory(model, *args, options=None, optimizer=None, **kwargs) -> MemoryReport:
     """The memory report of a training step of ``model`` called as ``model(*args, **kwargs)``
     (see the module docstring). ``options``: the backend's (chunk sizes, memory_budget)."""
+    return _plan_memory(model, args, kwargs, options, optimizer)
+
+
+def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple = ()) -> MemoryReport:
+    """``plan_memory``; ``detach``: per compiled graph (in order), the user outputs the streamed
+    step drops (``report.detached`` of a model of the same outputs, such as the same model with
+    another layer count), detached before the trace: the backend then traces the graph once
+    instead of tracing it again without their gradients."""
     from . import runtime
-    from .backend import compile_graph
+    from .backend import compile_graph, detach_outputs
     from .session import Session
 
     config = dataclasses.replace(StreamConfig.from_options(options), codegen="eager")
     collected: list = []
+    detached: list = []
 
     def capture(gm, example_inputs):
         session = Session(dataclasses.replace(config, memory_budget=None), collected)
         session.keep_graphs = True
-        return compile_graph(gm, example_inputs, session.config, session)
+        given = detach[len(detached)] if len(detached) < len(detach) else ()
+        if given:
+            n, original = len(collected), _snapshot(gm)
+            session.detached = list(given)
+            fn = compile_graph(detach_outputs(gm, given), example_inputs, session.config, session)
+            if set(given) - set(session.dropped_user_outputs):  # (an output it keeps: traced as it is)
+                del collected[n:]
+                session = Session(dataclasses.replace(config, memory_budget=None), collected)
+                session.keep_graphs = True
+                fn = compile_graph(original, example_inputs, session.config, session)
+        else:
+            fn = compile_graph(gm, example_inputs, session.config, session)
+        detached.append(tuple(session.detached))
+        return fn
 
     args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, lambda x: x.detach(), (args, kwargs))
     compiled = torch.compile(model, backend=capture, **_length_symbolic(args, kwargs))
@@ -105,8 +127,17 @@ def plan_memory(model, *args, options=None, optimizer=None, **kwargs) -> MemoryR
     head = next((p.chunk_size for p, _ in a.programs if p.kind == "head"), None)
     T = _traced_length(a)
     budget = parse_budget(config.memory_budget, device) if config.memory_budget is not None else None
-    return MemoryReport(step, baselines, params, optimizer_bytes(model, optimizer), T,
-                        config.chunk_size, config.head_chunk_size, budget, head)
+    report = MemoryReport(step, baselines, params, optimizer_bytes(model, optimizer), T,
+                          config.chunk_size, config.head_chunk_size, budget, head)
+    report.detached = tuple(detached)
+    return report
+
+
+def _snapshot(gm):
+    """The Dynamo graph as it is now, before the backend edits it (sharing its attributes)."""
+    copy = torch.fx.GraphModule(gm, gm.graph.__deepcopy__({}), class_name=type(gm).__name__)
+    copy.meta = dict(gm.meta)
+    return copy
 
 
 def _length_symbolic(args, kwargs) -> dict:
@@ -191,13 +222,14 @@ def build_meta_model(config: dict, dtype: torch.dtype, layers: int):
 
 
 def report_for(config: dict, dtype, layers: int, batch: int, optimizer, length: int = 32,
-               device: str = "cuda") -> MemoryReport:
+               device: str = "cuda", detach: tuple = ()) -> MemoryReport:
     """The report of the config's model with ``layers`` layers, sized for ``device``. The model is
     built on the meta device, then given uninitialised CPU storage for the short traced call
-    (nothing is read from the hub; pages no one writes take no memory)."""
+    (nothing is read from the hub; pages no one writes take no memory). ``detach``: the outputs
+    the step drops, from the report of the same config at another layer count."""
     model = build_meta_model(config, dtype, layers).to_empty(device="cpu")
     ids = torch.ones(batch, length, dtype=torch.long)
-    report = plan_memory(model, input_ids=ids, labels=ids, optimizer=optimizer)
+    report = _plan_memory(model, (), dict(input_ids=ids, labels=ids), None, optimizer, detach)
     for m in [report.model, *report.baselines.values()]:
         m.device = device
     return report
@@ -224,7 +256,7 @@ def main(argv=None) -> int:
             parser.error(f"--optimizer: one of {sorted(OPTIMIZER_BYTES)} or bytes per parameter")
     t0 = time.perf_counter()
     r2 = report_for(config, DTYPES[ns.dtype], 2, ns.batch, opt)
-    r3 = report_for(config, DTYPES[ns.dtype], 3, ns.batch, opt)
+    r3 = report_for(config, DTYPES[ns.dtype], 3, ns.batch, opt, detach=r2.detached)
     L = int(config["num_hidden_layers"])
     model = Extrapolated(r2, r3, L)
     best = {m: model.max_length(budget, m) for m in METHODS}

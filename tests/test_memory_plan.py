@@ -225,3 +225,38 @@ def test_cli_prints_longest_sequences(tmp_path, capsys):
     m = re.fullmatch(r"longest sequence \(streamfx\): (\d+) tokens", lines[0])
     c = re.fullmatch(r"longest sequence \(activation checkpointing\): (\d+) tokens", lines[1])
     assert m and c and int(m.group(1)) > int(c.group(1)) > 0
+
+
+def test_cli_traces_the_second_model_once_with_the_first_ones_dropped_outputs(monkeypatch):
+    """The CLI's 3-layer trace detaches the outputs the 2-layer one found dropped (the logits):
+    one trace instead of two, and the same report as a trace that finds them itself. Detaching an
+    output the step keeps (the loss) falls back to the graph as it is, with the same report."""
+    import importlib
+
+    from streamfx import plan
+
+    backend = importlib.import_module("streamfx.backend")
+    cfg = dict(model_type="qwen3", vocab_size=zoo.VOCAB, hidden_size=zoo.HIDDEN, intermediate_size=64,
+               num_hidden_layers=4, num_attention_heads=zoo.HEADS, num_key_value_heads=zoo.KV_HEADS,
+               head_dim=zoo.HEAD_DIM, tie_word_embeddings=False, max_position_embeddings=64)
+    traces = []
+    original = backend._compile
+    monkeypatch.setattr(backend, "_compile", lambda *a: traces.append(1) or original(*a))
+
+    def report(detach):
+        torch._dynamo.reset()
+        traces.clear()
+        r = plan.report_for(cfg, torch.float32, 3, 1, None, device="cpu", detach=detach)
+        return r, len(traces)
+
+    r2 = plan.report_for(cfg, torch.float32, 2, 1, None, device="cpu")
+    assert r2.detached and all(r2.detached), r2.detached   # the logits of the one graph
+    found, n_found = report(())
+    given, n_given = report(r2.detached)
+    wrong, _ = report(((0,),))
+    assert (n_found, n_given) == (2, 1)
+    assert wrong.detached == found.detached == r2.detached
+    for T in (256, 4096):
+        for r in (given, wrong):
+            assert r.step_peak(T) == found.step_peak(T)
+            assert r.step_peak(T, "activation checkpointing") == found.step_peak(T, "activation checkpointing")
