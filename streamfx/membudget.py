@@ -190,6 +190,7 @@ class MemoryReport:
     head_chunk: int | None = None
     budget: int | None = None           # the memory_budget option, if given
     default_head: int | None = None     # the head's automatic chunk without a budget
+    detached: tuple = ()                # per compiled graph, the user outputs the step drops
 
     @property
     def held(self) -> int:

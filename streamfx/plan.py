@@ -92,24 +92,24 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple = ()) ->
     from .session import Session
 
     config = dataclasses.replace(StreamConfig.from_options(options), codegen="eager")
+    traced = dataclasses.replace(config, memory_budget=None)
     collected: list = []
     detached: list = []
 
-    def capture(gm, example_inputs):
-        session = Session(dataclasses.replace(config, memory_budget=None), collected)
+    def trace(gm, example_inputs, given=()):
+        session = Session(traced, collected)
         session.keep_graphs = True
+        session.detached = list(given)
+        fn = compile_graph(detach_outputs(gm, given) if given else gm, example_inputs, traced, session)
+        return fn, session
+
+    def capture(gm, example_inputs):
         given = detach[len(detached)] if len(detached) < len(detach) else ()
-        if given:
-            n, original = len(collected), _snapshot(gm)
-            session.detached = list(given)
-            fn = compile_graph(detach_outputs(gm, given), example_inputs, session.config, session)
-            if set(given) - set(session.dropped_user_outputs):  # (an output it keeps: traced as it is)
-                del collected[n:]
-                session = Session(dataclasses.replace(config, memory_budget=None), collected)
-                session.keep_graphs = True
-                fn = compile_graph(original, example_inputs, session.config, session)
-        else:
-            fn = compile_graph(gm, example_inputs, session.config, session)
+        n, original = len(collected), _snapshot(gm) if given else gm
+        fn, session = trace(gm, example_inputs, given)
+        if set(given) - set(session.dropped_user_outputs):  # (an output it keeps: traced as it is)
+            del collected[n:]
+            fn, session = trace(original, example_inputs)
         detached.append(tuple(session.detached))
         return fn
 
@@ -127,10 +127,8 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple = ()) ->
     head = next((p.chunk_size for p, _ in a.programs if p.kind == "head"), None)
     T = _traced_length(a)
     budget = parse_budget(config.memory_budget, device) if config.memory_budget is not None else None
-    report = MemoryReport(step, baselines, params, optimizer_bytes(model, optimizer), T,
-                          config.chunk_size, config.head_chunk_size, budget, head)
-    report.detached = tuple(detached)
-    return report
+    return MemoryReport(step, baselines, params, optimizer_bytes(model, optimizer), T,
+                        config.chunk_size, config.head_chunk_size, budget, head, tuple(detached))
 
 
 def _snapshot(gm):

@@ -212,12 +212,17 @@ def test_explain_shows_chunks_and_predicted_peak():
     assert not re.search(r"\b(index|iota)(_\d+)?\b", saved)
 
 
+def _tiny_config() -> dict:
+    """A Hugging Face config of zoo's sizes, 4 layers, as the CLI reads one."""
+    return dict(model_type="qwen3", vocab_size=zoo.VOCAB, hidden_size=zoo.HIDDEN, intermediate_size=64,
+                num_hidden_layers=4, num_attention_heads=zoo.HEADS, num_key_value_heads=zoo.KV_HEADS,
+                head_dim=zoo.HEAD_DIM, tie_word_embeddings=False, max_position_embeddings=64)
+
+
 def test_cli_prints_longest_sequences(tmp_path, capsys):
     from streamfx import plan
 
-    cfg = dict(model_type="qwen3", vocab_size=zoo.VOCAB, hidden_size=zoo.HIDDEN, intermediate_size=64,
-               num_hidden_layers=4, num_attention_heads=zoo.HEADS, num_key_value_heads=zoo.KV_HEADS,
-               head_dim=zoo.HEAD_DIM, tie_word_embeddings=False, max_position_embeddings=64)
+    cfg = _tiny_config()
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     assert plan.main(["--config", str(path), "--dtype", "fp32", "--budget", "256MiB", "--optimizer", "adamw"]) == 0
@@ -236,9 +241,7 @@ def test_cli_traces_the_second_model_once_with_the_first_ones_dropped_outputs(mo
     from streamfx import plan
 
     backend = importlib.import_module("streamfx.backend")
-    cfg = dict(model_type="qwen3", vocab_size=zoo.VOCAB, hidden_size=zoo.HIDDEN, intermediate_size=64,
-               num_hidden_layers=4, num_attention_heads=zoo.HEADS, num_key_value_heads=zoo.KV_HEADS,
-               head_dim=zoo.HEAD_DIM, tie_word_embeddings=False, max_position_embeddings=64)
+    cfg = _tiny_config()
     traces = []
     original = backend._compile
     monkeypatch.setattr(backend, "_compile", lambda *a: traces.append(1) or original(*a))
