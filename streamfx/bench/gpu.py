@@ -14,6 +14,8 @@ import argparse
 import dataclasses
 import datetime
 import json
+import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +34,8 @@ class Part:
 PLAN = (
     Part("kernels", 75, "per SDPA kernel form (flash, efficient, cuDNN) and dtype (bf16, fp32), small model: "
                         "streamed or not, gradient error against eager with the same kernel"),
+    Part("offload", 40, "small model, fp32: layer inputs on the device, offloaded, rebuilt from every 2nd, both: "
+                        "gradient error against eager, the step's peak rise and time"),
     Part("memory", 210, "Qwen3-8B shape, bf16, BP only: peak allocated / reserved memory per method at 4 lengths"),
     Part("max_len", 120, "Qwen3-8B shape: the longest length that fits the device, per method, by bisection "
                          "with the method's one dynamic compile"),
@@ -46,7 +50,8 @@ def setup_for(ns) -> parts.Setup:
         return parts.Setup(device=ns.device, kernel_preset="tiny", kernel_seq=48, memory_preset="tiny",
                            memory_seqs=(32, 64, 96, 128), speed_preset="tiny", speed_seq=96, speed_repeats=2,
                            max_len_step=32, max_len_limit=256, mem_cap_bytes=cap or 64 * GiB,
-                           streamfx_options={"codegen": "eager"}, compile_backend="aot_eager")
+                           streamfx_options={"codegen": "eager"}, compile_backend="aot_eager",
+                           offload_seq=64, offload_chunk=16)
     return parts.Setup(device=ns.device, kernel_preset="qwen3-layers", kernel_seq=1024, memory_preset="qwen3-8b",
                        memory_seqs=(4096, 8192, 16384, 32768), speed_preset="qwen3-4b", speed_seq=24576,
                        speed_repeats=3, max_len_step=2048, max_len_limit=262144, mem_cap_bytes=cap,
@@ -81,6 +86,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results = {"meta": {**_meta(ns), "memory_preset": setup.memory_preset, "speed_preset": setup.speed_preset},
                "parts": {}}
+    planner = Planner(setup, out) if "memory" in chosen else None
     for part in (x for x in PLAN if x.name in chosen):
         budget = ns.deadline if ns.tiny else part.budget_s  # (tiny: the budgets are an H100's)
         setup.deadline = min(start + ns.deadline, time.monotonic() + budget)
@@ -91,9 +97,99 @@ def main(argv=None) -> int:
             parts._free(setup.device)
         rows = _run(part.name, setup, state)
         results["parts"][part.name] = {"what": part.what, "seconds": round(time.monotonic() - began, 1), "rows": rows}
+        if planner is not None:
+            planner.merge(results)
+        write(out, results)
+    if planner is not None:
+        planner.merge(results, wait=max(0.0, start + ns.deadline - time.monotonic()))
         write(out, results)
     print((out / "gpu.md").read_text(), flush=True)
     return 0
+
+
+class Planner:
+    """The memory planner's predictions for the memory part's model (``streamfx.bench.gpu_plan``),
+    computed in a CPU process of its own while the GPU parts run, then set beside the measured
+    step peaks and longest lengths as the part "plan"."""
+
+    WHAT = ("the memory planner (traced on the meta device, before any step) against the measurements: "
+            "the step's peak rise of allocated memory over the memory held before it, and the longest T")
+
+    def __init__(self, setup: parts.Setup, out: Path):
+        import subprocess
+        import sys
+
+        import torch
+
+        if setup.device == "cuda":
+            self.budget = torch.cuda.mem_get_info()[0]  # what the run-time policy sees: free + allocated (none yet)
+        else:
+            self.budget = setup.mem_cap_bytes
+        self.path, self.result = out / "plan.json", None
+        self.path.unlink(missing_ok=True)
+        self.began = time.monotonic()
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=os.environ.get("STREAMFX_PLAN_THREADS", "4"))
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "streamfx.bench.gpu_plan", "--preset", setup.memory_preset, "--dtype", "bfloat16",
+             "--budget", str(self.budget), "--seqs", ",".join(map(str, setup.memory_seqs)),
+             "--device", setup.device, "--out", str(self.path)], env=env, stdout=self.log, stderr=self.log)
+
+    def merge(self, results: dict, wait: float = 0.0) -> None:
+        import subprocess
+
+        if self.result is None:
+            try:
+                code = self.proc.wait(timeout=wait) if wait else self.proc.poll()
+            except subprocess.TimeoutExpired:
+                code = None
+            if code is None:
+                if wait:
+                    self.proc.kill()
+                    results["parts"]["plan"] = {"what": self.WHAT, "seconds": None, "rows": [
+                        {"status": "error", "reason": "the planner did not finish before the deadline"}]}
+                return
+            if code != 0:
+                self.log.seek(0)
+                tail = self.log.read().decode(errors="replace").strip().splitlines()[-3:]
+                self.result = {"error": f"planner exited with {code}: " + " / ".join(tail)}
+            else:
+                self.result = json.loads(self.path.read_text())
+        results["parts"]["plan"] = {"what": self.WHAT, "seconds": self.result.get("seconds"),
+                                    "rows": plan_rows(self.result, results)}
+
+
+def plan_rows(plan: dict, results: dict) -> list[dict]:
+    """Predicted against measured: the step peak rise per method and length, the longest length."""
+    if "error" in plan:
+        return [{"status": "error", "reason": plan["error"]}]
+    measured = {(r.get("method"), r.get("seq")): r for r in results["parts"].get("memory", {}).get("rows", [])}
+    rows = []
+    for p in plan["steps"]:
+        m = measured.get((p["method"], p["seq"]), {})
+        rise = m["allocated"] - m["before"] if m.get("status") == "ok" and m.get("before") is not None else None
+        row = {"quantity": "step peak rise GiB", "method": p["method"], "seq": p["seq"],
+               "chunks": " ".join(map(str, p.get("chunks", []))) or None,
+               "predicted": p["predicted"] / GiB if p.get("predicted") is not None else None,
+               "measured": rise / GiB if rise is not None else None, "reason": p.get("reason")}
+        if rise is None and m.get("status") == "ok":  # (CPU: only the process's high-water mark, no rise)
+            row["reason"] = "no allocated memory measured on this device"
+        if row["predicted"] and row["measured"]:
+            row["ratio"] = row["predicted"] / row["measured"]
+        rows.append(row)
+    longest = {r.get("method"): r for r in results["parts"].get("max_len", {}).get("rows", [])}
+    for method, predicted in plan["longest"].items():
+        m = longest.get(method, {})
+        row = {"quantity": "longest T", "method": method, "predicted": predicted,
+               "measured": m.get("max_len"), "reason": m.get("reason")}
+        if m.get("first_failure"):
+            row["reason"] = f"bisection bracket {m.get('max_len')}-{m['first_failure']}"
+        if predicted and row["measured"]:
+            row["ratio"] = predicted / row["measured"]
+        rows.append(row)
+    rows.append({"quantity": "budget GiB", "predicted": plan["budget"] / GiB,
+                 "reason": f"held before the step (predicted): {plan['held'] / GiB:.2f} GiB"})
+    return rows
 
 
 def _run(name, setup, state) -> list[dict]:
@@ -118,8 +214,15 @@ def _meta(ns) -> dict:
 COLUMNS = {
     "kernels": [("kernel", "kernel"), ("dtype", "dtype"), ("status", "status"), ("streamed", "streamed"),
                 ("grad_error", "grad error vs eager"), ("eager_rounding", "eager vs fp32 math"), ("reason", "note")],
+    "offload": [("variant", "layer inputs"), ("seq", "T"), ("status", "status"), ("streamed", "streamed"),
+                ("grad_error", "grad error vs eager"), ("rise", "peak rise GiB"), ("seconds", "step s"),
+                ("moved", "inputs offloaded / dropped / rebuilt / loaded"), ("reason", "note")],
     "memory": [("method", "method"), ("seq", "T"), ("status", "status"), ("allocated", "peak allocated GiB"),
-               ("reserved", "peak reserved GiB"), ("seconds", "step s"), ("reason", "note")],
+               ("before", "allocated before GiB"), ("reserved", "peak reserved GiB"), ("seconds", "step s"),
+               ("reason", "note")],
+    "plan": [("quantity", "quantity"), ("method", "method"), ("seq", "T"), ("chunks", "chunks (layer head)"),
+             ("predicted", "predicted"), ("measured", "measured"), ("ratio", "predicted / measured"),
+             ("reason", "note")],
     "max_len": [("method", "method"), ("status", "status"), ("max_len", "longest T that fits"),
                 ("first_failure", "first T that does not"), ("compiles", "compiles while probing"),
                 ("probes", "probes"), ("reason", "note")],
@@ -131,7 +234,10 @@ COLUMNS = {
 def _cell(key, value) -> str:
     if value is None:
         return ""
-    if key in ("allocated", "reserved"):
+    if key == "moved" and isinstance(value, dict):
+        return " / ".join(str(value.get(k, 0)) for k in ("inputs_offloaded", "inputs_dropped", "inputs_rebuilt",
+                                                          "inputs_loaded"))
+    if key in ("allocated", "reserved", "before", "rise"):
         return f"{value / GiB:.2f}"
     if isinstance(value, float):
         return f"{value:.3g}"

@@ -43,6 +43,8 @@ class Setup:
     mem_cap_bytes: int | None   # None: the device's memory
     streamfx_options: dict
     compile_backend: str        # the checkpointing row's torch.compile backend ("inductor"; tiny: "aot_eager")
+    offload_seq: int = 4096     # the offload part's length (the kernel preset)
+    offload_chunk: int = 512
     deadline: float = float("inf")
 
     def left(self) -> float:
@@ -144,6 +146,10 @@ def measured_step(step, preset, seq: int, setup: Setup) -> dict:
     row = {"seq": seq}
     try:
         with Peak(setup.device) as peak:
+            if setup.device == "cuda":
+                import torch
+
+                row["before"] = torch.cuda.memory_allocated()
             start = time.perf_counter()
             step(ids, labels)
             _sync(setup.device)
@@ -224,6 +230,66 @@ def _streamed_grads(model, ids, labels, setup: Setup) -> dict:
     streamed = COUNTERS["region_forward"] > before and not notes
     return {"status": "ok", "streamed": streamed, "reason": notes[0][:200] if notes else "",
             "grads": {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}}
+
+
+# ---------------------------------------------------------------- part 1b: layer inputs off the device
+def offload(setup: Setup) -> list[dict]:
+    """Small model, fp32: streamfx with its layer inputs kept on the device, offloaded (pinned host
+    memory on CUDA, files on CPU), rebuilt from every 2nd one, and both: the gradient error against
+    eager, the step's peak rise of allocated memory (CUDA) and its time, after a step that compiles."""
+    import torch
+
+    from streamfx.runtime import COUNTERS
+
+    from .methods import _streambp_backend
+
+    tier = "cpu" if setup.device == "cuda" else "disk"
+    variants = [("on device", {}), (f"offload={tier}", {"offload": tier}), ("keep_every=2", {"keep_every": 2}),
+                (f"offload={tier}, keep_every=2", {"offload": tier, "keep_every": 2})]
+    preset, base = build(setup.kernel_preset, "float32", setup.device, setup.offload_seq)
+    ids, labels = presets_mod.make_batch(preset, setup.offload_seq, setup.device)
+    ref = _grads(base, ids, labels)
+    rows = []
+    for name, opts in variants:
+        row = {"variant": name, "seq": setup.offload_seq}
+        rows.append(row)
+        if setup.left() <= 0:
+            row.update(status="skipped", reason="time budget spent")
+            continue
+        model = copy.deepcopy(base)
+        options = {**setup.streamfx_options, "codegen": "eager", "chunk_size": setup.offload_chunk,
+                   "head_chunk_size": setup.offload_chunk, **opts}
+        compiled = torch.compile(model, backend=_streambp_backend(), options=options)
+
+        def step(ids, labels, compiled=compiled, model=model):
+            model.zero_grad(set_to_none=True)
+            compiled(input_ids=ids, labels=labels, use_cache=False).loss.backward()
+
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                step(ids, labels)  # compiles
+                before = dict(COUNTERS)
+                row.update(measured_step(step, preset, setup.offload_seq, setup))
+            notes = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+            row["streamed"] = COUNTERS["region_forward"] > before.get("region_forward", 0) and not notes
+            row["moved"] = {k: COUNTERS[k] - before.get(k, 0) for k in ("inputs_offloaded", "inputs_dropped",
+                                                                          "inputs_rebuilt", "inputs_loaded")}
+            if notes:
+                row["reason"] = notes[0][:200]
+            if row.get("status") == "ok":
+                got = {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}
+                row["grad_error"] = compare_grads(got, ref)[0]
+                if row.get("before") is not None:
+                    row["rise"] = row["allocated"] - row["before"]
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            row.update(status="error", reason=describe_exception(exc))
+        del model, compiled
+        torch._dynamo.reset()
+        _free(setup.device)
+    del base
+    _free(setup.device)
+    return rows
 
 
 # ---------------------------------------------------------------- part 2: memory at 4 lengths
