@@ -171,13 +171,23 @@ def _device(args, kwargs) -> str:
 
 # ---- the command line -------------------------------------------------------------------------------
 class Extrapolated:
-    """Reports at 2 and 3 layers, extrapolated linearly to L layers."""
+    """Reports at 2 and 3 layers, extrapolated linearly to L layers: place by place in the step
+    (``StepModel.keyed_peaks``), then the maximum. Extrapolating the peak itself would miss a peak
+    that moves with depth: at 2 or 3 layers it can sit at the head's logits, at 36 at the end of
+    the backward where every layer's gradients are held."""
 
     def __init__(self, r2: MemoryReport, r3: MemoryReport, layers: int):
         self.r2, self.r3, self.L = r2, r3, layers
 
     def _lin(self, a: int, b: int) -> int:
         return a + (b - a) * (self.L - 2)
+
+    def _peak(self, m2, m3, T: int, c=None, h=None) -> int:
+        k2, k3 = m2.keyed_peaks(T, c, h), m3.keyed_peaks(T, c, h)
+        common = k2.keys() & k3.keys()
+        if not common:
+            return self._lin(m2.peak(T, c, h), m3.peak(T, c, h))
+        return max(self._lin(k2[k], k3[k]) for k in common)
 
     @property
     def held(self) -> int:
@@ -188,7 +198,7 @@ class Extrapolated:
         avail = budget - self.held
 
         def peak(c, h):
-            return self._lin(self.r2.model.peak(T, c, h), self.r3.model.peak(T, c, h))
+            return self._peak(self.r2.model, self.r3.model, T, c, h)
 
         cands = chunk_candidates(T)
         c = largest_fitting(cands, lambda c: peak(c, MIN_CHUNK) <= avail)
@@ -200,8 +210,11 @@ class Extrapolated:
     def step_peak(self, T: int, method: str = "streamfx", budget=None) -> int:
         if method == "streamfx" and budget is not None:
             c, h = self.chunks(T, budget)
-            return self._lin(self.r2.model.peak(T, c, h), self.r3.model.peak(T, c, h))
-        return self._lin(self.r2.step_peak(T, method), self.r3.step_peak(T, method))
+            return self._peak(self.r2.model, self.r3.model, T, c, h)
+        if method == "streamfx":
+            c, h = self.r3.chunks(T)
+            return self._peak(self.r2.model, self.r3.model, T, c, h)
+        return self._peak(self.r2.baselines[method], self.r3.baselines[method], T)
 
     def max_length(self, budget: int, method: str = "streamfx", limit: int = 1 << 22) -> int:
         return longest_fitting(self, budget, method, limit)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+import re
 
 import sympy
 import torch
@@ -22,6 +23,7 @@ from .memory import Live, chunk_curve, evaluate, nbytes_expr, peak_of
 
 REGION = "streamfx::region"
 REGION_BACKWARD = "streamfx::region_backward"
+_LAYER_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")   # the first index of a module path: the layer
 
 
 def _op(n) -> str:
@@ -120,6 +122,7 @@ class StepModel:
         if free:   # tensors the modelled execution does not make (``membudget._causal_masks``)
             steps = [(n, [(x, b) for x, b in born if x.name not in free], dies) for n, born, dies in steps]
         self.live = Live(steps)
+        self.forward_steps = len(fw_live.steps)
         self.region_steps = {}
         for i, (n, _, _) in enumerate(steps):
             op = _op(n)
@@ -151,6 +154,57 @@ class StepModel:
             for d in dies:
                 current -= alive.pop(d, 0)
         return outside, inside
+
+    @functools.cached_property
+    def positions(self) -> list:
+        """Each step's place in the step, named so that the same place in a model of more layers
+        has the same name: (phase, "start" | "in" | "after", the last layer reached in that phase
+        counted from its nearer end: ("first", i) or ("last", i)). A step outside every layer (the
+        embedding, the head, nodes no module claims) belongs to the last layer reached before it."""
+        raw = []
+        for i, (n, _, _) in enumerate(self.live.steps):
+            path = self.region_steps[i][0].module if i in self.region_steps else memory.module_path(n)
+            m = _LAYER_INDEX.search(path or "")
+            raw.append(int(m.group(1)) if m else None)
+        layers = 1 + max((x for x in raw if x is not None), default=-1)
+        out, last = [], None
+        for i, li in enumerate(raw):
+            phase = "forward" if i < self.forward_steps else "backward"
+            if i == self.forward_steps:
+                last = None
+            where = "in" if li is not None else ("after" if last is not None else "start")
+            last = li if li is not None else last
+            end = None if last is None else (("first", last) if last < layers - 1 - last else ("last", layers - 1 - last))
+            out.append((phase, where, end))
+        return out
+
+    def keyed_profile(self, T: int) -> dict:
+        """``profile`` per place (``positions``): {place: (peak outside regions, [(bytes, work, phase)])}."""
+        cache = self.__dict__.setdefault("_keyed", {})
+        if T not in cache:
+            subs, current, alive, out = self.subs(T), 0, {}, {}
+            for i, (n, born, dies) in enumerate(self.live.steps):
+                for x, b in born:
+                    b = memory.rounded(evaluate(b, subs), self.device)
+                    alive[x] = alive.get(x, 0) + b
+                    current += b
+                outside, inside = out.setdefault(self.positions[i], [0, []])
+                if i in self.region_steps:
+                    inside.append((current, *self.region_steps[i]))
+                else:
+                    out[self.positions[i]][0] = max(outside, current)
+                for d in dies:
+                    current -= alive.pop(d, 0)
+            cache[T] = {k: (o, ins) for k, (o, ins) in out.items()}
+        return cache[T]
+
+    def keyed_peaks(self, T: int, layer_chunk: int | None = None, head_chunk: int | None = None) -> dict:
+        """{place: the step's peak there} (``peak`` is their maximum). Linear in the number of
+        layers at every place a model of 2 layers shares with one of 3 (the layers are alike), which
+        is how ``plan.Extrapolated`` predicts deep models from shallow traces."""
+        chunks = {"layer": layer_chunk, "head": head_chunk}
+        return {k: max([o] + [b + w.bytes(ph, chunks[w.kind] or T, T) for b, w, ph in ins])
+                for k, (o, ins) in self.keyed_profile(T).items()}
 
     def peak(self, T: int, layer_chunk: int | None = None, head_chunk: int | None = None) -> int:
         outside, inside = self.profile(T)
