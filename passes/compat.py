@@ -8,6 +8,13 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental import symbolic_shapes as _shapes
 
+TORCH = torch.torch_version.TorchVersion(torch.__version__)
+
+# The value torch's CUDA composite gives the hidden positions of a boolean mask it hands to the
+# cuDNN kernel (``convert_boolean_attn_mask_cudnn``): float16's lowest, -65504 (-65536 in
+# bfloat16), before 2.13; -inf, as for every other kernel, from 2.13.
+CUDNN_BOOL_MASK_FILL = float("-inf") if TORCH >= (2, 13) else -65504.0
+
 # A size's value for this compile without adding a guard: ``optimization_hint`` from torch 2.12,
 # ``size_hint`` before (same arguments: the size, and a fallback for an unbacked symbol).
 _optimization_hint = getattr(_shapes, "optimization_hint", None) or getattr(_shapes, "size_hint")

@@ -19,7 +19,22 @@ from typing import Callable
 
 import torch
 
+from .compat import CUDNN_BOOL_MASK_FILL
+
 aten = torch.ops.aten
+
+# An additive mask hides a key with any value at or below the highest value a kernel's composite
+# fills a boolean mask's hidden positions with (``Kernel.bool_mask_fill``: -inf, or cuDNN's -65504
+# before torch 2.13), or below half its dtype's lowest value (Hugging Face's ``finfo.min``). Such a
+# key's weight, exp(score + value - row max), is exactly zero in fp32 for any row that sees a key
+# unless the row's scores spread by more than about 65,000; a row that sees none is averaged
+# over every key by a finite fill (``streamfx.keyranges`` reads such rows whole).
+HIDDEN_AT_MOST = -65504.0
+
+
+def hidden(values: torch.Tensor) -> torch.Tensor:
+    """Which positions of a floating-point additive mask hide their key."""
+    return values <= max(HIDDEN_AT_MOST, torch.finfo(values.dtype).min / 2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +49,7 @@ class Kernel:
     call: Callable | None = None        # (q, k, v, causal, scale) -> (out, raw lse): one block of keys, no mask
     call_backward: Callable | None = None  # (dout, q, k, v, out, raw lse, causal, scale) -> (dq, dk, dv)
     lse_view: Callable | None = None    # (raw lse, L queries) -> its [B, H, L] float32 view
+    bool_mask_fill: float = float("-inf")  # what its composite gives a boolean mask's hidden positions
 
     @property
     def blocks(self) -> bool:
@@ -91,7 +107,7 @@ def _entries():
                call=_efficient, call_backward=_efficient_backward, lse_view=lambda lse, n: lse[..., :n]),
         Kernel("cudnn", op("_scaled_dot_product_cudnn_attention"), op("_scaled_dot_product_cudnn_attention_backward"),
                "attn_bias", "top-left", True, call=_cudnn, call_backward=_cudnn_backward,
-               lse_view=lambda lse, n: lse[..., 0]),
+               lse_view=lambda lse, n: lse[..., 0], bool_mask_fill=CUDNN_BOOL_MASK_FILL),
         Kernel("math", op("_scaled_dot_product_attention_math"), None, "attn_mask", "top-left", False),
         Kernel("overrideable", op("_scaled_dot_product_fused_attention_overrideable"),
                op("_scaled_dot_product_fused_attention_overrideable_backward"), "attn_bias", "top-left", False),

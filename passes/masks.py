@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from . import verify
+from . import kernels, verify
 from .graphs import ancestors, hint, in_order, is_tensor, val
 
 aten = torch.ops.aten
@@ -185,4 +185,4 @@ def _allowed(value: torch.Tensor) -> torch.Tensor:
         v = v[0]
     if v.dtype == torch.bool:
         return v
-    return v > torch.finfo(v.dtype).min / 2 if v.is_floating_point() else v != 0
+    return ~kernels.hidden(v) if v.is_floating_point() else v != 0

@@ -29,6 +29,8 @@ import math
 
 import torch
 
+from .passes.kernels import BY_NAME
+
 aten = torch.ops.aten
 KERNELS = ("flash", "efficient", "cudnn")
 _CHECK_ALIGNMENT = [True]
@@ -173,10 +175,13 @@ def cudnn_backward(dout, q, k, v, out, lse, seed, offset, attn_bias, cum_q, cum_
 
 
 # -- the composite: what F.scaled_dot_product_attention calls on CUDA ---------------------------
-def _additive(mask, dtype):
+def _additive(mask, dtype, kernel):
+    """A boolean mask as the kernel's composite hands it on: hidden positions filled with the
+    kernel's ``bool_mask_fill`` (cuDNN: -65504 before torch 2.13)."""
     if mask is None or mask.dtype != torch.bool:
         return mask
-    return torch.where(mask, torch.zeros((), dtype=dtype), torch.full((), float("-inf"), dtype=dtype))
+    fill = BY_NAME[kernel].bool_mask_fill
+    return torch.where(mask, torch.zeros((), dtype=dtype), torch.full((), fill, dtype=dtype))
 
 
 def _aligned(mask, align=8):
@@ -190,7 +195,7 @@ def _pad_last(x, align):
 
 def _composite(kernel):
     def sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
-        mask = _additive(attn_mask, q.dtype)
+        mask = _additive(attn_mask, q.dtype, "efficient" if kernel == "flash" and attn_mask is not None else kernel)
         grouped = q.shape[-3] != k.shape[-3]
         use = "efficient" if kernel == "flash" and mask is not None else kernel
         if grouped and enable_gqa and use == "efficient":  # no grouped heads: SDPA takes the math kernel

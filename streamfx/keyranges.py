@@ -21,6 +21,8 @@ import weakref
 
 import torch
 
+from .passes.kernels import hidden
+
 SMALL = 1 << 20   # inputs up to this many elements are compared by value
 
 
@@ -82,7 +84,7 @@ def reach(block: torch.Tensor, rows: tuple, kind: str, fill_finite: bool, key_di
     keys 0..s + i and nothing else, and an additive mask adds exactly zero to what it lets through
     (the attention then equals the kernel's own causal attention without the mask)."""
     if kind == "additive":
-        allowed = block > torch.finfo(block.dtype).min / 2 if block.is_floating_point() else block != 0
+        allowed = ~hidden(block) if block.is_floating_point() else block != 0
     elif kind == "allowed":
         allowed = block.bool()
     else:

@@ -181,6 +181,29 @@ def test_kernel_forms_stream_inductor(kernel, case):
     run_form(kernel, case, codegen="inductor")
 
 
+@pytest.mark.parametrize("case", cases(["hf_causal", "left_pad", "sliding"], ["hf_causal", "left_pad"]))
+def test_cudnn_mask_filled_as_before_torch_2_13_streams(monkeypatch, case):
+    """Before torch 2.13 the CUDA composite hands cuDNN a boolean mask's hidden positions as
+    -65504 (-65536 in bf16), not -inf: under torch.compile Hugging Face gives SDPA that boolean
+    mask, and cuDNN is the H100's default kernel. Such a mask still reads as causal (or as its
+    window), rows that see no key (left padding) are read whole, and gradients are exact."""
+    import dataclasses
+
+    monkeypatch.setitem(kernels.BY_NAME, "cudnn", dataclasses.replace(kernels.BY_NAME["cudnn"], bool_mask_fill=-65504.0))
+    filled = []
+    real = emulate._additive
+
+    def spy(mask, dtype, kernel):
+        out = real(mask, dtype, kernel)
+        if mask is not None and mask.dtype == torch.bool and kernel == "cudnn":
+            filled.append(kernels.BY_NAME[kernel].bool_mask_fill)
+        return out
+
+    monkeypatch.setattr(emulate, "_additive", spy)
+    run_form("cudnn", case)
+    assert filled and set(filled) == {-65504.0}, filled   # (a boolean mask reached cuDNN's composite)
+
+
 # ---- the pieces ----------------------------------------------------------------------------
 @pytest.mark.fast
 def test_every_kernel_entry_matches_its_schema():
