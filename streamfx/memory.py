@@ -240,9 +240,10 @@ def peak_of(live: Live, subs: dict, extra=None) -> tuple[int, int, dict]:
 
 
 # ---- names the user knows --------------------------------------------------------------------------
-def module_path(node: fx.Node | None) -> str:
-    """The module a node's code is in, as the model names it (``model.layers.3``)."""
-    stack = (node.meta.get("nn_module_stack") or {}) if node is not None else {}
+def module_path(node: fx.Node | None, key: str = "nn_module_stack") -> str:
+    """The module a node's code is in, as the model names it (``model.layers.3``); ``key``
+    "fwd_nn_module_stack": for a backward node, the module of the forward code it differentiates."""
+    stack = (node.meta.get(key) or {}) if node is not None else {}
     if not stack:
         return ""
     path = list(stack.values())[-1][0]

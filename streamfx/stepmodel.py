@@ -160,10 +160,16 @@ class StepModel:
         """Each step's place in the step, named so that the same place in a model of more layers
         has the same name: (phase, "start" | "in" | "after", the last layer reached in that phase
         counted from its nearer end: ("first", i) or ("last", i)). A step outside every layer (the
-        embedding, the head, nodes no module claims) belongs to the last layer reached before it."""
+        embedding, the head, nodes no module claims) belongs to the last layer reached before it;
+        a backward step to the layer whose forward it differentiates."""
         raw = []
         for i, (n, _, _) in enumerate(self.live.steps):
-            path = self.region_steps[i][0].module if i in self.region_steps else memory.module_path(n)
+            if i in self.region_steps:
+                path = self.region_steps[i][0].module
+            elif i < self.forward_steps:
+                path = memory.module_path(n)
+            else:   # (a forward node recomputed in the backward names its layer, not the backward's place)
+                path = memory.module_path(n, "fwd_nn_module_stack")
             m = _LAYER_INDEX.search(path or "")
             raw.append(int(m.group(1)) if m else None)
         layers = 1 + max((x for x in raw if x is not None), default=-1)

@@ -280,10 +280,10 @@ def test_cli_extrapolates_each_place_of_the_step_where_the_peak_moves_with_depth
     r5 = plan.report_for(cfg, torch.float32, 5, 1, None, device="cuda", detach=r2.detached)
     deep = plan.Extrapolated(r2, r3, 5)
     naive_misses = []
-    for T in (64, 256, 1024):
+    for T in (64, 256, 1024, 4096):
         for method in ("streamfx", "activation checkpointing", "no checkpointing"):
             exact = r5.step_peak(T, method)
-            assert deep.step_peak(T, method) == pytest.approx(exact, rel=0.02), (T, method)
+            assert deep.step_peak(T, method) == pytest.approx(exact, rel=1e-3), (T, method)
             naive = deep._lin(r2.step_peak(T, method), r3.step_peak(T, method))
             naive_misses.append(abs(naive / exact - 1))
     assert max(naive_misses) > 0.1, naive_misses   # (the case this test is about occurs in it)
