@@ -173,14 +173,28 @@ def test_gpu_command_tiny_on_cpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {p.name for p in out.iterdir()} >= {"gpu.md", "gpu.json", "gpu.png"}
     parts = json.loads((out / "gpu.json").read_text())["parts"]
-    assert list(parts) == ["kernels", "memory", "max_len", "speed"]
+    assert set(parts) == {"kernels", "offload", "memory", "plan", "max_len", "speed"}
     flash = [r for r in parts["kernels"]["rows"] if r["kernel"] == "flash"]
-    assert [r["status"] for r in flash] == ["ok", "ok"] and all(r["streamed"] for r in flash), flash
-    fp32 = next(r for r in flash if r["dtype"] == "float32")
-    assert fp32["grad_error"] <= 1e-4, fp32
+    assert [(r["model"], r["status"]) for r in flash] == [(m, "ok") for m in ("hf", "hf", "plain", "plain")], flash
+    assert all(r["streamed"] for r in flash), flash
+    for r in flash:
+        if r["dtype"] == "float32":
+            assert r["grad_error"] <= 1e-4, r
+    offload = parts["offload"]["rows"]
+    assert len(offload) == 4 and all(r["status"] == "ok" and r["streamed"] and r["grad_error"] <= 1e-4
+                                     for r in offload), offload
+    assert [r["moved"]["inputs_offloaded"] > 0 for r in offload] == [False, True, False, True], offload
+    assert [r["moved"]["inputs_rebuilt"] > 0 for r in offload] == [False, False, True, True], offload
     for name in ("memory", "speed"):
         assert all(r["status"] == "ok" for r in parts[name]["rows"]), parts[name]["rows"]
     assert len(parts["memory"]["rows"]) == 3 * 4
+    # after the warm-up step nothing compiles again, at any length (dynamic shapes)
+    assert all(r["compiled"] == "0+0" for r in parts["memory"]["rows"]), parts["memory"]["rows"]
+    plan = parts["plan"]["rows"]
+    steps = [r for r in plan if r.get("quantity") == "step peak rise GiB"]
+    assert {(r["method"], r["seq"]) for r in steps} == {(m, t) for m in ("streamfx", "ckpt") for t in (32, 64, 96, 128)}
+    assert all(r["predicted"] > 0 for r in steps), steps
+    assert {r["method"] for r in plan if r.get("quantity") == "longest T"} == {"streamfx", "ckpt"}, plan
     for r in parts["max_len"]["rows"]:
         assert r["status"] == "ok" and r["max_len"] >= 128 and r["compiles"] == 0, r
     md = (out / "gpu.md").read_text()

@@ -32,8 +32,9 @@ class Part:
 
 
 PLAN = (
-    Part("kernels", 75, "per SDPA kernel form (flash, efficient, cuDNN) and dtype (bf16, fp32), small model: "
-                        "streamed or not, gradient error against eager with the same kernel"),
+    Part("kernels", 75, "per SDPA kernel form (flash, efficient, cuDNN) and dtype (bf16, fp32), small models "
+                        "(Hugging Face Qwen3 with grouped K/V heads; a plain causal transformer): streamed or not, "
+                        "gradient error against eager with the same kernel"),
     Part("offload", 40, "small model, fp32: layer inputs on the device, offloaded, rebuilt from every 2nd, both: "
                         "gradient error against eager, the step's peak rise and time"),
     Part("memory", 210, "Qwen3-8B shape, bf16, BP only: peak allocated / reserved memory per method at 4 lengths"),
@@ -212,13 +213,14 @@ def _meta(ns) -> dict:
 
 # ---------------------------------------------------------------- report
 COLUMNS = {
-    "kernels": [("kernel", "kernel"), ("dtype", "dtype"), ("status", "status"), ("streamed", "streamed"),
+    "kernels": [("model", "model"), ("kernel", "kernel"), ("dtype", "dtype"), ("status", "status"), ("streamed", "streamed"),
                 ("grad_error", "grad error vs eager"), ("eager_rounding", "eager vs fp32 math"), ("reason", "note")],
     "offload": [("variant", "layer inputs"), ("seq", "T"), ("status", "status"), ("streamed", "streamed"),
                 ("grad_error", "grad error vs eager"), ("rise", "peak rise GiB"), ("seconds", "step s"),
                 ("moved", "inputs offloaded / dropped / rebuilt / loaded"), ("reason", "note")],
     "memory": [("method", "method"), ("seq", "T"), ("status", "status"), ("allocated", "peak allocated GiB"),
                ("before", "allocated before GiB"), ("reserved", "peak reserved GiB"), ("seconds", "step s"),
+               ("compiled", "graphs compiled (Dynamo+chunk)"), ("chunks", "chunk calls / region calls"),
                ("reason", "note")],
     "plan": [("quantity", "quantity"), ("method", "method"), ("seq", "T"), ("chunks", "chunks (layer head)"),
              ("predicted", "predicted"), ("measured", "measured"), ("ratio", "predicted / measured"),
@@ -227,7 +229,9 @@ COLUMNS = {
                 ("first_failure", "first T that does not"), ("compiles", "compiles while probing"),
                 ("probes", "probes"), ("reason", "note")],
     "speed": [("method", "method"), ("seq", "T"), ("status", "status"), ("seconds", "median step s"),
-              ("first_seconds", "first step s (compile)"), ("reserved", "peak reserved GiB"), ("reason", "note")],
+              ("first_seconds", "first step s (compile)"), ("reserved", "peak reserved GiB"),
+              ("compiled", "graphs compiled (Dynamo+chunk)"), ("chunks", "chunk calls / region calls"),
+              ("reason", "note")],
 }
 
 

@@ -51,6 +51,59 @@ class Setup:
         return self.deadline - time.monotonic()
 
 
+# ---------------------------------------------------------------- a plain causal transformer
+def plain_model(preset, device: str):
+    """A nanoGPT-style causal LM of the preset's sizes with as many K/V heads as query heads,
+    calling ``F.scaled_dot_product_attention(q, k, v, is_causal=True)`` with no mask: how plain
+    PyTorch models (and Hugging Face's eager calls) reach the fused kernels. Hugging Face models
+    under torch.compile hand SDPA a boolean mask instead, which flash cannot take."""
+    import collections
+
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    Out = collections.namedtuple("Out", "loss")
+    d, heads, hd = preset.hidden_size, preset.num_attention_heads, preset.head_dim
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2 = nn.RMSNorm(d), nn.RMSNorm(d)
+            self.qkv, self.o = nn.Linear(d, 3 * heads * hd, bias=False), nn.Linear(heads * hd, d, bias=False)
+            self.up, self.down = nn.Linear(d, preset.intermediate_size, bias=False), \
+                nn.Linear(preset.intermediate_size, d, bias=False)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v = self.qkv(self.n1(x)).view(B, T, 3, heads, hd).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.o(a.transpose(1, 2).reshape(B, T, heads * hd))
+            return x + self.down(F.gelu(self.up(self.n2(x))))
+
+    class PlainLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(preset.vocab_size, d)
+            self.blocks = nn.ModuleList(Block() for _ in range(preset.num_hidden_layers))
+            self.norm, self.head = nn.RMSNorm(d), nn.Linear(d, preset.vocab_size, bias=False)
+
+        def forward(self, input_ids, labels, use_cache=False):
+            x = self.embed(input_ids)
+            for b in self.blocks:
+                x = b(x)
+            logits = self.head(self.norm(x)).float()
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1),
+                                   ignore_index=presets_mod.IGNORE_INDEX)
+            return Out(loss)
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = PlainLM()
+    presets_mod.init_weights(model, 0)
+    return model.train()
+
+
 # ---------------------------------------------------------------- memory and steps
 class Peak:
     """Peak memory of a block: the CUDA allocator's allocated and reserved peaks; on CPU the
@@ -142,10 +195,16 @@ def _sync(device):
 
 def measured_step(step, preset, seq: int, setup: Setup) -> dict:
     """One step at ``seq`` tokens: its peaks and seconds, or status "oom" / "error" and why."""
+    from streamfx.chunks import COUNTERS as CHUNK_COUNTERS
+    from streamfx.runtime import COUNTERS
+
     ids, labels = presets_mod.make_batch(preset, seq, setup.device)
     row = {"seq": seq}
+    before = (_compiles(), CHUNK_COUNTERS["chunk_compiles"], COUNTERS["chunks_forward"], COUNTERS["region_forward"])
+    caught = []
     try:
-        with Peak(setup.device) as peak:
+        with Peak(setup.device) as peak, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             if setup.device == "cuda":
                 import torch
 
@@ -157,6 +216,13 @@ def measured_step(step, preset, seq: int, setup: Setup) -> dict:
         row.update(status="ok", allocated=peak.allocated, reserved=peak.reserved)
     except Exception as exc:  # noqa: BLE001 - reported in the table
         row.update(status="oom" if is_oom(exc) else "error", reason=describe_exception(exc))
+    # what the step did: graphs compiled (Dynamo's and streamfx's chunk graphs), regions run, of
+    # them chunk by chunk, and the first streamfx warning
+    row["compiled"] = f"{_compiles() - before[0]}+{CHUNK_COUNTERS['chunk_compiles'] - before[1]}"
+    row["chunks"] = f"{COUNTERS['chunks_forward'] - before[2]}/{COUNTERS['region_forward'] - before[3]}"
+    notes = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    if notes and "reason" not in row:
+        row["reason"] = notes[0][:300]
     _free(setup.device)
     return row
 
@@ -177,30 +243,39 @@ def kernels(setup: Setup) -> list[dict]:
 
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                 "cudnn": SDPBackend.CUDNN_ATTENTION}
-    preset, base = build(setup.kernel_preset, "float32", setup.device, setup.kernel_seq)
+    preset, hf = build(setup.kernel_preset, "float32", setup.device, setup.kernel_seq)
     ids, labels = presets_mod.make_batch(preset, setup.kernel_seq, setup.device)
-    with sdpa_kernel(SDPBackend.MATH):
-        exact = _grads(base, ids, labels)
     rows = []
-    for dtype in ("bfloat16", "float32"):
-        for name in KERNELS:
-            row = {"kernel": name, "dtype": dtype}
-            rows.append(row)
-            if setup.left() <= 0:
-                row.update(status="skipped", reason="time budget spent")
-                continue
-            model = copy.deepcopy(base).to(presets_mod.torch_dtype(dtype))
-            try:
-                with sdpa_kernel(backends[name]):
+    for form, base in (("hf", hf), ("plain", plain_model(preset, setup.device))):
+        with sdpa_kernel(SDPBackend.MATH):
+            exact = _grads(base, ids, labels)
+        for dtype in ("bfloat16", "float32"):
+            for name in KERNELS:
+                row = {"model": form, "kernel": name, "dtype": dtype}
+                rows.append(row)
+                if setup.left() <= 0:
+                    row.update(status="skipped", reason="time budget spent")
+                    continue
+                model = copy.deepcopy(base).to(presets_mod.torch_dtype(dtype))
+                note = ""
+                try:
+                    with sdpa_kernel(backends[name]):
+                        ref = _grads(model, ids, labels)
+                except Exception as exc:  # noqa: BLE001 - eager cannot run this kernel on these inputs
+                    note = f"eager on the default kernels (eager on {name}: {describe_exception(exc)[:120]}); "
                     ref = _grads(model, ids, labels)
-                    row.update(_streamed_grads(model, ids, labels, setup))
-            except Exception as exc:  # noqa: BLE001 - a kernel this device or dtype lacks
-                row.update(status="unavailable", reason=describe_exception(exc))
-                continue
-            row["grad_error"] = compare_grads(row.pop("grads"), ref)[0]
-            row["eager_rounding"] = compare_grads(ref, exact)[0]
-            torch._dynamo.reset()
-    del base
+                try:
+                    with sdpa_kernel(backends[name]):
+                        row.update(_streamed_grads(model, ids, labels, setup))
+                except Exception as exc:  # noqa: BLE001 - a kernel this device or dtype lacks
+                    row.update(status="unavailable", reason=note + describe_exception(exc))
+                    torch._dynamo.reset()
+                    continue
+                row["reason"] = note + row.get("reason", "")
+                row["grad_error"] = compare_grads(row.pop("grads"), ref)[0]
+                row["eager_rounding"] = compare_grads(ref, exact)[0]
+                torch._dynamo.reset()
+        del base
     _free(setup.device)
     return rows
 
@@ -222,12 +297,12 @@ def _streamed_grads(model, ids, labels, setup: Setup) -> dict:
 
     model = copy.deepcopy(model)
     compiled = torch.compile(model, backend=_streambp_backend(), options={**setup.streamfx_options, "codegen": "eager"})
-    before = COUNTERS["region_forward"]
+    before = COUNTERS["chunks_forward"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled(input_ids=ids, labels=labels, use_cache=False).loss.backward()
     notes = [str(w.message) for w in caught if "streamfx" in str(w.message)]
-    streamed = COUNTERS["region_forward"] > before and not notes
+    streamed = COUNTERS["chunks_forward"] > before and not notes
     return {"status": "ok", "streamed": streamed, "reason": notes[0][:200] if notes else "",
             "grads": {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}}
 
