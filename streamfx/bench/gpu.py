@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true", help="tiny shapes: the same code paths in a minute or two")
     p.add_argument("--parts", default=",".join(x.name for x in PLAN),
                    help=f"comma list, run in the plan's order (default: all of {', '.join(x.name for x in PLAN)})")
+    p.add_argument("--methods", default=",".join(parts.METHODS),
+                   help=f"comma list of the methods the memory, max_len and speed parts run (default: all of "
+                        f"{', '.join(parts.METHODS)})")
     p.add_argument("--deadline", type=float, default=570.0, help="seconds for the whole command (default 570)")
     p.add_argument("--mem-cap-gb", type=float, default=None,
                    help="memory cap of the longest-length search in GiB (default: the device's memory)")
@@ -78,11 +81,14 @@ def main(argv=None) -> int:
     unknown = set(chosen) - {x.name for x in PLAN}
     if unknown:
         build_parser().error(f"unknown part(s) {sorted(unknown)}; known: {[x.name for x in PLAN]}")
+    methods = tuple(m for m in ns.methods.split(",") if m)
+    if not methods or set(methods) - set(parts.METHODS):
+        build_parser().error(f"--methods: a comma list of {', '.join(parts.METHODS)}, got {ns.methods!r}")
     import torch
 
     if ns.device == "cuda" and not torch.cuda.is_available():
         build_parser().error("--device cuda but torch.cuda.is_available() is False (use --device cpu --tiny)")
-    start, setup, state = time.monotonic(), setup_for(ns), {}
+    start, setup, state = time.monotonic(), dataclasses.replace(setup_for(ns), methods=methods), {}
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {"meta": {**_meta(ns), "memory_preset": setup.memory_preset, "speed_preset": setup.speed_preset},

@@ -43,6 +43,7 @@ class Setup:
     mem_cap_bytes: int | None   # None: the device's memory
     streamfx_options: dict
     compile_backend: str        # the checkpointing row's torch.compile backend ("inductor"; tiny: "aot_eager")
+    methods: tuple = METHODS    # the methods the memory, max_len and speed parts run
     offload_seq: int = 4096     # the offload part's length (the kernel preset)
     offload_chunk: int = 512
     deadline: float = float("inf")
@@ -376,7 +377,7 @@ def memory(setup: Setup, state: dict) -> list[dict]:
     models = per_method(model)
     state.update(preset=preset, model=model, steps={}, fits={}, longest={})
     rows = []
-    for method in METHODS:
+    for method in setup.methods:
         step = state["steps"][method] = stepper(method, models[method], setup)
         warm = False
         for seq in setup.memory_seqs:
@@ -412,7 +413,7 @@ def max_len(setup: Setup, state: dict) -> list[dict]:
 
     cap = setup.mem_cap_bytes or (torch.cuda.mem_get_info()[1] if setup.device == "cuda" else None)
     rows = []
-    for method in METHODS:
+    for method in setup.methods:
         step, fit = state.get("steps", {}).get(method), state.get("fits", {}).get(method)
         row = {"method": method, "cap": cap}
         rows.append(row)
@@ -459,7 +460,7 @@ def speed(setup: Setup) -> list[dict]:
     per method, after a step that compiles; its peak memory too."""
     preset, model = build(setup.speed_preset, "bfloat16", setup.device, setup.speed_seq)
     models, rows = per_method(model), []
-    for method in METHODS:
+    for method in setup.methods:
         if setup.left() <= 0:
             rows.append({"method": method, "status": "skipped", "reason": "time budget spent"})
             continue
