@@ -162,16 +162,26 @@ class StepModel:
         counted from its nearer end: ("first", i) or ("last", i)). A step outside every layer (the
         embedding, the head, nodes no module claims) belongs to the last layer reached before it;
         a backward step to the layer whose forward it differentiates."""
-        raw = []
+        def index(path):
+            m = _LAYER_INDEX.search(path or "")
+            return int(m.group(1)) if m else None
+
+        raw, regions, previous = [], {}, -1
         for i, (n, _, _) in enumerate(self.live.steps):
             if i in self.region_steps:
-                path = self.region_steps[i][0].module
+                # a layer region is the layer its module path names, else the one after the layer
+                # region before it (a region's module is where most of its nodes come from: for
+                # the last layer, with the final norm, that can be the model itself)
+                work, phase = self.region_steps[i]
+                if work.kind == "layer" and phase == "forward" and n.args[0] not in regions:
+                    regions[n.args[0]] = index(work.module) if index(work.module) is not None else previous + 1
+                li = regions.get(n.args[0]) if work.kind == "layer" else None
+                previous = li if li is not None and phase == "forward" else previous
             elif i < self.forward_steps:
-                path = memory.module_path(n)
+                li = index(memory.module_path(n))
             else:   # (a forward node recomputed in the backward names its layer, not the backward's place)
-                path = memory.module_path(n, "fwd_nn_module_stack")
-            m = _LAYER_INDEX.search(path or "")
-            raw.append(int(m.group(1)) if m else None)
+                li = index(memory.module_path(n, "fwd_nn_module_stack"))
+            raw.append(li)
         layers = 1 + max((x for x in raw if x is not None), default=-1)
         out, last = [], None
         for i, li in enumerate(raw):
