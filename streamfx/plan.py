@@ -208,11 +208,8 @@ class Extrapolated:
         return c, h
 
     def step_peak(self, T: int, method: str = "streamfx", budget=None) -> int:
-        if method == "streamfx" and budget is not None:
-            c, h = self.chunks(T, budget)
-            return self._peak(self.r2.model, self.r3.model, T, c, h)
         if method == "streamfx":
-            c, h = self.r3.chunks(T)
+            c, h = self.chunks(T, budget) if budget is not None else self.r3.chunks(T)
             return self._peak(self.r2.model, self.r3.model, T, c, h)
         return self._peak(self.r2.baselines[method], self.r3.baselines[method], T)
 

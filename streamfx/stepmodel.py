@@ -132,28 +132,28 @@ class StepModel:
     def subs(self, T: int) -> dict:
         return {**self.fixed, **{s: T for s in self.seq}}
 
-    def profile(self, T: int) -> tuple[int, list]:
-        """(peak of the steps outside regions, [(bytes live while region step i runs, work, phase)])."""
-        cache = self.__dict__.setdefault("_profiles", {})
+    def timeline(self, T: int) -> list:
+        """Bytes live at each step (``live.steps``) at length T, regions' working sets left out."""
+        cache = self.__dict__.setdefault("_timelines", {})
         if T not in cache:
-            cache[T] = self._profile(T)
+            subs = self.subs(T)
+            current, alive, out = 0, {}, []
+            for n, born, dies in self.live.steps:
+                for x, b in born:
+                    b = memory.rounded(evaluate(b, subs), self.device)
+                    alive[x] = alive.get(x, 0) + b
+                    current += b
+                out.append(current)
+                for d in dies:
+                    current -= alive.pop(d, 0)
+            cache[T] = out
         return cache[T]
 
-    def _profile(self, T: int) -> tuple[int, list]:
-        subs = self.subs(T)
-        current, alive, outside, inside = 0, {}, 0, []
-        for i, (n, born, dies) in enumerate(self.live.steps):
-            for x, b in born:
-                b = memory.rounded(evaluate(b, subs), self.device)
-                alive[x] = alive.get(x, 0) + b
-                current += b
-            if i in self.region_steps:
-                inside.append((current, *self.region_steps[i]))
-            else:
-                outside = max(outside, current)
-            for d in dies:
-                current -= alive.pop(d, 0)
-        return outside, inside
+    def profile(self, T: int) -> tuple[int, list]:
+        """(peak of the steps outside regions, [(bytes live while region step i runs, work, phase)])."""
+        live = self.timeline(T)
+        outside = max((b for i, b in enumerate(live) if i not in self.region_steps), default=0)
+        return outside, [(live[i], *self.region_steps[i]) for i in sorted(self.region_steps)]
 
     @functools.cached_property
     def positions(self) -> list:
@@ -196,23 +196,14 @@ class StepModel:
 
     def keyed_profile(self, T: int) -> dict:
         """``profile`` per place (``positions``): {place: (peak outside regions, [(bytes, work, phase)])}."""
-        cache = self.__dict__.setdefault("_keyed", {})
-        if T not in cache:
-            subs, current, alive, out = self.subs(T), 0, {}, {}
-            for i, (n, born, dies) in enumerate(self.live.steps):
-                for x, b in born:
-                    b = memory.rounded(evaluate(b, subs), self.device)
-                    alive[x] = alive.get(x, 0) + b
-                    current += b
-                outside, inside = out.setdefault(self.positions[i], [0, []])
-                if i in self.region_steps:
-                    inside.append((current, *self.region_steps[i]))
-                else:
-                    out[self.positions[i]][0] = max(outside, current)
-                for d in dies:
-                    current -= alive.pop(d, 0)
-            cache[T] = {k: (o, ins) for k, (o, ins) in out.items()}
-        return cache[T]
+        out = {}
+        for i, (b, place) in enumerate(zip(self.timeline(T), self.positions)):
+            entry = out.setdefault(place, [0, []])
+            if i in self.region_steps:
+                entry[1].append((b, *self.region_steps[i]))
+            else:
+                entry[0] = max(entry[0], b)
+        return {k: tuple(v) for k, v in out.items()}
 
     def keyed_peaks(self, T: int, layer_chunk: int | None = None, head_chunk: int | None = None) -> dict:
         """{place: the step's peak there} (``peak`` is their maximum). Linear in the number of

@@ -134,7 +134,6 @@ class Planner:
             self.budget = setup.mem_cap_bytes
         self.path, self.result = out / "plan.json", None
         self.path.unlink(missing_ok=True)
-        self.began = time.monotonic()
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS=os.environ.get("STREAMFX_PLAN_THREADS", "4"))
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(

@@ -221,11 +221,16 @@ def measured_step(step, preset, seq: int, setup: Setup) -> dict:
     # them chunk by chunk, and the first streamfx warning
     row["compiled"] = f"{_compiles() - before[0]}+{CHUNK_COUNTERS['chunk_compiles'] - before[1]}"
     row["chunks"] = f"{COUNTERS['chunks_forward'] - before[2]}/{COUNTERS['region_forward'] - before[3]}"
-    notes = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    notes = _streamfx_notes(caught)
     if notes and "reason" not in row:
         row["reason"] = notes[0][:300]
     _free(setup.device)
     return row
+
+
+def _streamfx_notes(caught) -> list[str]:
+    """The streamfx warnings among warnings caught with ``warnings.catch_warnings(record=True)``."""
+    return [str(w.message) for w in caught if "streamfx" in str(w.message)]
 
 
 def _compiles() -> int:
@@ -302,7 +307,7 @@ def _streamed_grads(model, ids, labels, setup: Setup) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled(input_ids=ids, labels=labels, use_cache=False).loss.backward()
-    notes = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    notes = _streamfx_notes(caught)
     streamed = COUNTERS["chunks_forward"] > before and not notes
     return {"status": "ok", "streamed": streamed, "reason": notes[0][:200] if notes else "",
             "grads": {n: p.grad.detach().float().cpu() for n, p in model.named_parameters() if p.grad is not None}}
@@ -347,7 +352,7 @@ def offload(setup: Setup) -> list[dict]:
                 step(ids, labels)  # compiles
                 before = dict(COUNTERS)
                 row.update(measured_step(step, preset, setup.offload_seq, setup))
-            notes = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+            notes = _streamfx_notes(caught)
             row["streamed"] = COUNTERS["region_forward"] > before.get("region_forward", 0) and not notes
             row["moved"] = {k: COUNTERS[k] - before.get(k, 0) for k in ("inputs_offloaded", "inputs_dropped",
                                                                           "inputs_rebuilt", "inputs_loaded")}
