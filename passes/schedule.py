@@ -37,8 +37,9 @@ def chunk_size(kind: str, T: int, fixed: int | None, policy=None) -> int:
     """Tokens per chunk of a region of ``kind`` ("layer" or "head") at length T: the fixed size
     (the user's, or the plan's automatic head chunk) unless a memory budget ``policy`` sizes
     automatic chunks (``membudget.BudgetPolicy``), else the automatic layer rule."""
-    if policy is not None:
-        return min(policy.chunk(kind, T), T)
+    c = policy.chunk(kind, T) if policy is not None else None
+    if c is not None:
+        return min(c, T)
     return min(fixed or auto_chunk(T), T)
 
 

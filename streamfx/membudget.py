@@ -16,6 +16,7 @@ import torch
 
 from . import memory
 from .errors import StreamBPError
+from .failures import is_device_error
 from .passes.schedule import auto_chunk, chunk_candidates, largest_fitting
 from .stepmodel import RegionWork, StepModel
 
@@ -284,6 +285,7 @@ class BudgetPolicy:
     def __init__(self, model: StepModel, config, device: str, held_fn):
         self.model, self.config, self.device, self.held_fn = model, config, device, held_fn
         self.cache: dict = {}
+        self.failed: str | None = None   # why the memory model failed at run time (fixed rules since)
 
     def budget(self) -> int:
         if self.config.memory_budget is not None:
@@ -291,10 +293,13 @@ class BudgetPolicy:
         free, _ = torch.cuda.mem_get_info(torch.device(self.device))
         return free + torch.cuda.memory_allocated(torch.device(self.device))
 
-    def sizes(self, T: int) -> tuple[int, int]:
+    def sizes(self, T: int) -> tuple[int, int] | None:
+        """(layer, head) chunk sizes at T; None where the memory model failed (the fixed rules then)."""
+        if self.failed is not None:
+            return None
         if T not in self.cache:
-            budget, held = self.budget(), self.held_fn(T)
             try:
+                budget, held = self.budget(), self.held_fn(T)
                 self.cache[T] = choose(self.model, T, budget - held, self.config.chunk_size, self.config.head_chunk_size)
             except NoFit as e:
                 fits = lambda t: _fits_any(self.model, t, budget - held)  # noqa: E731
@@ -303,11 +308,28 @@ class BudgetPolicy:
                     f"({gib(held)} held before the step + {gib(e.need)} for the step, at the smallest chunks), over "
                     f"the memory budget of {gib(budget)}; the longest sequence that fits is {longest(fits, T)} tokens"
                 ) from None
+            except StreamBPError:
+                raise
+            except Exception as e:
+                if is_device_error(e):
+                    raise
+                cause = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                if self.config.memory_budget is not None:
+                    raise StreamBPError(f"streamfx: memory_budget is set but the step's memory could not be "
+                                        f"modelled at sequence length {T} ({cause})") from e
+                import warnings
+
+                self.failed = cause
+                warnings.warn(f"streamfx: chunk sizes follow the fixed rules: the step's memory could not be "
+                              f"modelled at sequence length {T} ({cause})")
+                return None
         return self.cache[T]
 
-    def chunk(self, kind: str, T: int) -> int:
-        layer, head = self.sizes(T)
-        return layer if kind == "layer" else head
+    def chunk(self, kind: str, T: int) -> int | None:
+        sizes = self.sizes(T)
+        if sizes is None:
+            return None
+        return sizes[0] if kind == "layer" else sizes[1]
 
 
 def _fits_any(model, T, available) -> bool:

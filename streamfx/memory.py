@@ -188,8 +188,12 @@ def _trace_curve(graph, grads, train) -> ChunkCurve:
     from .chunks import fake_inputs
 
     grads = tuple(i for i in grads if graph.slots[i].dtype.is_floating_point) if train else ()
-    mode, fakes = fake_inputs(graph.slots, graph.sizes, grads)
-    gm = graph.gm
+    # Traced on the CPU whatever the graph's device: sizes do not depend on it, and the autograd
+    # engine runs a CUDA backward on its device thread, where the trace's Python dispatch state is
+    # not set (torch 2.11: "tls_on_entry.has_value() INTERNAL ASSERT FAILED" from the step).
+    slots = [dataclasses.replace(s, device="cpu") for s in graph.slots]
+    mode, fakes = fake_inputs(slots, graph.sizes, grads)
+    gm = on_cpu(graph.gm)
 
     def run(*args):
         if not train:
@@ -219,6 +223,33 @@ def _trace_curve(graph, grads, train) -> ChunkCurve:
     # (the tangents the trace makes stand for rows of the output gradient: views, not counted)
     tangents = {n for n in traced.graph.nodes if n.target is torch.ops.aten.empty_like.default}
     return ChunkCurve(Live.of(traced.graph, held=frozenset(tangents)), q, k, fixed)
+
+
+def on_cpu(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` with every device it names (factory and copy arguments, tensor constants) the CPU;
+    ``gm`` itself when it names none but the CPU."""
+    def cpu(a):
+        if isinstance(a, torch.device) and a.type != "cpu":
+            return torch.device("cpu")
+        if isinstance(a, (list, tuple)):
+            return type(a)(cpu(x) for x in a)
+        if isinstance(a, dict):
+            return {k: cpu(v) for k, v in a.items()}
+        return a
+
+    consts = {n.target: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+    moved = {k: v.cpu() for k, v in consts.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"}
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"
+             and (cpu(n.args) != n.args or cpu(dict(n.kwargs)) != dict(n.kwargs))]
+    if not nodes and not moved:
+        return gm
+    g = fx.Graph()
+    out = g.graph_copy(gm.graph, {})
+    g.output(out)
+    for n in g.nodes:
+        if n.op == "call_function":
+            n.args, n.kwargs = cpu(n.args), cpu(dict(n.kwargs))
+    return fx.GraphModule({k: moved.get(k, v) for k, v in consts.items()}, g)
 
 
 def peak_of(live: Live, subs: dict, extra=None) -> tuple[int, int, dict]:

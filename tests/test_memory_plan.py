@@ -290,3 +290,123 @@ def test_cli_extrapolates_each_place_of_the_step_where_the_peak_moves_with_depth
     budget = 96 << 20
     for method in ("streamfx", "activation checkpointing"):
         assert deep.max_length(budget, method) == pytest.approx(r5.max_length(budget, method), rel=0.05)
+
+
+# ---- a graph on the GPU ----------------------------------------------------------------------------
+_CUDA_CURVES = r"""
+import dataclasses, sys
+import torch
+sys.path.insert(0, sys.argv[1])
+import zoo
+from conftest import run_eager_and_compiled
+from streamfx import memory
+from streamfx.chunks import ChunkGraph
+
+def cuda(a):
+    if isinstance(a, torch.device):
+        return torch.device("cuda", 0)
+    if isinstance(a, (list, tuple)):
+        return type(a)(cuda(x) for x in a)
+    if isinstance(a, dict):
+        return {k: cuda(v) for k, v in a.items()}
+    return a
+
+model, make_inputs = zoo.qwen3("sdpa")
+run = run_eager_and_compiled(model, make_inputs("left_pad"))
+assert not run.warnings, run.warnings
+graphs = 0
+for prog in run.programs:
+    kv = getattr(prog, "kv", None)   # (the gradients each graph is differentiated for: as StepModel asks)
+    q_grads = list(prog.grad_inputs) + (list(range(len(prog.in_specs), len(prog.chunk.slots))) if kv else [])
+    for graph, wrt in ((prog.chunk, q_grads), (kv, list(prog.grad_inputs))):
+        if graph is None:
+            continue
+        gm = torch.fx.GraphModule(graph.gm, torch.fx.Graph())
+        gm.graph.output(gm.graph.graph_copy(graph.gm.graph, {}))
+        for n in gm.graph.nodes:
+            if n.op == "call_function":
+                n.args, n.kwargs = cuda(n.args), cuda(dict(n.kwargs))
+        gm.recompile()
+        on_gpu = ChunkGraph(graph.name, gm, tuple(dataclasses.replace(s, device="cuda") for s in graph.slots),
+                            graph.sizes)
+        for train in (False, True):
+            grads = tuple(wrt) if train else ()
+            here, there = memory._trace_curve(graph, grads, train), memory._trace_curve(on_gpu, grads, train)
+            for q in (8, 24, 40):
+                assert here._peak(q, None) == there._peak(q, None), (graph.name, train, q)
+        graphs += 1
+assert graphs >= 2, graphs
+print("same curves", graphs)
+"""
+
+
+def test_memory_curves_of_a_cuda_graph_are_traced_without_the_device(tmp_path):
+    """The chunk graphs of a GPU compile name the CUDA device (their inputs, factory arguments).
+    Their memory curves are traced on the CPU: the same sizes, and the autograd engine never runs a
+    CUDA backward inside the trace (on a GPU it runs it on its device thread, where the trace's
+    dispatch state is not set: torch 2.11 failed the step with an internal assert; on a machine
+    without CUDA the engine aborts the process). Run in a process of its own for that reason."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "cuda_curves.py"
+    script.write_text(_CUDA_CURVES)
+    got = subprocess.run([sys.executable, str(script), str(Path(__file__).parent)], capture_output=True,
+                         text=True, timeout=600)
+    assert got.returncode == 0 and "same curves" in got.stdout, (got.stdout[-2000:], got.stderr[-4000:])
+
+
+def test_a_graph_is_moved_to_the_cpu_with_the_devices_it_names():
+    from streamfx import memory
+
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    r = g.call_function(torch.ops.aten.arange.default, (4,), {"device": torch.device("cuda", 0),
+                                                              "dtype": torch.float32})
+    g.output(g.call_function(torch.ops.aten.add.Tensor, (x, r)))
+    gm = torch.fx.GraphModule({}, g)
+    moved = memory.on_cpu(gm)
+    assert moved is not gm and "cuda" not in moved.code
+    torch.testing.assert_close(moved(torch.ones(4)), torch.arange(4.0) + 1)
+    assert memory.on_cpu(moved) is moved   # (nothing to move: the graph itself)
+
+
+class _BrokenModel:
+    """A step's memory model that fails when asked (as tracing a chunk graph can at run time)."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def profile(self, T):
+        raise self.error
+
+
+def test_a_memory_model_failing_at_run_time_leaves_the_fixed_chunk_rules_with_one_warning():
+    from streamfx.config import StreamConfig
+    from streamfx.passes.schedule import auto_chunk, chunk_size
+
+    policy = membudget.BudgetPolicy(_BrokenModel(RuntimeError("no trace")), StreamConfig(), "cuda", lambda T: 0)
+    policy.budget = lambda: 1 << 40
+    with pytest.warns(UserWarning, match=r"fixed rules.*sequence length 4096 \(RuntimeError: no trace\)"):
+        assert chunk_size("layer", 4096, None, policy) == auto_chunk(4096)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # (once: the next lengths follow the rules without a word)
+        assert chunk_size("head", 8192, 256, policy) == 256
+
+
+def test_a_memory_model_failing_under_a_budget_raises_and_device_errors_pass_through():
+    from streamfx.config import StreamConfig
+
+    policy = membudget.BudgetPolicy(_BrokenModel(RuntimeError("no trace")), StreamConfig(memory_budget="1GiB"),
+                                    "cpu", lambda T: 0)
+    with pytest.raises(streamfx.StreamBPError, match="memory_budget is set.*RuntimeError: no trace"):
+        policy.chunk("layer", 1024)
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    policy = membudget.BudgetPolicy(_BrokenModel(oom), StreamConfig(), "cuda", lambda T: 0)
+    policy.budget = lambda: 1 << 40
+    with pytest.raises(torch.OutOfMemoryError) as got:
+        policy.chunk("layer", 1024)
+    assert got.value is oom

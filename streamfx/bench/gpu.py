@@ -225,7 +225,7 @@ COLUMNS = {
                 ("moved", "inputs offloaded / dropped / rebuilt / loaded"), ("reason", "note")],
     "memory": [("method", "method"), ("seq", "T"), ("status", "status"), ("allocated", "peak allocated GiB"),
                ("before", "allocated before GiB"), ("reserved", "peak reserved GiB"), ("seconds", "step s"),
-               ("compiled", "graphs compiled (Dynamo+chunk)"), ("chunks", "chunk calls / region calls"),
+               ("first_seconds", "first step s (compile)"), ("compiled", "graphs compiled (Dynamo+chunk)"), ("chunks", "chunk calls / region calls"),
                ("reason", "note")],
     "plan": [("quantity", "quantity"), ("method", "method"), ("seq", "T"), ("chunks", "chunks (layer head)"),
              ("predicted", "predicted"), ("measured", "measured"), ("ratio", "predicted / measured"),

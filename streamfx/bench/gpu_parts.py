@@ -178,6 +178,7 @@ def stepper(method: str, model, setup: Setup):
         loss.backward()
         return loss.detach()
 
+    step.clear = lambda: model.zero_grad(set_to_none=True)   # (the last step's gradients freed)
     return step
 
 
@@ -203,6 +204,8 @@ def measured_step(step, preset, seq: int, setup: Setup) -> dict:
     row = {"seq": seq}
     before = (_compiles(), CHUNK_COUNTERS["chunk_compiles"], COUNTERS["chunks_forward"], COUNTERS["region_forward"])
     caught = []
+    if hasattr(step, "clear"):   # (memory held before the step: the weights, not the last step's gradients)
+        step.clear()
     try:
         with Peak(setup.device) as peak, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -273,8 +276,9 @@ def kernels(setup: Setup) -> list[dict]:
                 try:
                     with sdpa_kernel(backends[name]):
                         row.update(_streamed_grads(model, ids, labels, setup))
-                except Exception as exc:  # noqa: BLE001 - a kernel this device or dtype lacks
-                    row.update(status="unavailable", reason=note + describe_exception(exc))
+                except Exception as exc:  # noqa: BLE001 - a kernel this device or dtype lacks, or a failure
+                    # (unavailable: eager could not run the kernel either; else streamfx's error)
+                    row.update(status="unavailable" if note else "error", reason=note + describe_exception(exc))
                     torch._dynamo.reset()
                     continue
                 row["reason"] = note + row.get("reason", "")
@@ -389,10 +393,16 @@ def memory(setup: Setup, state: dict) -> list[dict]:
             if setup.left() <= 0:
                 rows.append({"method": method, "seq": seq, "status": "skipped", "reason": "time budget spent"})
                 continue
+            first = None
             if not warm:
-                measured_step(step, preset, seq, setup)  # compiles
+                first = measured_step(step, preset, seq, setup)  # compiles
                 warm = True
-            rows.append({"method": method, **measured_step(step, preset, seq, setup)})
+            row = {"method": method, **measured_step(step, preset, seq, setup)}
+            if first is not None:
+                row["first_seconds"] = first.get("seconds")
+                if first["status"] != "ok":   # (a step that fails once must not pass unseen)
+                    row["reason"] = f"first step {first['status']}: {first.get('reason')}; " + (row.get("reason") or "")
+            rows.append(row)
         ok = [(r["seq"], r["reserved"]) for r in rows if r["method"] == method and r["status"] == "ok"]
         state["fits"][method], state["longest"][method] = _linear_fit(ok), max((s for s, _ in ok), default=0)
     return rows
