@@ -292,7 +292,7 @@ class RegionProgram:
             elif spec.kind == "prefix":
                 acc[i].narrow(spec.dim, lo, ke - lo).add_(g)
             else:
-                acc[i] = _sum_into(acc[i], g, given)
+                acc[i] = _sum_into(acc[i], g, given, late=True)
 
 
 def _dense_zeros(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -300,14 +300,18 @@ def _dense_zeros(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Ten
     return torch.zeros(x.shape, dtype=dtype or x.dtype, device=x.device)
 
 
-def _sum_into(buf, g: torch.Tensor, given=()) -> torch.Tensor:
-    """``buf + g`` in ``buf`` (a gradient accumulated over chunks); with no ``buf`` yet, ``g``
-    itself when it is a dense tensor of its own in the accumulation dtype (not sharing memory
-    with one of the ``given`` output gradients, which autograd may hand back as they are), else
-    a copy."""
+def _sum_into(buf, g: torch.Tensor, given=(), late: bool = False) -> torch.Tensor:
+    """``buf + g`` in ``buf`` (a gradient accumulated over chunks, in fp32 for 16-bit gradients);
+    with no ``buf`` yet, ``g`` itself when it is a dense tensor of its own in the accumulation
+    dtype (not sharing memory with one of the ``given`` output gradients, which autograd may hand
+    back as they are), else a copy. ``late``: the first gradient is kept in its own dtype and
+    promoted when a second one comes (a gradient with one contribution, a region run as one
+    chunk, makes no fp32 round trip: the same values, no fp32 copy of every weight)."""
     if buf is not None:
+        if buf.dtype != _acc_dtype(buf):
+            buf = buf.to(_acc_dtype(buf))
         return buf.add_(g)
-    dtype = _acc_dtype(g)
+    dtype = g.dtype if late else _acc_dtype(g)
     ptr = g.untyped_storage().data_ptr()
     if g.dtype == dtype and g._base is None and g.is_contiguous() \
             and not any(t.untyped_storage().data_ptr() == ptr for t in given):

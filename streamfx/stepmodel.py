@@ -49,16 +49,45 @@ class RegionWork:
         return (chunk_curve(p.chunk, q_grads, True), chunk_curve(p.chunk),
                 chunk_curve(p.kv, p.grad_inputs, True), chunk_curve(p.kv))
 
+    @functools.cached_property
+    def _sums(self) -> int:
+        """Bytes of the fp32 sums of the region's 16-bit whole-input gradients (its weights'),
+        which a backward of more than one chunk accumulates (``runtime._sum_into``)."""
+        p, total = self.prog, 0
+        for i in p.grad_inputs:
+            slot = p.chunk.slots[i]
+            if not p.in_specs[i].sliced and slot.dtype in (torch.bfloat16, torch.float16) \
+                    and all(isinstance(d, int) for d in slot.shape):
+                total += 4 * functools.reduce(operator.mul, slot.shape, 1)
+        return total
+
+    def _row_sums(self, T: int) -> int:
+        """Bytes of the fp32 gradient buffers of the region's 16-bit per-token inputs at length T,
+        beside the gradient they are cast to at the end (``runtime.RegionProgram._grad_buffers``);
+        inputs with sizes other than the tokens' written as symbols are left out."""
+        p, total = self.prog, 0
+        for i in p.grad_inputs:
+            slot = p.chunk.slots[i]
+            if p.in_specs[i].sliced and slot.dtype in (torch.bfloat16, torch.float16) \
+                    and all(isinstance(d, int) or d in ("q", "k") for d in slot.shape):
+                total += 4 * functools.reduce(operator.mul, [T if isinstance(d, str) else d for d in slot.shape], 1)
+        return total
+
     def terms(self, phase: str, c: int, T: int) -> list:
         """[(what, bytes)] the region holds while it runs (phase "forward" or "backward")."""
         train, nograd, kv_train, kv_nograd = self._curves
         c = min(c, T)
+        sums = [("fp32 sums of its weights' gradients over the chunks", self._sums)] \
+            if phase == "backward" and c < T and self._sums else []
+        rows = self._row_sums(T) if phase == "backward" else 0
+        sums += [("fp32 gradients of its per-token inputs", rows)] if rows else []
         if self.kind != "layer":
             # a head whose forward computes its gradients (``head_grad``) runs each chunk's
             # backward there; its backward only scales what the forward kept
-            grads = phase == "backward" or getattr(self.prog, "seeds", None) is not None
-            if grads:
+            if getattr(self.prog, "seeds", None) is not None:
                 return [(f"logits and loss of one chunk ({c} tokens, with its gradients)", train(c))]
+            if phase == "backward":
+                return [(f"logits and loss of one chunk ({c} tokens, with its gradients)", train(c))] + sums
             return [(f"logits of one chunk ({c} tokens)", nograd(c))]
         kv = kv_nograd.outputs_at(T)
         out = [("keys and values of the whole sequence", kv)]
@@ -67,6 +96,7 @@ class RegionWork:
             out.append(("fp32 gradients of the keys and values", kv_nograd.output_elems_at(T) * 4))
             out.append((f"one chunk's recomputed forward and backward ({c} tokens against {k} keys)",
                         max(train(c, k), kv_train(c))))
+            out += sums
         else:
             out.append((f"one chunk's forward ({c} tokens against {k} keys)", max(nograd(c, k), kv_nograd(c))))
         return out

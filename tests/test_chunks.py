@@ -107,3 +107,18 @@ def test_key_range_cache_is_keyed_on_identity_version_and_value(monkeypatch):
     assert cache.get([big.clone(), small], ("x",)) is None            # an equal copy of a large one
     big.add_(1)                                                       # edited in place
     assert cache.get([big, small], ("x",)) is None
+
+
+def test_a_16_bit_gradient_is_summed_in_fp32_only_once_a_second_chunk_adds_to_it():
+    """A whole input's (a weight's) gradient over a region's chunks: one contribution is returned
+    as it is (no fp32 copy of the weight); a second promotes the sum to fp32, as exact as before."""
+    g1 = torch.randn(8, 4).to(torch.bfloat16)
+    g2 = torch.randn(8, 4).to(torch.bfloat16)
+    one = runtime._sum_into(None, g1, late=True)
+    assert one is g1
+    given = runtime._sum_into(None, g1, given=[g1], late=True)    # (autograd handed back an output gradient)
+    assert given is not g1 and given.dtype == torch.bfloat16 and torch.equal(given, g1)
+    two = runtime._sum_into(runtime._sum_into(None, g1, late=True), g2, late=True)
+    assert two.dtype == torch.float32
+    assert torch.equal(two, g1.float() + g2.float())
+    assert runtime._sum_into(None, g1).dtype == torch.float32   # (a sum whose buffer must be fp32 from the start)

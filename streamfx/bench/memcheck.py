@@ -5,7 +5,8 @@ short length) predicts the step peak; a fresh process measures it (CPU: the RSS 
 over one training step after a warm-up step, above the RSS before it; CUDA: the allocator's
 peak above what was allocated before it; ``worker.MemoryMeter``). Models: ``preset:<name>``
 (``presets.PRESETS``, fp32) or ``zoo:<function>`` (``tests/zoo.py``, with the model's
-hidden size and positions widened so long sequences are meaningful).
+hidden size and positions widened so long sequences are meaningful); ``@bfloat16`` after a spec
+builds it in that dtype.
 
     python -m streamfx.bench.memcheck --models preset:qwen3-layers,preset:qwen3-head --seqs 1024,4096,16384
 """
@@ -22,15 +23,17 @@ ZOO_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "tests")
 
 
 def build(spec: str, seq: int):
-    """(model, input_ids, labels) of a model spec at length ``seq`` (CPU, fp32)."""
+    """(model, input_ids, labels) of a model spec at length ``seq`` (CPU; fp32, or the dtype after
+    an ``@``: ``preset:qwen3-layers@bfloat16``)."""
     import torch
 
+    spec, _, dtype = spec.partition("@")
     kind, name = spec.split(":", 1)
     if kind == "preset":
         from . import presets
 
         p = presets.PRESETS[name]
-        model = presets.build_model(p, "float32", "cpu", max_seq=seq)
+        model = presets.build_model(p, dtype or "float32", "cpu", max_seq=seq)
         ids, labels = presets.make_batch(p, seq, "cpu")
         return model, ids, labels
     if os.path.abspath(ZOO_DIR) not in sys.path:
@@ -46,6 +49,8 @@ def build(spec: str, seq: int):
         model, _ = getattr(zoo, name)()
     finally:
         zoo.MAX_POS, zoo.HIDDEN, zoo.HEAD_DIM = saved
+    if dtype:
+        model.to(getattr(torch, dtype))
     torch.manual_seed(0)
     ids = torch.randint(1, zoo.VOCAB, (1, seq))
     labels = ids.clone()
