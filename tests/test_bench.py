@@ -188,6 +188,9 @@ def test_gpu_command_tiny_on_cpu(tmp_path):
     for name in ("memory", "speed"):
         assert all(r["status"] == "ok" for r in parts[name]["rows"]), parts[name]["rows"]
     assert len(parts["memory"]["rows"]) == 3 * 4
+    # each method's first step (the compile) is timed beside its first length, and did not fail
+    assert [r["seq"] for r in parts["memory"]["rows"] if r.get("first_seconds") is not None] == [32] * 3
+    assert not any("first step" in (r.get("reason") or "") for r in parts["memory"]["rows"])
     # after the warm-up step nothing compiles again, at any length (dynamic shapes)
     assert all(r["compiled"] == "0+0" for r in parts["memory"]["rows"]), parts["memory"]["rows"]
     plan = parts["plan"]["rows"]
@@ -199,6 +202,29 @@ def test_gpu_command_tiny_on_cpu(tmp_path):
         assert r["status"] == "ok" and r["max_len"] >= 128 and r["compiles"] == 0, r
     md = (out / "gpu.md").read_text()
     assert "## kernels" in md and "## speed" in md and "| streamfx |" in md
+
+
+@pytest.mark.slow
+def test_gpu_profile_on_cpu(tmp_path):
+    """``python -m streamfx.bench.gpu_profile``: per method and length a first step, a measured
+    step, and the Python and op profiles of one more, written to profile.md."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "profile"
+    proc = subprocess.run([sys.executable, "-m", "streamfx.bench.gpu_profile", "--preset", "tiny", "--layers", "2",
+                           "--seqs", "32,64", "--methods", "streamfx,ckpt", "--device", "cpu", "--rows", "5",
+                           "--out", str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    md = (out / "profile.md").read_text()
+    rows = [line.split("|")[1:-1] for line in md.splitlines() if line.startswith("| streamfx") or line.startswith("| ckpt")]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("streamfx", "32"), ("ckpt", "32"), ("streamfx", "64"),
+                                                            ("ckpt", "64")], md[:2000]
+    for r in rows:
+        float(r[2]), float(r[3])   # (a first step that failed would say so here)
+    streamfx_rows = [r for r in rows if r[0].strip() == "streamfx"]
+    assert all(r[4].strip() == "0+0" and int(r[5].split("/")[0]) > 0 for r in streamfx_rows[1:]), streamfx_rows
+    assert md.count("Python (cProfile)") == 4 and md.count("ops (torch.profiler)") == 4
 
 
 @pytest.mark.fast

@@ -23,10 +23,8 @@ from . import presets as presets_mod
 
 
 def _profile_tables(step, ids, labels, device: str, rows: int) -> str:
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    del torch
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=acts) as prof:
         step(ids, labels)
