@@ -239,9 +239,9 @@ def on_cpu(gm: fx.GraphModule) -> fx.GraphModule:
 
     consts = {n.target: getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
     moved = {k: v.cpu() for k, v in consts.items() if isinstance(v, torch.Tensor) and v.device.type != "cpu"}
-    nodes = [n for n in gm.graph.nodes if n.op == "call_function"
-             and (cpu(n.args) != n.args or cpu(dict(n.kwargs)) != dict(n.kwargs))]
-    if not nodes and not moved:
+    named = any(cpu(n.args) != n.args or cpu(dict(n.kwargs)) != dict(n.kwargs)
+                for n in gm.graph.nodes if n.op == "call_function")
+    if not named and not moved:
         return gm
     g = fx.Graph()
     out = g.graph_copy(gm.graph, {})

@@ -49,26 +49,15 @@ class RegionWork:
         return (chunk_curve(p.chunk, q_grads, True), chunk_curve(p.chunk),
                 chunk_curve(p.kv, p.grad_inputs, True), chunk_curve(p.kv))
 
-    @functools.cached_property
-    def _sums(self) -> int:
-        """Bytes of the fp32 sums of the region's 16-bit whole-input gradients (its weights'),
-        which a backward of more than one chunk accumulates (``runtime._sum_into``)."""
+    def _fp32_buffers(self, sliced: bool, T: int) -> int:
+        """Bytes of the fp32 gradient buffers of the region's 16-bit inputs at length T (``runtime``):
+        per-token inputs (``sliced``) have one of the whole length beside the gradient they are cast to
+        at the end; whole inputs (weights) a sum over the chunks when there is more than one. Inputs
+        with sizes other than the tokens' written as symbols are left out."""
         p, total = self.prog, 0
         for i in p.grad_inputs:
             slot = p.chunk.slots[i]
-            if not p.in_specs[i].sliced and slot.dtype in (torch.bfloat16, torch.float16) \
-                    and all(isinstance(d, int) for d in slot.shape):
-                total += 4 * functools.reduce(operator.mul, slot.shape, 1)
-        return total
-
-    def _row_sums(self, T: int) -> int:
-        """Bytes of the fp32 gradient buffers of the region's 16-bit per-token inputs at length T,
-        beside the gradient they are cast to at the end (``runtime.RegionProgram._grad_buffers``);
-        inputs with sizes other than the tokens' written as symbols are left out."""
-        p, total = self.prog, 0
-        for i in p.grad_inputs:
-            slot = p.chunk.slots[i]
-            if p.in_specs[i].sliced and slot.dtype in (torch.bfloat16, torch.float16) \
+            if p.in_specs[i].sliced == sliced and slot.dtype in (torch.bfloat16, torch.float16) \
                     and all(isinstance(d, int) or d in ("q", "k") for d in slot.shape):
                 total += 4 * functools.reduce(operator.mul, [T if isinstance(d, str) else d for d in slot.shape], 1)
         return total
@@ -77,10 +66,11 @@ class RegionWork:
         """[(what, bytes)] the region holds while it runs (phase "forward" or "backward")."""
         train, nograd, kv_train, kv_nograd = self._curves
         c = min(c, T)
-        sums = [("fp32 sums of its weights' gradients over the chunks", self._sums)] \
-            if phase == "backward" and c < T and self._sums else []
-        rows = self._row_sums(T) if phase == "backward" else 0
-        sums += [("fp32 gradients of its per-token inputs", rows)] if rows else []
+        sums = []
+        if phase == "backward":
+            sums = [(what, b) for what, b in (
+                ("fp32 sums of its weights' gradients over the chunks", self._fp32_buffers(False, T) if c < T else 0),
+                ("fp32 gradients of its per-token inputs", self._fp32_buffers(True, T))) if b]
         if self.kind != "layer":
             # a head whose forward computes its gradients (``head_grad``) runs each chunk's
             # backward there; its backward only scales what the forward kept

@@ -204,8 +204,7 @@ def measured_step(step, preset, seq: int, setup: Setup) -> dict:
     row = {"seq": seq}
     before = (_compiles(), CHUNK_COUNTERS["chunk_compiles"], COUNTERS["chunks_forward"], COUNTERS["region_forward"])
     caught = []
-    if hasattr(step, "clear"):   # (memory held before the step: the weights, not the last step's gradients)
-        step.clear()
+    step.clear()   # (memory held before the step: the weights, not the last step's gradients)
     try:
         with Peak(setup.device) as peak, warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -349,6 +348,8 @@ def offload(setup: Setup) -> list[dict]:
         def step(ids, labels, compiled=compiled, model=model):
             model.zero_grad(set_to_none=True)
             compiled(input_ids=ids, labels=labels, use_cache=False).loss.backward()
+
+        step.clear = lambda model=model: model.zero_grad(set_to_none=True)
 
         try:
             with warnings.catch_warnings(record=True) as caught:

@@ -15,7 +15,6 @@ import cProfile
 import dataclasses
 import io
 import pstats
-import time
 from pathlib import Path
 
 from . import gpu_parts as parts
@@ -97,14 +96,8 @@ def main(argv=None) -> int:
     for seq in seqs:
         ids, labels = presets_mod.make_batch(preset, seq, ns.device)
         for method, step in steps.items():
-            t0 = time.perf_counter()
-            try:
-                step(ids, labels)
-                parts._sync(ns.device)
-                first = f"{time.perf_counter() - t0:.2f}"
-            except Exception as exc:  # noqa: BLE001 - reported in the table
-                first = f"failed: {parts.describe_exception(exc)[:200]}"
-            parts._free(ns.device)
+            f = parts.measured_step(step, preset, seq, setup)   # (the compile)
+            first = f"{f['seconds']:.2f}" if f["status"] == "ok" else f"{f['status']}: {f.get('reason', '')[:200]}"
             r = parts.measured_step(step, preset, seq, setup)
             gib = lambda k: f"{r[k] / 2**30:.2f}" if r.get(k) is not None else ""  # noqa: E731
             table.append(f"| {method} | {seq} | {first} | {r.get('seconds', 0):.3f} | {r['compiled']} | {r['chunks']} "
