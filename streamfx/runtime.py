@@ -184,9 +184,10 @@ class RegionProgram:
                     got = torch.autograd.grad(target, wrt, allow_unused=True, retain_graph=k < last) \
                         if target.requires_grad else [None] * len(wrt)
                     self._store(stored[k], got, inputs, s, e)
+                    del got, target
             with torch.no_grad():
                 self._collect(result, [o.detach() for o in outs], s, e, T)
-            del outs, xs, wrt
+            del outs, xs, wrt   # (before the next chunk runs: a chunk's weight gradients are weight-sized)
         return self._outputs(result) + [g if g is not None else self._stored_zeros(inputs, i)
                        for per_seed in stored for i, g in zip(self.grad_inputs, per_seed)]
 
@@ -256,6 +257,7 @@ class RegionProgram:
                 got = torch.autograd.grad([p[0] for p in pairs], [xs[i] for i in self.grad_inputs],
                                           [p[1] for p in pairs], allow_unused=True)
             self._accumulate(acc, got, s, e, given=[p[1] for p in pairs])
+            del xs, outs, pairs, got   # (before the next chunk runs)
         return self._gradients(acc, inputs)
 
     def _grad_buffers(self, inputs) -> dict:
@@ -461,8 +463,9 @@ class LayerProgram(RegionProgram):
                     written_up_to(max(e, hi))
                     chunk = self.chunk_inputs(inputs, s, e, lo, hi, reuse=xs if done == e else None)
                     outs = fn(*chunk, *self.prefix(KV, lo, hi))
-                    for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
-                        _put_rows(result, j, o, spec, s, e, T)
+                    for j, spec in enumerate(self.out_specs):
+                        _put_rows(result, j, outs[j], spec, s, e, T)
+                    del outs, chunk   # (before the next chunk runs)
             written_up_to(T)  # (a generator left unfinished would hold its buffers)
         return result
 
@@ -498,6 +501,7 @@ class LayerProgram(RegionProgram):
                 got = torch.autograd.grad([p[0] for p in pairs], [xs[i] for i in self.grad_inputs],
                                           [p[1] for p in pairs], allow_unused=True)
             self._accumulate(acc, got, s, e, given=[p[1] for p in pairs])
+            del xs, kvs, pairs, got, sliced   # (before the next chunk runs)
         return self._gradients(acc, inputs)
 
     def _query_backward(self, fn, inputs, grads, KV, dKV, acc, s, e, lo, hi):
