@@ -340,13 +340,20 @@ def _grouped_kv_in_place(gm: fx.GraphModule, node: fx.Node) -> None:
     # both or neither: K and V must keep one head count (a cast between K's repeat and the
     # attention, as autocast writes it, keeps K repeated, and then V stays repeated too)
     if all(b is not None for b in bases) and bases[0].meta["val"].shape[1] == bases[1].meta["val"].shape[1]:
-        args[1], args[2] = bases
+        for pos, b in zip((1, 2), bases):
+            if b.meta["val"].dim() == 5:   # (the repeat's unsqueeze is outside this graph: undo it here)
+                with gm.graph.inserting_before(node):
+                    squeezed = gm.graph.call_function(aten.squeeze.dim, (b, 2))
+                squeezed.meta["val"] = b.meta["val"].squeeze(2)
+                b = squeezed
+            args[pos] = b
         node.args = tuple(args)
 
 
 def _head_repeat_base(x):
     """The [B, KV, L, D] tensor ``x`` repeats the way HF's repeat_kv does it (unsqueeze(2),
-    expand over the new dim, optional clone, view/reshape merging dims 1 and 2), or None."""
+    expand over the new dim, optional clone, view/reshape merging dims 1 and 2), or None; where
+    the unsqueeze is not in the graph, the [B, KV, 1, L, D] tensor it made."""
     def skip(n):
         while isinstance(n, fx.Node) and n.op == "call_function" and n.target in COPIES:
             n = n.args[0]
@@ -359,11 +366,17 @@ def _head_repeat_base(x):
     if not (isinstance(e, fx.Node) and e.target is aten.expand.default):
         return None
     u = e.args[0]
-    if not (isinstance(u, fx.Node) and u.target is aten.unsqueeze.default and u.args[1] == 2):
+    uv = u.meta.get("val") if isinstance(u, fx.Node) else None
+    if isinstance(u, fx.Node) and u.target is aten.unsqueeze.default and u.args[1] == 2:
+        base = u.args[0]
+    elif isinstance(uv, torch.Tensor) and uv.dim() == 5 and uv.shape[2] == 1:
+        # the unsqueezed [B, KV, 1, L, D] tensor made before this graph (an input of it):
+        # returned as it is, squeezed where it is used
+        base = u
+    else:
         return None
-    base = u.args[0]
     v, out = base.meta.get("val"), x.meta.get("val")
-    if not (isinstance(v, torch.Tensor) and isinstance(out, torch.Tensor) and v.dim() == 4 and out.dim() == 4):
+    if not (isinstance(v, torch.Tensor) and isinstance(out, torch.Tensor) and v.dim() in (4, 5) and out.dim() == 4):
         return None
     return base
 

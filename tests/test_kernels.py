@@ -310,3 +310,39 @@ def test_masks_of_a_cuda_graph_are_read_on_the_cpu():
     site = AttentionSite(0, "sdpa:test", None, None, None, out, frozenset([out]), False, out)
     masks.classify(site, {w: torch.zeros(3)}, 16)
     assert (site.mask_kind, site.data, site.is_causal) == ("causal", (pos,), True)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("unsqueezed_outside", [False, True])
+def test_grouped_kv_heads_reach_the_kernel_unrepeated(unsqueezed_outside):
+    """HF's repeat_kv in front of a kernel that takes grouped K/V heads (unsqueeze, expand, clone,
+    reshape) is dropped: the kernel reads the K/V heads as they are. Also where the repeat's
+    unsqueeze is made before the graph (a region's input is the [B, KV, 1, L, D] tensor): the
+    kernel reads it squeezed. Same output either way."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from streamfx.passes import rewrite
+
+    aten = torch.ops.aten
+    B, H, KV, L, D = 1, 4, 2, 12, 8
+
+    def repeat(x):
+        x = x if unsqueezed_outside else x[:, :, None]
+        return x.expand(B, KV, H // KV, L, D).clone().reshape(B, H, L, D)
+
+    def f(q, k, v):
+        return aten._scaled_dot_product_flash_attention_for_cpu(q, repeat(k), repeat(v), 0.0, True)[0]
+
+    g = torch.Generator().manual_seed(0)
+    kv_shape = (B, KV, 1, L, D) if unsqueezed_outside else (B, KV, L, D)
+    args = [torch.randn(B, H, L, D, generator=g), torch.randn(*kv_shape, generator=g),
+            torch.randn(*kv_shape, generator=g)]
+    gm = make_fx(f, tracing_mode="fake")(*args)
+    node = next(n for n in gm.graph.nodes if n.target is aten._scaled_dot_product_flash_attention_for_cpu.default)
+    assert kernels.of(node).grouped_kv
+    rewrite._grouped_kv_in_place(gm, node)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    assert not any(n.target in (aten.expand.default, aten.clone.default) for n in gm.graph.nodes), gm.graph
+    assert node.args[1].meta["val"].shape == (B, KV, L, D)
+    torch.testing.assert_close(gm(*args), f(*args))
