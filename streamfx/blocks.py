@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from streamfx import memory
 from streamfx.passes import kernels
 
 
@@ -98,3 +99,18 @@ def _backward(ctx, dout, dlse):
 
 
 causal_blocks.register_autograd(_backward, setup_context=_setup)
+
+
+def _nbytes(x, itemsize=None):
+    v = x.meta.get("val")
+    n = v.numel()
+    n = n.node.expr if isinstance(n, torch.SymInt) else n
+    return n * (itemsize or v.element_size())
+
+
+# What the ops make inside beyond their outputs, for the memory model: the forward, both blocks'
+# outputs and their fp32 merge (four query-sized fp32 tensors); the backward, the blocks' kernel
+# gradients of K and V before they are copied into dk, dv, and dq summed in fp32.
+memory.WORKSPACE[torch.ops.streamfx.causal_blocks.default] = lambda n: 4 * _nbytes(n.args[1], 4)
+memory.WORKSPACE[torch.ops.streamfx.causal_blocks_backward.default] = \
+    lambda n: _nbytes(n.args[3]) + _nbytes(n.args[4]) + _nbytes(n.args[2], 4)

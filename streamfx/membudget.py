@@ -59,14 +59,16 @@ def gib(n: int) -> str:
 
 
 # ---- from an analysis to a step model ---------------------------------------------------------------
-def step_models(analysis, device: str = "cpu") -> tuple[StepModel, dict]:
-    """(the streamed step's model, {baseline name: model}) of an analysis the session kept graphs on."""
+def step_models(analysis, device: str = "cpu", codegen: str | None = None) -> tuple[StepModel, dict]:
+    """(the streamed step's model, {baseline name: model}) of an analysis the session kept graphs on.
+    ``codegen``: how the regions' chunk graphs will run (default: as the programs say)."""
     fw, bw = analysis.graphs
     seq, fixed = _symbols(analysis)
     works = {}
     for plan, prog in analysis.programs:
         kind = "layer" if plan.kind == "layer" else "head"
-        works[prog.key] = RegionWork(prog, kind, memory.common_module(plan.nodes) or plan.name, _window(plan))
+        works[prog.key] = RegionWork(prog, kind, memory.common_module(plan.nodes) or plan.name, _window(plan),
+                                     fused=(codegen or prog.codegen) == "inductor")
     model = StepModel(fw.graph, bw.graph, works, seq, fixed, device)
     model.roles = _roles(analysis, fw.graph)
     baselines = {}

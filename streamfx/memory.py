@@ -118,9 +118,161 @@ class Live:
                     born.append((n, born_early[n]))
             elif n.op == "call_function" and owner[n] is n and n not in held:
                 born += _made(n)
-            steps.append((n, born, [d for d in dying.get(i, []) if d.op != "placeholder" or
-                                    (born_early and d in born_early)]))
+            ws = _workspace(n)
+            steps.append((n, born + ws, [d for d in dying.get(i, []) if d.op != "placeholder" or
+                                         (born_early and d in born_early)] + [k for k, _ in ws]))
         return Live(steps)
+
+
+# ---- what an op allocates inside, beyond its outputs -------------------------------------------------
+# {op: fn(node) -> bytes (int or expression)}: registered by the module that implements the op
+# (``streamfx.blocks``); counted while the op runs, in both liveness models.
+WORKSPACE: dict = {}
+
+
+class _Workspace:
+    """The key of an op's workspace in a liveness run (made and freed at the op)."""
+
+    def __init__(self, node):
+        self.node = node
+
+
+def _workspace(n: fx.Node) -> list:
+    """[(key, bytes)] of the op's workspace, [] for ops with none registered."""
+    fn = WORKSPACE.get(n.target) if n.op == "call_function" else None
+    return [(_Workspace(n), fn(n))] if fn is not None else []
+
+
+# ---- what Inductor's generated code allocates ---------------------------------------------------------
+# Inductor fuses pointwise work into the kernels that read it: an intermediate made by a fusible
+# op is computed inside its consumers and never stored, unless a kernel it cannot be fused into
+# (a matmul, attention, any fallback) or the graph's output takes it. Reductions fuse their inputs
+# and store their (small) results. A pointwise kernel, or a scatter into a fresh buffer, writes
+# into an input buffer of its own size whose last read it is ("in_out_ptr"; ``del buf; # reuse``).
+_aten = torch.ops.aten
+FUSED_LOADS = frozenset({   # ops Inductor lowers to loads inside other kernels (no pointwise tag)
+    _aten._to_copy.default, _aten.gather.default, _aten.cat.default, _aten.index.Tensor,
+    _aten.embedding.default, _aten.constant_pad_nd.default, _aten.tril.default, _aten.triu.default,
+    _aten.full.default, _aten.full_like.default, _aten.zeros.default, _aten.zeros_like.default,
+    _aten.ones.default, _aten.ones_like.default, _aten.new_zeros.default, _aten.new_ones.default,
+    _aten.new_full.default, _aten.scalar_tensor.default, _aten.arange.start, _aten.arange.default,
+    _aten.arange.start_step, torch.ops.prims.iota.default, _aten.copy.default, _aten.lift_fresh_copy.default,
+    _aten.slice_scatter.default, _aten.select_scatter.default})
+SCATTERS = frozenset({   # lowered as a write into (a copy of) their first input
+    _aten.scatter.src, _aten.scatter.value, _aten.scatter_add.default, _aten.scatter_reduce.two,
+    _aten.index_put.default, _aten.index_add.default})
+
+
+def _kind(n: fx.Node) -> str:
+    """"fusible" | "reduction" | "kernel" (a kernel of its own: extern, fallback, scatter)."""
+    t = n.target
+    tags = getattr(t, "tags", ())
+    if t in FUSED_LOADS or torch.Tag.pointwise in tags or _scatter_upon_constant(n):
+        return "fusible"
+    if torch.Tag.reduction in tags:
+        return "reduction"
+    return "kernel"
+
+
+def _scatter_upon_constant(n: fx.Node) -> bool:
+    """A scalar scattered into a constant, one index per row (a loss's one-hot gradient): Inductor's
+    joint-graph pattern ``scatter_upon_const_tensor`` makes it pointwise."""
+    if n.target is not _aten.scatter.value or not isinstance(n.args[0], fx.Node) \
+            or n.args[0].target is not _aten.full.default:
+        return False
+    index = n.args[2].meta.get("val") if isinstance(n.args[2], fx.Node) else None
+    return isinstance(index, torch.Tensor) and index.shape[n.args[1]] == 1
+
+
+_HEAVY = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
+
+
+def _fused_steps(graph: fx.Graph, held=frozenset(), cpu: bool = False) -> list:
+    """``Live.steps`` of ``graph`` as Inductor's code runs it: fused intermediates make nothing,
+    a kernel's inputs live until the last kernel that reads them (through the fused work in
+    between), and a pointwise kernel or a scatter takes over an input buffer of its size that
+    dies there. ``cpu``: the code Inductor makes for the CPU, which also stores a transcendental
+    result read by several kernels. (Its other heuristics that store a pointwise result read
+    many times are left out.)"""
+    nodes = list(graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+
+    def owner(x):
+        # a view is its base; an item of a node that returns several tensors, that node
+        while True:
+            b = base_of(x)
+            if b.target is operator.getitem and isinstance(b.args[0], fx.Node):
+                x = b.args[0]
+                continue
+            return b
+
+    kind = {n: _kind(n) for n in nodes if n.op == "call_function" and owner(n) is n}
+    outputs = {owner(x) for o in graph.find_nodes(op="output") for x in o.all_input_nodes}
+
+    def readers(n):
+        # the nodes that read n's storage: through views and items, to the ops that compute
+        out, todo = [], list(n.users)
+        while todo:
+            u = todo.pop()
+            if u.op == "call_function" and owner(u) is not u:
+                todo += list(u.users)
+            else:
+                out.append(u)
+        return out
+
+    def tensors(n):
+        v = n.meta.get("val")
+        return isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v))
+
+    # (a reader that makes no tensor, such as a size query, stores nothing it reads)
+    def reused(n):
+        # Inductor's CPU code stores a transcendental result that several kernels read
+        # (``should_realize_on_reuse``) rather than computing it again in each
+        return cpu and getattr(n.target, "_opname", None) in _HEAVY and len(readers(n)) > 1
+
+    virtual = {n for n, k in kind.items() if k == "fusible" and n not in outputs and not reused(n)
+               and all(u.op == "call_function" and (kind.get(u) != "kernel" or not tensors(u)) for u in readers(n))}
+    sources: dict = {}   # the stored buffers a fused intermediate is computed from
+
+    def srcs(x):
+        b = owner(x)
+        return sources[b] if b in virtual else {b}
+
+    for n in nodes:   # (in order: a node's inputs come first)
+        if n in virtual:
+            sources[n] = set().union(*[srcs(y) for y in n.all_input_nodes])
+
+    reads = {n: set().union(*[srcs(x) for x in n.all_input_nodes])
+             for n in nodes if n not in virtual and (n.op == "output" or n in kind)}
+    last: dict = {}
+    for n, rs in reads.items():
+        for b in rs:
+            last[b] = max(last.get(b, -1), index[n])
+    root = {}
+    for n in nodes:
+        if n not in reads or n.op == "output":
+            continue
+        if kind[n] == "fusible" or n.target in SCATTERS:
+            size = nbytes_expr(n.meta.get("val"))
+            cands = srcs(n.args[0]) if n.target in SCATTERS else sorted(reads[n], key=index.get)
+            for x in cands:
+                b = root.get(x, x)
+                if b in held or b.op == "placeholder" or b in outputs:
+                    continue
+                if last.get(b) == index[n] and size != 0 and nbytes_expr(b.meta.get("val")) == size:
+                    root[n] = b
+                    last[b] = max(last[b], last.get(n, index[n]))
+                    break
+    dying: dict = {}
+    for n in reads:
+        if n.op != "output" and n not in root and n not in outputs and n not in held:
+            dying.setdefault(last.get(n, index[n]), []).append(n)
+    steps = []
+    for i, n in enumerate(nodes):
+        born = _made(n) if n in reads and n.op != "output" and n not in root and n not in held else []
+        ws = _workspace(n)
+        steps.append((n, born + ws, dying.get(i, []) + [k for k, _ in ws]))
+    return steps
 
 
 def _made(n: fx.Node) -> list:
@@ -174,15 +326,16 @@ class ChunkCurve:
 _CURVES: dict = {}
 
 
-def chunk_curve(graph, grads=(), train=False) -> ChunkCurve:
-    """The working-set curve of a ``chunks.ChunkGraph`` (cached on its structure and slots)."""
-    key = (graph.key(), tuple(grads), train)
+def chunk_curve(graph, grads=(), train=False, fused=False) -> ChunkCurve:
+    """The working-set curve of a ``chunks.ChunkGraph`` (cached on its structure and slots).
+    ``fused``: as Inductor's code runs it (``_fused_steps``), else op by op as eager runs it."""
+    key = (graph.key(), tuple(grads), train, fused)
     if key not in _CURVES:
-        _CURVES[key] = _trace_curve(graph, tuple(grads), train)
+        _CURVES[key] = _trace_curve(graph, tuple(grads), train, fused)
     return _CURVES[key]
 
 
-def _trace_curve(graph, grads, train) -> ChunkCurve:
+def _trace_curve(graph, grads, train, fused=False) -> ChunkCurve:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from .chunks import fake_inputs
@@ -222,7 +375,10 @@ def _trace_curve(graph, grads, train) -> ChunkCurve:
     fixed = {s: v for s, v in values_of(mode.shape_env).items() if s not in (q, k)}
     # (the tangents the trace makes stand for rows of the output gradient: views, not counted)
     tangents = {n for n in traced.graph.nodes if n.target is torch.ops.aten.empty_like.default}
-    return ChunkCurve(Live.of(traced.graph, held=frozenset(tangents)), q, k, fixed)
+    held = frozenset(tangents)
+    cpu = all(str(s.device).startswith("cpu") for s in graph.slots)
+    live = Live(_fused_steps(traced.graph, held, cpu)) if fused else Live.of(traced.graph, held=held)
+    return ChunkCurve(live, q, k, fixed)
 
 
 def on_cpu(gm: fx.GraphModule) -> fx.GraphModule:

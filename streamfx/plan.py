@@ -122,7 +122,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple = ()) ->
         raise StreamBPError("streamfx.plan_memory: nothing in the model streams (see streamfx.explain)")
     a = analyses[-1]
     device = _device(args, kwargs)
-    step, baselines = step_models(a, device)
+    step, baselines = step_models(a, device, StreamConfig.from_options(options).codegen)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     head = next((p.chunk_size for p, _ in a.programs if p.kind == "head"), None)
     T = _traced_length(a)

@@ -38,16 +38,18 @@ class RegionWork:
     kind: str                     # "layer" | "head"
     module: str                   # the module path the region's code is in
     window: int | None = None     # a layer whose chunks read at most c + window - 1 keys (sliding)
+    fused: bool = False           # its chunk graphs run as Inductor's code (``memory._fused_steps``)
 
     @functools.cached_property
     def _curves(self):
         p = self.prog
+        fused = self.fused
         if self.kind != "layer":
-            return (chunk_curve(p.chunk, p.grad_inputs, True), chunk_curve(p.chunk), None, None)
+            return (chunk_curve(p.chunk, p.grad_inputs, True, fused), chunk_curve(p.chunk, fused=fused), None, None)
         n = len(p.in_specs)
         q_grads = list(p.grad_inputs) + list(range(n, len(p.chunk.slots)))
-        return (chunk_curve(p.chunk, q_grads, True), chunk_curve(p.chunk),
-                chunk_curve(p.kv, p.grad_inputs, True), chunk_curve(p.kv))
+        return (chunk_curve(p.chunk, q_grads, True, fused), chunk_curve(p.chunk, fused=fused),
+                chunk_curve(p.kv, p.grad_inputs, True, fused), chunk_curve(p.kv, fused=fused))
 
     def _fp32_buffers(self, sliced: bool, T: int) -> int:
         """Bytes of the fp32 gradient buffers of the region's 16-bit inputs at length T (``runtime``):
@@ -60,6 +62,21 @@ class RegionWork:
             if p.in_specs[i].sliced == sliced and slot.dtype in (torch.bfloat16, torch.float16) \
                     and all(isinstance(d, int) or d in ("q", "k") for d in slot.shape):
                 total += 4 * functools.reduce(operator.mul, [T if isinstance(d, str) else d for d in slot.shape], 1)
+        return total
+
+    def _own_weight_gradients(self, sixteen_bit: bool, graph=None) -> int:
+        """Bytes of the region's weight gradients (inputs read whole) that are its one chunk's
+        own: the region's outputs, already counted in the step while it runs, and made by the
+        chunk (in its curve). ``sixteen_bit``: whether 16-bit ones count (the backward keeps a
+        first gradient in its dtype; a head's forward copies 16-bit ones to fp32)."""
+        p, total = self.prog, 0
+        used = None if graph is None else [bool(x.users) for x in graph.gm.graph.find_nodes(op="placeholder")]
+        for i in p.grad_inputs:
+            slot = p.chunk.slots[i]
+            if not p.in_specs[i].sliced and all(isinstance(d, int) for d in slot.shape) \
+                    and (sixteen_bit or slot.dtype not in (torch.bfloat16, torch.float16)) \
+                    and (used is None or (i < len(used) and used[i])):
+                total += slot.dtype.itemsize * functools.reduce(operator.mul, slot.shape, 1)
         return total
 
     def terms(self, phase: str, c: int, T: int) -> list:
@@ -75,9 +92,12 @@ class RegionWork:
             # a head whose forward computes its gradients (``head_grad``) runs each chunk's
             # backward there; its backward only scales what the forward kept
             if getattr(self.prog, "seeds", None) is not None:
-                return [(f"logits and loss of one chunk ({c} tokens, with its gradients)", train(c))]
+                own = self._own_weight_gradients(False) if c >= T else 0
+                return [(f"logits and loss of one chunk ({c} tokens, with its gradients)", train(c))] + \
+                    ([("less its weights' gradients, its outputs, made by the chunk", -own)] if own else [])
             if phase == "backward":
-                return [(f"logits and loss of one chunk ({c} tokens, with its gradients)", train(c))] + sums
+                return [(f"logits and loss of one chunk ({c} tokens, with its gradients)", train(c))] + sums \
+                    + self._own(c, T)
             return [(f"logits of one chunk ({c} tokens)", nograd(c))]
         kv = kv_nograd.outputs_at(T)
         out = [("keys and values of the whole sequence", kv)]
@@ -85,11 +105,23 @@ class RegionWork:
         if phase == "backward":
             out.append(("fp32 gradients of the keys and values", kv_nograd.output_elems_at(T) * 4))
             out.append((f"one chunk's recomputed forward and backward ({c} tokens against {k} keys)",
-                        max(train(c, k), kv_train(c))))
-            out += sums
+                        self._backward_chunk(train, kv_train, c, k, T)))
+            out += sums + self._own(c, T)
         else:
             out.append((f"one chunk's forward ({c} tokens against {k} keys)", max(nograd(c, k), kv_nograd(c))))
         return out
+
+    def _own(self, c: int, T: int) -> list:
+        """A backward of one chunk: its weights' gradients are the chunk's (``runtime._sum_into``,
+        ``late``), counted once."""
+        own = self._own_weight_gradients(True) if c >= T else 0
+        return [("less its weights' gradients, its outputs, made by the chunk", -own)] if own else []
+
+    def _backward_chunk(self, train, kv_train, c: int, k: int, T: int) -> int:
+        """A layer chunk's backward: its queries' (recomputed against the keys), then its keys' and
+        values' (with one chunk, the query part's weight gradients are held by then)."""
+        held = self._own_weight_gradients(True, self.prog.chunk) if c >= T else 0
+        return max(train(c, k), held + kv_train(c))
 
     def bytes(self, phase: str, c: int, T: int) -> int:
         return sum(b for _, b in self.terms(phase, c, T))
