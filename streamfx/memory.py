@@ -184,16 +184,13 @@ def _scatter_upon_constant(n: fx.Node) -> bool:
     return isinstance(index, torch.Tensor) and index.shape[n.args[1]] == 1
 
 
-_HEAVY = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
-
-
-def _fused_steps(graph: fx.Graph, held=frozenset(), cpu: bool = False) -> list:
+def _fused_steps(graph: fx.Graph, held=frozenset()) -> list:
     """``Live.steps`` of ``graph`` as Inductor's code runs it: fused intermediates make nothing,
     a kernel's inputs live until the last kernel that reads them (through the fused work in
     between), and a pointwise kernel or a scatter takes over an input buffer of its size that
-    dies there. ``cpu``: the code Inductor makes for the CPU, which also stores a transcendental
-    result read by several kernels. (Its other heuristics that store a pointwise result read
-    many times are left out.)"""
+    dies there. (Inductor's heuristics that store a pointwise result several kernels read are
+    left out: in a forward and backward traced as one graph, the readers of a result are split
+    between the two graphs Inductor compiles, and the backward's recompute it.)"""
     nodes = list(graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
 
@@ -225,12 +222,7 @@ def _fused_steps(graph: fx.Graph, held=frozenset(), cpu: bool = False) -> list:
         return isinstance(v, torch.Tensor) or (isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v))
 
     # (a reader that makes no tensor, such as a size query, stores nothing it reads)
-    def reused(n):
-        # Inductor's CPU code stores a transcendental result that several kernels read
-        # (``should_realize_on_reuse``) rather than computing it again in each
-        return cpu and getattr(n.target, "_opname", None) in _HEAVY and len(readers(n)) > 1
-
-    virtual = {n for n, k in kind.items() if k == "fusible" and n not in outputs and not reused(n)
+    virtual = {n for n, k in kind.items() if k == "fusible" and n not in outputs
                and all(u.op == "call_function" and (kind.get(u) != "kernel" or not tensors(u)) for u in readers(n))}
     sources: dict = {}   # the stored buffers a fused intermediate is computed from
 
@@ -376,8 +368,7 @@ def _trace_curve(graph, grads, train, fused=False) -> ChunkCurve:
     # (the tangents the trace makes stand for rows of the output gradient: views, not counted)
     tangents = {n for n in traced.graph.nodes if n.target is torch.ops.aten.empty_like.default}
     held = frozenset(tangents)
-    cpu = all(str(s.device).startswith("cpu") for s in graph.slots)
-    live = Live(_fused_steps(traced.graph, held, cpu)) if fused else Live.of(traced.graph, held=held)
+    live = Live(_fused_steps(traced.graph, held)) if fused else Live.of(traced.graph, held=held)
     return ChunkCurve(live, q, k, fixed)
 
 

@@ -503,7 +503,7 @@ def test_a_chunk_graph_is_sized_as_inductors_code_runs_it(case):
     from torch._inductor.decomposition import select_decomp_table
 
     traced = make_fx(step, decomposition_table=select_decomp_table())(*args)   # (the ops a chunk graph has)
-    fused = memory.peak_of(memory.Live(memory._fused_steps(traced.graph, cpu=True)), {})[0]
+    fused = memory.peak_of(memory.Live(memory._fused_steps(traced.graph)), {})[0]
     eager = memory.peak_of(memory.Live.of(traced.graph), {})[0]
     compiled = torch.compile(f, backend="inductor", dynamic=False)
 
