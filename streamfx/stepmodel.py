@@ -42,8 +42,7 @@ class RegionWork:
 
     @functools.cached_property
     def _curves(self):
-        p = self.prog
-        fused = self.fused
+        p, fused = self.prog, self.fused
         if self.kind != "layer":
             return (chunk_curve(p.chunk, p.grad_inputs, True, fused), chunk_curve(p.chunk, fused=fused), None, None)
         n = len(p.in_specs)
@@ -92,9 +91,8 @@ class RegionWork:
             # a head whose forward computes its gradients (``head_grad``) runs each chunk's
             # backward there; its backward only scales what the forward kept
             if getattr(self.prog, "seeds", None) is not None:
-                own = self._own_weight_gradients(False) if c >= T else 0
-                return [(f"logits and loss of one chunk ({c} tokens, with its gradients)", train(c))] + \
-                    ([("less its weights' gradients, its outputs, made by the chunk", -own)] if own else [])
+                return [(f"logits and loss of one chunk ({c} tokens, with its gradients)", train(c))] \
+                    + self._own(c, T, sixteen_bit=False)
             if phase == "backward":
                 return [(f"logits and loss of one chunk ({c} tokens, with its gradients)", train(c))] + sums \
                     + self._own(c, T)
@@ -111,10 +109,10 @@ class RegionWork:
             out.append((f"one chunk's forward ({c} tokens against {k} keys)", max(nograd(c, k), kv_nograd(c))))
         return out
 
-    def _own(self, c: int, T: int) -> list:
-        """A backward of one chunk: its weights' gradients are the chunk's (``runtime._sum_into``,
-        ``late``), counted once."""
-        own = self._own_weight_gradients(True) if c >= T else 0
+    def _own(self, c: int, T: int, sixteen_bit: bool = True) -> list:
+        """One chunk: its weights' gradients are the chunk's, counted once (a backward keeps them in
+        their dtype, ``runtime._sum_into`` ``late``; a head's forward, fp32 ones: ``sixteen_bit``)."""
+        own = self._own_weight_gradients(sixteen_bit) if c >= T else 0
         return [("less its weights' gradients, its outputs, made by the chunk", -own)] if own else []
 
     def _backward_chunk(self, train, kv_train, c: int, k: int, T: int) -> int:
