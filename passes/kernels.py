@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import sympy
 import torch
 
 from .compat import CUDNN_BOOL_MASK_FILL
@@ -50,6 +51,8 @@ class Kernel:
     call_backward: Callable | None = None  # (dout, q, k, v, out, raw lse, causal, scale) -> (dq, dk, dv)
     lse_view: Callable | None = None    # (raw lse, L queries) -> its [B, H, L] float32 view
     bool_mask_fill: float = float("-inf")  # what its composite gives a boolean mask's hidden positions
+    workspace: Callable | None = None   # (q, k, keys, backward) -> bytes it allocates inside beyond its
+                                        # outputs, for ``keys`` keys (sizes may be symbolic); None: nothing known
 
     @property
     def blocks(self) -> bool:
@@ -90,6 +93,61 @@ def _cpu_flash_backward(dout, q, k, v, out, lse, causal, scale):
                                                                      scale=scale)
 
 
+def _size(n):
+    """A size as an int or a sympy expression (a symbolic size's expression)."""
+    return n.node.expr if isinstance(n, torch.SymInt) else n
+
+
+def _ceil_to(n, m):
+    return -(-n // m) * m if isinstance(n, int) else sympy.ceiling(n / m) * m
+
+
+def _cpu_flash_workspace(q, k, keys, backward):
+    """``cpu_flash_attention`` and its backward (ATen's native/cpu/FlashAttentionKernel.cpp): one
+    buffer per thread in the accumulation type, blocks of qSplit queries (256 from 768 queries, 64
+    from 192, else 32) by kvSplit = min(512, keys) keys: the forward's scores, their row max and
+    sum and a qSplit x D output block; the backward's scores and their gradients, and a copy of the
+    output gradient; 16-bit inputs add the scores (and gradients) in their own type."""
+    L, D, keys = _size(q.shape[-2]), _size(q.shape[-1]), _size(keys)
+    split = {256: 768, 64: 192}
+    qs = sympy.Piecewise(*[(sympy.Min(s, L), sympy.Ge(L, at)) for s, at in split.items()], (sympy.Min(32, L), True))
+    kvs = sympy.Min(512, keys)
+    acc = 8 if q.dtype == torch.float64 else 4
+    low = q.dtype in (torch.bfloat16, torch.float16)
+    if backward:
+        per = 2 * qs * kvs * acc + (2 * qs * kvs * q.element_size() if low else 0)
+        # (and the output gradient made contiguous in the kernel's [B, L, H, D] layout: a copy)
+        return torch.get_num_threads() * per + _size(q.numel()) * q.element_size()
+    per = (qs * kvs + 2 * qs + qs * D) * acc + (qs * kvs * q.element_size() if low else 0)
+    return torch.get_num_threads() * per
+
+
+def _flash_workspace(q, k, keys, backward):
+    """FlashAttention-2's backward (ATen's native/transformers/cuda/flash_attn/flash_api.cpp,
+    ``mha_bwd``): dq accumulated in fp32 over queries rounded up to 128 and a head dim rounded up
+    to 32 (64 above 128), the fp32 row terms ``softmax_d``, and with fewer K/V heads than query
+    heads dK and dV at every query head before their sum over each group. The forward: none."""
+    if not backward:
+        return 0
+    B, H, L, D = (_size(n) for n in q.shape)
+    keys, groups = _size(keys), q.shape[1] != k.shape[1]
+    rows = B * _ceil_to(L, 128) * H
+    dq = rows * _ceil_to(D, 32 if (isinstance(D, int) and D <= 128) else 64) * 4
+    return dq + rows * 4 + (2 * B * keys * H * D * q.element_size() if groups else 0)
+
+
+def workspace(node) -> int | object:
+    """Bytes a kernel's op allocates inside beyond its outputs (0 when the table knows none)."""
+    fwd, bwd = KERNELS.get(node.target), BY_BACKWARD.get(node.target)
+    kern = fwd or bwd
+    if kern is None or kern.workspace is None:
+        return 0
+    q, k = (a.meta.get("val") for a in node.args[(0 if fwd else 1):(2 if fwd else 3)])
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)):
+        return 0
+    return kern.workspace(q, k, k.shape[-2], bwd is not None)
+
+
 def _entries():
     def op(name):
         packet = getattr(aten, name, None)
@@ -99,9 +157,9 @@ def _entries():
     rows = [
         Kernel("cpu-flash", op("_scaled_dot_product_flash_attention_for_cpu"),
                op("_scaled_dot_product_flash_attention_for_cpu_backward"), "attn_mask", "top-left", True,
-               call=_cpu_flash, call_backward=_cpu_flash_backward, lse_view=same),
+               call=_cpu_flash, call_backward=_cpu_flash_backward, lse_view=same, workspace=_cpu_flash_workspace),
         Kernel("flash", op("_scaled_dot_product_flash_attention"), op("_scaled_dot_product_flash_attention_backward"),
-               None, "bottom-right", True),
+               None, "bottom-right", True, workspace=_flash_workspace),
         Kernel("efficient", op("_scaled_dot_product_efficient_attention"),
                op("_scaled_dot_product_efficient_attention_backward"), "attn_bias", "top-left", False, mask_align=8,
                call=_efficient, call_backward=_efficient_backward, lse_view=lambda lse, n: lse[..., :n]),
@@ -120,6 +178,7 @@ KERNELS: dict = _entries()
 BY_NAME: dict = {k.name: k for k in KERNELS.values()}
 FORWARD_OPS = tuple(KERNELS)
 BACKWARD_OPS = tuple(k.backward for k in KERNELS.values() if k.backward is not None)
+BY_BACKWARD: dict = {k.backward: k for k in KERNELS.values() if k.backward is not None}
 
 
 def of(node) -> Kernel | None:

@@ -15,6 +15,7 @@ No [c, n] mask exists, and no key is read twice.
 """
 from __future__ import annotations
 
+import sympy
 import torch
 
 from streamfx import memory
@@ -30,7 +31,14 @@ def _merge(kern, q, k, v, scale):
     pre_out, pre_lse = kern.call(q, k.narrow(-2, 0, n), v.narrow(-2, 0, n), False, scale)
     lp, ld = kern.lse_view(pre_lse, L).float(), kern.lse_view(diag_lse, L).float()
     lse = torch.logaddexp(lp, ld)
-    out = pre_out.float() * torch.exp(lp - lse).unsqueeze(-1) + diag_out.float() * torch.exp(ld - lse).unsqueeze(-1)
+    # out = pre_out * exp(lp - lse) + diag_out * exp(ld - lse) in fp32, in place in the blocks'
+    # own outputs where they are fp32 already (the same products and sum, rounded the same)
+    out = pre_out.float()
+    del pre_out
+    out.mul_(torch.exp(lp - lse).unsqueeze(-1))
+    out.add_(diag_out.float().mul_(torch.exp(ld - lse).unsqueeze(-1)))
+    if out.dtype == diag_out.dtype and out.stride() == diag_out.stride():
+        return out, lse
     return torch.empty_like(diag_out).copy_(out), lse  # (in the kernel's own output layout)
 
 
@@ -53,19 +61,25 @@ def _causal_blocks_fake(kernel, q, k, v, scale):
 def causal_blocks_backward(kernel: str, dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            out: torch.Tensor, lse: torch.Tensor,
                            scale: float | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv): each block's kernel backward, from the merged output and log-sum-exp."""
+    """(dq, dk, dv): each block's kernel backward, from the merged output and log-sum-exp. The
+    prefix block (the larger) first; each block's kernel gradients are freed before the next."""
     kern = kernels.BY_NAME[kernel]
     L, n = q.shape[-2], k.shape[-2] - q.shape[-2]
-    blocks = [(n, L, True)] + ([(0, n, False)] if n > 0 else [])
+    blocks = ([(0, n, False)] if n > 0 else []) + [(n, L, True)]
     dq = None
     dk, dv = torch.empty_like(k), torch.empty_like(v)  # (the layouts the fake kernel gives)
     for start, length, causal in blocks:
         kb, vb = k.narrow(-2, start, length), v.narrow(-2, start, length)
         out_b, lse_b = _in_kernel_layout(kern, q, kb, vb, causal, scale, out, lse)
-        g = kern.call_backward(dout, q, kb, vb, out_b, lse_b, causal, scale)
-        dq = g[0].float() if dq is None else dq + g[0]
-        dk.narrow(-2, start, length).copy_(g[1])
-        dv.narrow(-2, start, length).copy_(g[2])
+        dq_b, dk_b, dv_b = kern.call_backward(dout, q, kb, vb, out_b, lse_b, causal, scale)[:3]
+        del out_b, lse_b
+        dk.narrow(-2, start, length).copy_(dk_b)
+        dv.narrow(-2, start, length).copy_(dv_b)
+        del dk_b, dv_b
+        dq = dq_b.float() if dq is None else dq.add_(dq_b)   # (summed in fp32)
+        del dq_b
+    if dq.dtype == q.dtype and dq.stride() == q.stride():
+        return dq, dk, dv
     return torch.empty_like(q).copy_(dq), dk, dv
 
 
@@ -101,16 +115,42 @@ def _backward(ctx, dout, dlse):
 causal_blocks.register_autograd(_backward, setup_context=_setup)
 
 
-def _nbytes(x, itemsize=None):
-    v = x.meta.get("val")
-    n = v.numel()
-    n = n.node.expr if isinstance(n, torch.SymInt) else n
-    return n * (itemsize or v.element_size())
+# What the ops allocate inside beyond their outputs, for the memory model (``memory.WORKSPACE``),
+# phase by phase as the code above runs, with each block's kernel workspace from the kernel table.
+def _sizes(q, k, v):
+    """(bytes of a query-sized tensor, of it in fp32, of one key's K and V rows, keys, queries)."""
+    S = memory.nbytes_expr(q)
+    rows, keys = q.shape[-2], k.shape[-2]
+    rows, keys = (x.node.expr if isinstance(x, torch.SymInt) else x for x in (rows, keys))
+    return S, S * 4 / q.element_size(), (memory.nbytes_expr(k) + memory.nbytes_expr(v)) / keys, keys, rows
 
 
-# What the ops make inside beyond their outputs, for the memory model: the forward, both blocks'
-# outputs and their fp32 merge (four query-sized fp32 tensors); the backward, the blocks' kernel
-# gradients of K and V before they are copied into dk, dv, and dq summed in fp32.
-memory.WORKSPACE[torch.ops.streamfx.causal_blocks.default] = lambda n: 4 * _nbytes(n.args[1], 4)
-memory.WORKSPACE[torch.ops.streamfx.causal_blocks_backward.default] = \
-    lambda n: _nbytes(n.args[3]) + _nbytes(n.args[4]) + _nbytes(n.args[2], 4)
+def _forward_workspace(node):
+    """Each block's output while its kernel runs (with the kernel's workspace), the diagonal
+    block's beside the prefix block's call; an fp32 merge runs in place in the prefix block's
+    output (the op's output), a 16-bit one in two fp32 temporaries beside the diagonal output."""
+    kern, q, k, v = node.args[0], *(a.meta["val"] for a in node.args[1:4])
+    ws = kernels.BY_NAME[kern].workspace or (lambda *a: 0)
+    S, S32, _, keys, L = _sizes(q, k, v)
+    # (the op's output, counted with its outputs: the diagonal block's output stands in it first)
+    if q.dtype == torch.float32:
+        return sympy.Max(ws(q, k, L, False), S + ws(q, k, keys - L, False))
+    return sympy.Max(ws(q, k, L, False), S + ws(q, k, keys - L, False), S + 2 * S32)
+
+
+def _backward_workspace(node):
+    """Per block: its output and lse copied into the kernel's layout, the kernel's dq, dK and dV
+    over the block's keys, and its workspace; during the diagonal block (the second) also dq
+    summed in fp32 (copied into the op's dq output at the end, in the query's layout)."""
+    kern, q, k, v = node.args[0], *(a.meta["val"] for a in node.args[2:5])
+    ws = kernels.BY_NAME[kern].workspace or (lambda *a: 0)
+    S, S32, kv_row, keys, L = _sizes(q, k, v)
+    lse = S32 / q.shape[-1]
+    # (the op's dq output, counted with its outputs, is made at the end: a block's dq stands in it)
+    prefix = S + lse + kv_row * (keys - L) + ws(q, k, keys - L, True)
+    diag = S32 + S + lse + kv_row * L + ws(q, k, L, True)
+    return sympy.Max(prefix, diag)
+
+
+memory.WORKSPACE[torch.ops.streamfx.causal_blocks.default] = _forward_workspace
+memory.WORKSPACE[torch.ops.streamfx.causal_blocks_backward.default] = _backward_workspace

@@ -135,12 +135,19 @@ class _Workspace:
 
     def __init__(self, node):
         self.node = node
+        self.name = f"{node.name}.workspace"
 
 
 def _workspace(n: fx.Node) -> list:
-    """[(key, bytes)] of the op's workspace, [] for ops with none registered."""
-    fn = WORKSPACE.get(n.target) if n.op == "call_function" else None
-    return [(_Workspace(n), fn(n))] if fn is not None else []
+    """[(key, bytes)] of the op's workspace: registered here, or an attention kernel's from the
+    kernel table (``streamfx.passes.kernels``); [] for ops with none."""
+    from streamfx.passes import kernels
+
+    if n.op != "call_function":
+        return []
+    fn = WORKSPACE.get(n.target)
+    size = fn(n) if fn is not None else kernels.workspace(n)
+    return [(_Workspace(n), size)] if fn is not None or size != 0 else []
 
 
 # ---- what Inductor's generated code allocates ---------------------------------------------------------

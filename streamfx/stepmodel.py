@@ -302,6 +302,9 @@ class StepModel:
         role = getattr(self, "roles", {}).get(node.name)
         if role is not None:
             return role
+        if isinstance(node, memory._Workspace):
+            op = getattr(node.node.target, "__name__", str(node.node.target)).split(".")[0]
+            return (f"{op} workspace (inside the op)", memory.module_path(node.node), memory.where(node.node))
         parent = node.args[0] if node.target is operator.getitem else node
         if _op(parent) in (REGION, REGION_BACKWARD):
             work = self.works.get(parent.args[0])

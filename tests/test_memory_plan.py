@@ -516,3 +516,30 @@ def test_a_chunk_graph_is_sized_as_inductors_code_runs_it(case):
     assert abs(fused / measured - 1) <= 0.10, (case, fused, measured, eager)
     if case == "lm head and loss":   # (eager stores the log-softmax's intermediates: twice the logits more)
         assert eager > 1.4 * measured, (eager, measured)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_causal_blocks_are_sized_as_they_run(dtype):
+    """A chunk's causal attention against a longer key prefix as two kernel calls (``streamfx.blocks``),
+    forward and backward: the memory model (its outputs, its phases, the CPU flash kernel's own
+    buffers from the kernel table) against the profiler's record of its allocations, within 5%."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    import streamfx.blocks  # noqa: F401 - registers the ops
+    from streamfx import memory
+
+    g = torch.Generator().manual_seed(0)
+    B, H, KV, L, N, D = 1, 8, 4, 512, 2048, 64
+    q, dout = (torch.randn(B, H, L, D, generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(B, KV, N, D, generator=g).to(dtype) for _ in range(2))
+
+    def step(q, k, v, dout):
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        out, _ = torch.ops.streamfx.causal_blocks("cpu-flash", q, k, v, None)
+        return torch.autograd.grad(out, (q, k, v), dout)
+
+    traced = make_fx(step)(q, k, v, dout)
+    predicted = memory.peak_of(memory.Live.of(traced.graph), {})[0]
+    step(q, k, v, dout)
+    measured = _allocated_peak(lambda: step(q, k, v, dout))
+    assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)
