@@ -24,6 +24,16 @@ def pytest_configure(config):
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
 
 
+def pytest_runtest_logreport(report):
+    """``STREAMFX_DURATIONS=FILE``: each test's phases and seconds appended to FILE as they end
+    (what ``tests/tiers.py`` sizes the default run and the fast tier by; a run stopped early
+    still leaves the times of what finished)."""
+    path = os.environ.get("STREAMFX_DURATIONS")
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{report.duration:.2f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")
+
+
 def pytest_collection_modifyitems(config, items):
     """The architecture sweep and the extended tier (``tiers.cases``) run only when asked for by
     name (``-m sweep``, ``-m extended``): the sweep takes over an hour, the extended cases repeat
