@@ -42,10 +42,18 @@ def pytest_collection_modifyitems(config, items):
     for mark in ("sweep", "extended"):
         if mark in expr:
             continue
-        kept = [item for item in items if item.get_closest_marker(mark) is None]
-        if len(kept) != len(items):
-            config.hook.pytest_deselected(items=[item for item in items if item.get_closest_marker(mark)])
-            items[:] = kept
+        _deselect(config, items, lambda item: item.get_closest_marker(mark) is not None)
+    # the fast tier leaves out heavy and slow tests (``heavy``: half a minute or more on two shared
+    # cores), whatever their module's or function's marks; the default run keeps them
+    if "fast" in expr and "heavy" not in expr and "slow" not in expr:
+        _deselect(config, items, lambda item: any(item.get_closest_marker(m) is not None for m in ("heavy", "slow")))
+
+
+def _deselect(config, items, out):
+    kept = [item for item in items if not out(item)]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if out(item)])
+        items[:] = kept
 
 
 @pytest.fixture(autouse=True)

@@ -102,6 +102,7 @@ def test_bidirectional_attention_is_not_causal():
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_regions_cut_at_residual_stream():
     model = TinyLM(V=32, d=16, H=2, layers=3)
     idx = torch.randint(0, 32, (2, 12))

@@ -14,8 +14,8 @@ from streamfx.bench.summary import least_squares_slope  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 METHODS = ["eager", "ckpt", "streambp-eager"]
-# one worker runs the module under pytest-xdist (--dist loadgroup): the benchmark fixture runs once
-pytestmark = pytest.mark.xdist_group("bench")
+# one worker runs the tests of the tiny run under pytest-xdist (--dist loadgroup): its fixture runs once
+TINY_RUN = pytest.mark.xdist_group("bench")
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +27,14 @@ def tiny_run(tmp_path_factory):
     return out
 
 
+@TINY_RUN
 def test_outputs_exist(tiny_run):
     for name in ("results.md", "results.json", "results.csv", "memory.png"):
         assert (tiny_run / name).is_file(), name
     assert (tiny_run / "memory.png").read_bytes()[:8] == PNG_MAGIC
 
 
+@TINY_RUN
 def test_markdown_has_a_row_per_method(tiny_run):
     md = (tiny_run / "results.md").read_text()
     rows = {}  # first table: one row per method
@@ -50,6 +52,7 @@ def test_markdown_has_a_row_per_method(tiny_run):
     assert "torch" in md and "transformers" in md and "cores" in md
 
 
+@TINY_RUN
 def test_json_fields(tiny_run):
     doc = json.loads((tiny_run / "results.json").read_text())
     assert {"meta", "config", "summary", "runs", "max_len"} <= set(doc)
@@ -74,6 +77,7 @@ def test_json_fields(tiny_run):
     assert rows["liger"]["status"] == "needs CUDA"
 
 
+@TINY_RUN
 def test_csv_has_a_line_per_run(tiny_run):
     lines = (tiny_run / "results.csv").read_text().strip().splitlines()
     assert lines[0].startswith("preset,method,seq")
@@ -141,6 +145,7 @@ def test_shifted_loss_equals_the_model_loss():
 
 
 @pytest.mark.slow
+@pytest.mark.extended   # (FSDP2 itself streams in test_distributed.py; this is the benchmark's table)
 def test_fsdp_memory_per_rank(tmp_path):
     """The FSDP2 memory benchmark on 2 ranks (tiny preset): every rank measured, streambp's layers
     and head streamed, its gradient shards equal eager's."""
@@ -205,6 +210,7 @@ def test_gpu_command_tiny_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended   # (a profiling aid for GPU sessions; the GPU command itself runs in the default run)
 def test_gpu_profile_on_cpu(tmp_path):
     """``python -m streamfx.bench.gpu_profile``: per method and length a first step, a measured
     step, and the Python and op profiles of one more, written to profile.md."""

@@ -114,6 +114,7 @@ def _max_rel_error(run) -> float:
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_straight_through_estimator_streams_with_its_own_backward():
     """The estimator's backward (the identity) is not the derivative of its forward (zero almost
     everywhere): differentiating the forward again would zero every gradient below it. As a unit

@@ -231,6 +231,7 @@ class WithSizedFunction(torch.nn.Module):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_custom_autograd_function_with_a_size_argument_runs_unstreamed_and_says_where():
     """A symbolic size argument keeps the Function from being one op (a chunk would need its own
     size); its backward is not the derivative, so the graph runs unstreamed and exact, and the

@@ -670,7 +670,7 @@ class MeanTokenLoss(nn.Module):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("dynamic", [None, True])
+@pytest.mark.parametrize("dynamic", [None, pytest.param(True, marks=pytest.mark.heavy)])
 def test_mean_of_per_token_loss_streams(dynamic):
     """The mean of a whole tensor is its sum over its size: the head streams a ``.mean()`` loss
     (with static and symbolic sizes), exactly."""
@@ -727,6 +727,7 @@ def test_head_grad_modes(case, mode):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_head_grad_auto_is_forward_for_one_loss_value_only():
     """head_grad="auto" (the default) computes the gradient in the forward where one value carries
     it (a scalar loss: one backward per chunk, no recompute), and recomputes where several do

@@ -59,6 +59,7 @@ def test_largest_fitting_chunk():
 
 
 # ---- the report ----------------------------------------------------------------------------------
+@pytest.mark.heavy
 def test_planning_computes_no_chunk():
     """plan_memory runs the model once to compile it; its streamed regions only give outputs of
     the right shapes (a large vocabulary's head would compute its logits and gradients for
@@ -111,6 +112,7 @@ def test_checkpointing_baseline_keeps_layer_inputs_only(report):
     assert len(layers_with_internals(rows)) == zoo.LAYERS
 
 
+@pytest.mark.heavy
 def test_a_sliding_window_layer_chunk_reads_its_window_of_keys():
     """A chunk of a sliding-window layer reads at most c + W - 1 keys, whatever T: its working
     set does not grow with the length (Mistral, W = 5)."""
@@ -166,6 +168,7 @@ def _step(options, T):
     return COUNTERS["chunks_forward"] - before
 
 
+@pytest.mark.heavy
 def test_impossible_budget_raises_before_the_step():
     model, _ = zoo.qwen3("sdpa")
     compiled = torch.compile(model, backend="streambp", options={"memory_budget": 4096})
@@ -176,6 +179,7 @@ def test_impossible_budget_raises_before_the_step():
     assert COUNTERS["chunks_forward"] == before
 
 
+@pytest.mark.heavy
 def test_larger_budget_runs_fewer_chunks(report):
     T = 256
     tight = report.held + report.model.peak(T, 64, 64)   # about what chunks of 64 tokens need
@@ -202,6 +206,7 @@ def test_the_step_runs_the_chunk_sizes_the_report_predicts(report):
 
 
 # ---- explain and the CLI ----------------------------------------------------------------------------
+@pytest.mark.heavy
 def test_explain_shows_chunks_and_predicted_peak():
     model, _ = zoo.qwen3("sdpa")
     ids = _ids(TRACE)
@@ -220,6 +225,7 @@ def _tiny_config() -> dict:
                 head_dim=zoo.HEAD_DIM, tie_word_embeddings=False, max_position_embeddings=64)
 
 
+@pytest.mark.heavy
 def test_cli_prints_longest_sequences(tmp_path, capsys):
     from streamfx import plan
 
@@ -233,6 +239,7 @@ def test_cli_prints_longest_sequences(tmp_path, capsys):
     assert m and c and int(m.group(1)) > int(c.group(1)) > 0
 
 
+@pytest.mark.heavy
 def test_cli_traces_the_second_model_once_with_the_first_ones_dropped_outputs(monkeypatch):
     """The CLI's 3-layer trace detaches the outputs the 2-layer one found dropped (the logits):
     one trace instead of two, and the same report as a trace that finds them itself. Detaching an
@@ -266,6 +273,7 @@ def test_cli_traces_the_second_model_once_with_the_first_ones_dropped_outputs(mo
             assert r.step_peak(T, "activation checkpointing") == found.step_peak(T, "activation checkpointing")
 
 
+@pytest.mark.heavy
 def test_cli_extrapolates_each_place_of_the_step_where_the_peak_moves_with_depth():
     """The CLI predicts an L-layer model from traces of 2 and 3 layers. Where the peak sits moves
     with depth: at 2 or 3 layers at the head's logits, deeper at the end of the backward where
@@ -341,6 +349,7 @@ print("same curves", graphs)
 """
 
 
+@pytest.mark.heavy
 def test_memory_curves_of_a_cuda_graph_are_traced_without_the_device(tmp_path):
     """The chunk graphs of a GPU compile name the CUDA device (their inputs, factory arguments).
     Their memory curves are traced on the CPU: the same sizes, and the autograd engine never runs a
@@ -413,6 +422,7 @@ def test_a_memory_model_failing_under_a_budget_raises_and_device_errors_pass_thr
     assert got.value is oom
 
 
+@pytest.mark.heavy
 def test_a_16_bit_layer_backward_holds_fp32_sums_of_its_weight_gradients_over_several_chunks():
     """A bf16 layer's backward over more than one chunk sums its weights' gradients in fp32 and
     its input's gradient rows in an fp32 buffer of the whole length; over one chunk it makes no

@@ -64,6 +64,7 @@ def test_other_top_k(top_k):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_dispatch_is_classed_token_local():
     """The dispatch ops are token-local in the analysis (not merely unstreamed without a word)."""
     model, make_inputs = zoo.qwen3_moe()

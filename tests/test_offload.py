@@ -67,7 +67,7 @@ def test_offload_dir_that_is_a_file_raises(tmp_path):
 
 # ---- exact gradients ----------------------------------------------------------------------------
 @pytest.mark.fast
-@pytest.mark.parametrize("case", ["right_pad", "left_pad"])
+@pytest.mark.parametrize("case", [pytest.param("right_pad", marks=pytest.mark.heavy), "left_pad"])
 def test_disk_offload_is_exact_and_leaves_no_files(case, tmp_path, monkeypatch):
     deep(monkeypatch)
     model, make_inputs = zoo.qwen3_sdpa()
@@ -140,6 +140,7 @@ def gpt2_dropout(layers=L):
 
 @pytest.mark.fast
 @pytest.mark.parametrize("options", [{"keep_every": 2}, {"keep_every": 3, "offload": "disk"}], ids=["keep2", "keep3-disk"])
+@pytest.mark.heavy
 def test_dropout_is_replayed(options, tmp_path):
     """With dropout on, the rebuilt inputs see the forward's dropout masks: gradients equal those
     of the same compile without the options under the same seed (and the masks are drawn: the
@@ -298,6 +299,7 @@ def test_layers_compiled_alone(tmp_path, monkeypatch):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_explain_says_what_was_chosen(monkeypatch):
     deep(monkeypatch, 4)
     model, make_inputs = zoo.qwen3_sdpa()
@@ -320,6 +322,7 @@ def test_inductor_disk_and_keep_every(tmp_path, monkeypatch):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_later_lengths_through_the_symbolic_compile(tmp_path, monkeypatch):
     """The second length recompiles with symbolic sizes (the stored inputs' shapes are symbols in
     the backward); the third reuses that compile. Every length is exact and leaves no file."""

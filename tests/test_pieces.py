@@ -53,6 +53,7 @@ def test_decoder_layers_compiled_alone(case):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_explain_decoder_layer_alone():
     model, make_inputs = zoo.qwen3()
     inputs = make_inputs("odd17")
