@@ -53,15 +53,15 @@ def test_forms_at_every_chunk_size(name, chunk):
     check(name, "prompt", {"chunk_size": chunk, "head_chunk_size": 4})
 
 
-@pytest.mark.parametrize("case", ["left_pad", "prompt", pytest.param("right_pad", marks=SLOW),
-                                  pytest.param("odd13", marks=SLOW)])
+@pytest.mark.parametrize("case", ["left_pad", "prompt", pytest.param("right_pad", marks=[SLOW, pytest.mark.extended]),
+                                  pytest.param("odd13", marks=[SLOW, pytest.mark.extended])])
 @pytest.mark.parametrize("name", HF)
 def test_hf_forms_with_padding_and_prompts(name, case):
     check(name, case, {"chunk_size": 5})
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("chunk", [1, T - 1, T + 7])
+@pytest.mark.parametrize("chunk", [1, pytest.param(T - 1, marks=pytest.mark.extended), pytest.param(T + 7, marks=pytest.mark.extended)])
 @pytest.mark.parametrize("name", HF)
 def test_hf_forms_at_every_chunk_size(name, chunk):
     check(name, "left_pad", {"chunk_size": chunk})
