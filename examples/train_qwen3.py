@@ -74,25 +74,28 @@ def main() -> None:
     # the step's memory: predicted from a short trace, measured over one step
     short = args.seq // 16
     plan = streamfx.plan_memory(build(), input_ids=ids[:, :short], labels=labels[:, :short], options=options)
-    streamed = measure_step(model, lambda: compiled(input_ids=ids, labels=labels).loss.backward())
+    streamed, streamed_tensors = measure_step(model, lambda: compiled(input_ids=ids, labels=labels).loss.backward())
     reference.gradient_checkpointing_enable()
-    ckpt = measure_step(reference, lambda: reference(input_ids=ids, labels=labels).loss.backward())
+    ckpt, ckpt_tensors = measure_step(reference, lambda: reference(input_ids=ids, labels=labels).loss.backward())
     mib = 2 ** 20
-    print(f"step peak at T={args.seq}: streamfx measured {streamed / mib:.1f} MiB, predicted "
-          f"{plan.step_peak(args.seq) / mib:.1f} MiB; HF gradient checkpointing measured {ckpt / mib:.1f} MiB, "
-          f"predicted {plan.step_peak(args.seq, 'activation checkpointing') / mib:.1f} MiB")
+    print(f"step peak at T={args.seq}: streamfx measured {streamed / mib:.1f} MiB ({streamed_tensors / mib:.1f} "
+          f"of tensors), predicted {plan.step_peak(args.seq) / mib:.1f} MiB; HF gradient checkpointing measured "
+          f"{ckpt / mib:.1f} MiB ({ckpt_tensors / mib:.1f} of tensors), predicted "
+          f"{plan.step_peak(args.seq, 'activation checkpointing') / mib:.1f} MiB")
     print(plan.breakdown(args.seq))
 
 
-def measure_step(model, step) -> int:
-    """Bytes by which one step (after a warm-up step) raises the peak: RSS on CPU."""
-    from streamfx.bench.worker import MemoryMeter
+def measure_step(model, step) -> tuple[int, int]:
+    """Bytes by which one step (after a warm-up step) raises the peak: RSS on CPU, and the peak
+    of the tensors the step allocates (RSS also holds the allocator's own memory)."""
+    from streamfx.bench.worker import MemoryMeter, allocated_peak
 
     step()
     model.zero_grad(set_to_none=True)
     with MemoryMeter("cpu") as meter:
         step()
-    return meter.peak_bytes - meter.pre_bytes
+    model.zero_grad(set_to_none=True)
+    return meter.peak_bytes - meter.pre_bytes, allocated_peak(step)
 
 
 if __name__ == "__main__":

@@ -473,27 +473,6 @@ def _cases():
             "norm, rotary": (_rms_norm_rotary, [r(T, H), r(H), r(H, H), r(H, H)], (0, 1, 2, 3))}
 
 
-def _allocated_peak(fn) -> int:
-    """The peak of the CPU tensor bytes live while ``fn`` runs, above those live before it (the
-    profiler's record of every allocation and free)."""
-    from torch._C._profiler import _EventType
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events, todo = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while todo:
-        e = todo.pop()
-        todo += e.children
-        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
-            events.append((e.start_time_ns, e.extra_fields.alloc_size))
-    now = peak = 0
-    for _, b in sorted(events):
-        now += b
-        peak = max(peak, now)
-    return peak
-
-
 @pytest.mark.parametrize("case", ["lm head and loss", "gated mlp", "norm, rotary"])
 def test_a_chunk_graph_is_sized_as_inductors_code_runs_it(case):
     """The working set of a chunk graph compiled by Inductor (its forward and backward) is the
@@ -503,6 +482,7 @@ def test_a_chunk_graph_is_sized_as_inductors_code_runs_it(case):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from streamfx import memory
+    from streamfx.bench.worker import allocated_peak
 
     f, args, wrt = _cases()[case]
 
@@ -522,7 +502,7 @@ def test_a_chunk_graph_is_sized_as_inductors_code_runs_it(case):
         return torch.autograd.grad(compiled(*a), [a[i] for i in wrt])
 
     run()
-    measured = _allocated_peak(run)
+    measured = allocated_peak(run)
     assert abs(fused / measured - 1) <= 0.10, (case, fused, measured, eager)
     if case == "lm head and loss":   # (eager stores the log-softmax's intermediates: twice the logits more)
         assert eager > 1.4 * measured, (eager, measured)
@@ -537,6 +517,7 @@ def test_causal_blocks_are_sized_as_they_run(dtype):
 
     import streamfx.blocks  # noqa: F401 - registers the ops
     from streamfx import memory
+    from streamfx.bench.worker import allocated_peak
 
     g = torch.Generator().manual_seed(0)
     B, H, KV, L, N, D = 1, 8, 4, 512, 2048, 64
@@ -551,5 +532,5 @@ def test_causal_blocks_are_sized_as_they_run(dtype):
     traced = make_fx(step)(q, k, v, dout)
     predicted = memory.peak_of(memory.Live.of(traced.graph), {})[0]
     step(q, k, v, dout)
-    measured = _allocated_peak(lambda: step(q, k, v, dout))
+    measured = allocated_peak(lambda: step(q, k, v, dout))
     assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)

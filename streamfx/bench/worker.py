@@ -165,6 +165,28 @@ class MemoryMeter:
         return False
 
 
+def allocated_peak(fn) -> int:
+    """Peak bytes of CPU tensors allocated while ``fn`` runs, above those live before it: the
+    profiler's record of every allocation and free (the tensors alone, where RSS also counts the
+    allocator's own memory)."""
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events, todo = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while todo:
+        e = todo.pop()
+        todo += e.children
+        if e.tag == _EventType.Allocation and e.extra_fields.device.type == "cpu":
+            events.append((e.start_time_ns, e.extra_fields.alloc_size))
+    now = peak = 0
+    for _, b in sorted(events):
+        now += b
+        peak = max(peak, now)
+    return peak
+
+
 # ---------------------------------------------------------------- gradients
 
 _WRAPPER_PARTS = {"base_layer", "_orig_mod", "_checkpoint_wrapped_module"}
