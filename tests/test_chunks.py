@@ -44,7 +44,7 @@ def _train(layers: int, codegen: str):
     assert_grads_match(grads_of(ref), grads_of(model))
 
 
-@pytest.mark.parametrize("codegen", ["eager", "inductor"])
+@pytest.mark.parametrize("codegen", ["eager", pytest.param("inductor", marks=pytest.mark.heavy)])
 def test_layers_share_their_chunk_graphs(codegen):
     """One layer or three: as many chunk graphs checked (and under Inductor compiled), since the
     layers' chunk graphs differ only in their node names; gradients stay exact."""

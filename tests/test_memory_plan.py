@@ -188,6 +188,7 @@ def test_larger_budget_runs_fewer_chunks(report):
     assert few < many
 
 
+@pytest.mark.heavy
 def test_the_step_runs_the_chunk_sizes_the_report_predicts(report):
     """The budget policy sizes chunks from inside the region op (below autograd): its chunk
     working sets must include each chunk's backward, as the report's do. Budgets halfway between
