@@ -142,7 +142,7 @@ def workspace(node) -> int | object:
     kern = fwd or bwd
     if kern is None or kern.workspace is None:
         return 0
-    q, k = (a.meta.get("val") for a in node.args[(0 if fwd else 1):(2 if fwd else 3)])
+    q, k = (getattr(a, "meta", {}).get("val") for a in node.args[(0 if fwd else 1):(2 if fwd else 3)])
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)):
         return 0
     return kern.workspace(q, k, k.shape[-2], bwd is not None)
