@@ -54,6 +54,10 @@ class Kernel:
     workspace: Callable | None = None   # (q, k, keys, backward) -> bytes it allocates inside beyond its
                                         # outputs, for ``keys`` keys (sizes may be symbolic); None: nothing known
 
+    def workspace_bytes(self, q, k, keys, backward: bool):
+        """``workspace`` for ``keys`` keys, 0 where the table knows none."""
+        return self.workspace(q, k, keys, backward) if self.workspace is not None else 0
+
     @property
     def blocks(self) -> bool:
         """Whether a chunk can run as blocks merged through the log-sum-exp (the backward reads
@@ -93,7 +97,7 @@ def _cpu_flash_backward(dout, q, k, v, out, lse, causal, scale):
                                                                      scale=scale)
 
 
-def _size(n):
+def size_expr(n):
     """A size as an int or a sympy expression (a symbolic size's expression)."""
     return n.node.expr if isinstance(n, torch.SymInt) else n
 
@@ -108,7 +112,7 @@ def _cpu_flash_workspace(q, k, keys, backward):
     from 192, else 32) by kvSplit = min(512, keys) keys: the forward's scores, their row max and
     sum and a qSplit x D output block; the backward's scores and their gradients, and a copy of the
     output gradient; 16-bit inputs add the scores (and gradients) in their own type."""
-    L, D, keys = _size(q.shape[-2]), _size(q.shape[-1]), _size(keys)
+    L, D, keys = size_expr(q.shape[-2]), size_expr(q.shape[-1]), size_expr(keys)
     split = {256: 768, 64: 192}
     qs = sympy.Piecewise(*[(sympy.Min(s, L), sympy.Ge(L, at)) for s, at in split.items()], (sympy.Min(32, L), True))
     kvs = sympy.Min(512, keys)
@@ -117,7 +121,7 @@ def _cpu_flash_workspace(q, k, keys, backward):
     if backward:
         per = 2 * qs * kvs * acc + (2 * qs * kvs * q.element_size() if low else 0)
         # (and the output gradient made contiguous in the kernel's [B, L, H, D] layout: a copy)
-        return torch.get_num_threads() * per + _size(q.numel()) * q.element_size()
+        return torch.get_num_threads() * per + size_expr(q.numel()) * q.element_size()
     per = (qs * kvs + 2 * qs + qs * D) * acc + (qs * kvs * q.element_size() if low else 0)
     return torch.get_num_threads() * per
 
@@ -129,8 +133,8 @@ def _flash_workspace(q, k, keys, backward):
     heads dK and dV at every query head before their sum over each group. The forward: none."""
     if not backward:
         return 0
-    B, H, L, D = (_size(n) for n in q.shape)
-    keys, groups = _size(keys), q.shape[1] != k.shape[1]
+    B, H, L, D = (size_expr(n) for n in q.shape)
+    keys, groups = size_expr(keys), q.shape[1] != k.shape[1]
     rows = B * _ceil_to(L, 128) * H
     dq = rows * _ceil_to(D, 32 if (isinstance(D, int) and D <= 128) else 64) * 4
     return dq + rows * 4 + (2 * B * keys * H * D * q.element_size() if groups else 0)
@@ -140,12 +144,12 @@ def workspace(node) -> int | object:
     """Bytes a kernel's op allocates inside beyond its outputs (0 when the table knows none)."""
     fwd, bwd = KERNELS.get(node.target), BY_BACKWARD.get(node.target)
     kern = fwd or bwd
-    if kern is None or kern.workspace is None:
+    if kern is None:
         return 0
     q, k = (getattr(a, "meta", {}).get("val") for a in node.args[(0 if fwd else 1):(2 if fwd else 3)])
     if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)):
         return 0
-    return kern.workspace(q, k, k.shape[-2], bwd is not None)
+    return kern.workspace_bytes(q, k, k.shape[-2], bwd is not None)
 
 
 def _entries():

@@ -120,8 +120,7 @@ causal_blocks.register_autograd(_backward, setup_context=_setup)
 def _sizes(q, k, v):
     """(bytes of a query-sized tensor, of it in fp32, of one key's K and V rows, keys, queries)."""
     S = memory.nbytes_expr(q)
-    rows, keys = q.shape[-2], k.shape[-2]
-    rows, keys = (x.node.expr if isinstance(x, torch.SymInt) else x for x in (rows, keys))
+    rows, keys = kernels.size_expr(q.shape[-2]), kernels.size_expr(k.shape[-2])
     return S, S * 4 / q.element_size(), (memory.nbytes_expr(k) + memory.nbytes_expr(v)) / keys, keys, rows
 
 
@@ -129,26 +128,23 @@ def _forward_workspace(node):
     """Each block's output while its kernel runs (with the kernel's workspace), the diagonal
     block's beside the prefix block's call; an fp32 merge runs in place in the prefix block's
     output (the op's output), a 16-bit one in two fp32 temporaries beside the diagonal output."""
-    kern, q, k, v = node.args[0], *(a.meta["val"] for a in node.args[1:4])
-    ws = kernels.BY_NAME[kern].workspace or (lambda *a: 0)
+    kern, q, k, v = kernels.BY_NAME[node.args[0]], *(a.meta["val"] for a in node.args[1:4])
     S, S32, _, keys, L = _sizes(q, k, v)
+    merge = 0 if q.dtype == torch.float32 else S + 2 * S32
     # (the op's output, counted with its outputs: the diagonal block's output stands in it first)
-    if q.dtype == torch.float32:
-        return sympy.Max(ws(q, k, L, False), S + ws(q, k, keys - L, False))
-    return sympy.Max(ws(q, k, L, False), S + ws(q, k, keys - L, False), S + 2 * S32)
+    return sympy.Max(kern.workspace_bytes(q, k, L, False), S + kern.workspace_bytes(q, k, keys - L, False), merge)
 
 
 def _backward_workspace(node):
     """Per block: its output and lse copied into the kernel's layout, the kernel's dq, dK and dV
     over the block's keys, and its workspace; during the diagonal block (the second) also dq
     summed in fp32 (copied into the op's dq output at the end, in the query's layout)."""
-    kern, q, k, v = node.args[0], *(a.meta["val"] for a in node.args[2:5])
-    ws = kernels.BY_NAME[kern].workspace or (lambda *a: 0)
+    kern, q, k, v = kernels.BY_NAME[node.args[0]], *(a.meta["val"] for a in node.args[2:5])
     S, S32, kv_row, keys, L = _sizes(q, k, v)
     lse = S32 / q.shape[-1]
     # (the op's dq output, counted with its outputs, is made at the end: a block's dq stands in it)
-    prefix = S + lse + kv_row * (keys - L) + ws(q, k, keys - L, True)
-    diag = S32 + S + lse + kv_row * L + ws(q, k, L, True)
+    prefix = S + lse + kv_row * (keys - L) + kern.workspace_bytes(q, k, keys - L, True)
+    diag = S32 + S + lse + kv_row * L + kern.workspace_bytes(q, k, L, True)
     return sympy.Max(prefix, diag)
 
 
