@@ -47,6 +47,14 @@ class AxisTable:
         # that streams, which the runtime checks (each compiled chunk graph reads one size per axis)
         self.assumed: list[tuple] = []
         self.stacks: dict = {}    # (pieces, other dims' atoms) -> the axis of a stack of size-1 columns
+        # atom of one group of a sorted dim split by its groups' sizes -> (atoms of the sorted dim,
+        # the sizes (graph nodes, in order), the group's index): its rows are some of those rows
+        self.groups: dict = {}
+        # atom -> the atoms of its leading factor: a view that merged whole atoms with part of the
+        # next one made it (JetMoE's [slot, heads x dim] -> [slot x heads, dim]); its index is
+        # the factor's index times the rest, so a view that splits the factor's size off its
+        # front gives the factor back
+        self.leads: dict = {}
         self._ids = itertools.count()
 
     def fresh(self, size) -> tuple:
@@ -96,6 +104,22 @@ class AxisTable:
         """(atom, atom it permutes) of every sorted dim."""
         return [(n, o) for new, old in self.perms.values() for n, o in zip(new, old)]
 
+    def group(self, rows: tuple, sizes: tuple, i: int, size) -> tuple:
+        """A fresh atom for group ``i`` of the sorted dim ``rows`` split by ``sizes``."""
+        atom = self.fresh(size)
+        if atom:
+            self.groups[atom[0]] = (self.canon(rows), tuple(sizes), i)
+        return atom
+
+    def group_of(self, dim: tuple):
+        """(rows, sizes, index) when ``dim`` is one group of a split sorted dim, else None."""
+        dim = self.canon(dim)
+        return self.groups.get(dim[0]) if len(dim) == 1 else None
+
+    def group_pairs(self) -> list:
+        """(group atom, an atom of the dim it is a part of) of every group."""
+        return [(g, r) for g, (rows, _, _) in self.groups.items() for r in rows]
+
     def unify(self, x: tuple, y: tuple) -> None:
         """Make two dims the same axis; products unify atom by atom when their arity matches."""
         if len(x) != len(y):
@@ -120,6 +144,7 @@ class AxisTable:
         out: list = []
         i = j = 0
         n_in, n_out = len(in_shape), len(out_shape)
+        in_axes = tuple(self.canon(d) for d in in_axes)
         while j < n_out:
             if i < n_in and is_one(in_shape[i]) and not is_one(out_shape[j]):
                 i += 1
@@ -151,6 +176,33 @@ class AxisTable:
         return tuple(out)
 
     def _split(self, atoms: list, sizes: list) -> list:
+        result = self._split_whole(atoms, sizes)
+        first = next((j for j, s in enumerate(sizes) if not is_one(s)), None)
+        if first is None or not atoms or result[first] == tuple(atoms[:len(result[first])]):
+            return result
+        s, head = sizes[first], self.find(atoms[0])
+        lead = next((f for a, f in self.leads.items() if self.find(a) == head), None)
+        if lead is not None and same(self._size_of(lead), s):
+            result[first] = tuple(lead)  # the leading factor split off again
+            return result
+        whole, prod = [], 1
+        for a in atoms:
+            size = self.size[self.find(a)]
+            if not (isinstance(size, int) and isinstance(s, int) and s % (prod * size) == 0 and prod * size < s):
+                break
+            whole.append(a)
+            prod *= size
+        if whole and len(whole) < len(atoms) and result[first]:
+            self.leads[result[first][0]] = tuple(whole)
+        return result
+
+    def _size_of(self, atoms) -> object:
+        prod = 1
+        for a in atoms:
+            prod = prod * self.size[self.find(a)]
+        return prod
+
+    def _split_whole(self, atoms: list, sizes: list) -> list:
         result, k = [], 0
         for s in sizes:
             if is_one(s):

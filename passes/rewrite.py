@@ -126,6 +126,7 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
         if n.target is aten.constant_pad_nd.default and n.users and all(unpadded(u) is not None for u in n.users):
             continue
         new = _autograd_form(g.node_copy(n, lambda x: env.get(x, x)))
+        new.meta.pop("unbacked_bindings", None)  # (symbols of the joint graph's shape environment)
         if n in key_side and new.target in (aten.view.default, aten._unsafe_view.default):
             new.target = aten.reshape.default  # a prefix of a sequence-major buffer is strided
         sizes.patch(new, n, key_side=n in key_side)

@@ -100,6 +100,8 @@ def reduction(node, table, ax):
     keepdim = node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 and isinstance(node.args[2], bool) else False)
     out = kept if keepdim else tuple(a[k] for k in range(n) if k not in dims)
     n_out = len(node.meta["val"]) if isinstance(node.meta["val"], (tuple, list)) else 1
+    if node.target is aten.sum.dim_IntList and _only_group_sizes(node, table):
+        return RuleOut([out] * n_out)  # counted per chunk, with that chunk's rows
     return RuleOut([out] * n_out, reduced=tuple((x, k) for k in dims))
 
 
@@ -247,6 +249,10 @@ def slice_(node, table, ax):
     d = normalize_dim(node.args[1] if len(node.args) > 1 else 0, n)
     if same(shape(x)[d], out_shape(node)[d]):
         return RuleOut([tuple(a)])
+    group = _sliced_group(node, a[d], table)
+    if group is not None:
+        a[d] = group
+        return RuleOut([tuple(a)])
     sliced = a[d]
     a[d] = table.fresh(out_shape(node)[d])
     if len(sliced) == 1 and len(a[d]) == 1:
@@ -259,6 +265,12 @@ def split(node, table, ax):
     x = node.args[0]
     a, n = ax(x), len(shape(x))
     d = normalize_dim(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0), n)
+    if node.target is aten.split_with_sizes.default and split_groups(node.args[1], a[d], table):
+        # rows sorted by id, split into one group per id: each piece holds some of the tokens
+        sizes = tuple(node.args[1])
+        outs = [tuple(a[:d]) + (table.group(a[d], sizes, i, v.shape[d]),) + tuple(a[d + 1:])
+                for i, v in enumerate(node.meta["val"])]
+        return RuleOut(outs)
     if node.target is aten.unbind.int:
         d = normalize_dim(node.args[1] if len(node.args) > 1 else 0, n)
     outs = []
@@ -278,6 +290,10 @@ def cat(node, table, ax):
     n = len(out_shape(node))
     d = normalize_dim(node.args[1] if len(node.args) > 1 else 0, n)
     a = list(broadcast_except(node, table, ax, xs, d))
+    rows = regrouped(node.args[0], d, table, ax)
+    if rows is not None:  # the groups of a split sorted dim, back together in their order
+        a[d] = rows
+        return RuleOut([tuple(a)])
     along = {table.canon(ax(x)[d]) for x in xs}
     if len(xs) > 1 and len(along) == 1 and len(next(iter(along))) == 1:
         # pieces that share one axis along d are stacked: element (i, t) is piece i's row t
@@ -474,7 +490,8 @@ def index_target(x, table, ax):
         return table.canon(ax(x)[0])
     if t in VALUE_COPIES and len(shape(x)) == len(shape(x.args[0])) == 1:
         return index_target(x.args[0], table, ax)
-    if t is aten.div.Tensor_mode and x.kwargs.get("rounding_mode") == "floor" and isinstance(x.args[1], int):
+    if t is aten.div.Tensor_mode and x.kwargs.get("rounding_mode") in ("floor", "trunc") \
+            and isinstance(x.args[1], int) and x.args[1] > 0:  # (positions are >= 0: trunc is floor)
         atoms, c = index_target(x.args[0], table, ax), x.args[1]
         while atoms and not same(c, 1):
             size = table.size[atoms[-1]]
@@ -532,9 +549,11 @@ def index_put(node, table, ax):
     accumulate = len(node.args) > 3 and node.args[3]
     one = _one_index(indices)
     n = len(shape(dst))
-    if one is None or one[0] != 0 or accumulate or len(shape(one[1])) != 1:
+    if one is None or one[0] != 0 or len(shape(one[1])) != 1:
         return RuleOut([ax(dst)], mixed=tuple((dst, k) for k in range(n)))
     i = one[1]
+    if accumulate:
+        return _add_rows(dst, i, v, table, ax)
     target = index_target(i, table, ax)
     if target is None or not i.op == "call_function" or i.target is not operator.getitem \
             or not same(shape(dst)[0], shape(i)[0]):
@@ -544,6 +563,37 @@ def index_put(node, table, ax):
     if shape(v) and len(shape(v)) == n:
         table.identify(ax(v)[0], ax(i)[0])
     return RuleOut([(target,) + tuple(ax(dst)[1:])])
+
+
+def _add_rows(dst, i, v, table, ax):
+    """``dst[i] += v`` along dim 0 (``index_add``), with ``i`` holding, per row of ``v``, the
+    position of its token in ``dst`` (``perm // top_k``: the token of each expert slot): each
+    token's row sums its own slots. Into zeros made for it, or into rows of the same tokens."""
+    target = index_target(i, table, ax)
+    n = len(shape(dst))
+    a = ax(dst)
+    if target is None or not shape(v) or not (len(shape(v)) == n or (n == 1 and len(shape(v)) == 0)):
+        return RuleOut([a], mixed=((dst, 0),))
+    if not any(isinstance(tensor_meta(y), torch.Tensor) for y in dst.all_input_nodes):
+        table.identify(a[0], target)  # zeros made for the tokens: made per chunk at their size
+    elif table.canon(a[0]) != table.canon(target):
+        return RuleOut([a], mixed=((dst, 0),))
+    if len(shape(v)) == n:
+        table.unify(ax(v)[0], ax(i)[0])
+        for k in range(1, n):
+            table.unify(ax(v)[k], a[k])
+    return RuleOut([(target,) + tuple(a[1:])])
+
+
+@register(aten.index_add.default)
+def index_add(node, table, ax):
+    """``dst.index_add(dim, i, v)``: along dim 0, rows of the same tokens added (``_add_rows``)."""
+    dst, d, i, v = node.args[:4]
+    n = len(shape(dst))
+    if normalize_dim(d, n) != 0 or len(shape(i)) != 1 or (len(node.args) > 4 and node.args[4] != 1) \
+            or node.kwargs.get("alpha", 1) != 1:
+        return RuleOut([ax(dst)], mixed=((dst, normalize_dim(d, n)),))
+    return _add_rows(dst, i, v, table, ax)
 
 
 # by name: a library's custom op exists only once the library is imported
@@ -587,6 +637,203 @@ def grouped_mm(node, table, ax):
 NAMED_RULES = {name: grouped_mm for name in GROUPED_MM}
 
 
+# ---- groups of sorted rows: a split by the tokens per id (JetMoE's experts) ---------------------
+# ``counts = one_hot(ids).sum(0)`` (or ``bincount(ids)``), read with ``.tolist()`` as the sizes of
+# a split of the rows that an ascending sort of the same ids ordered: piece i holds the rows of id
+# i, a matmul per piece is a matmul per row, and a cat of every piece in order puts the rows back.
+# Per chunk of tokens the chunk counts its own ids and splits its own rows: no position of
+# another token is read. The counts are sizes only: a count used as a value stays a sum over the
+# sequence.
+def _source(x):
+    while isinstance(x, fx.Node) and x.op == "call_function" and x.target in VALUE_COPIES:
+        x = x.args[0]
+    return x
+
+
+def counted_ids(counts):
+    """The ids whose occurrences ``counts`` holds per id (``counts[e]``: how many ids equal e), or
+    None: ``histc`` / ``bincount`` of the ids, or a sum over every dim but the last of their
+    one-hot rows (1 scattered into zeros along the last dim, or ``ids[..., None] == arange(E)``)."""
+    n = _source(counts)
+    if not (isinstance(n, fx.Node) and n.op == "call_function"):
+        return None
+    if n.target in (aten.histc.default, aten.bincount.default):
+        return n.args[0]
+    if n.target is not aten.sum.dim_IntList:
+        return None
+    x = n.args[0]
+    k = len(shape(x))
+    if sorted(dims_arg(n, 1, k)) != list(range(k - 1)) or bind(n).get("keepdim"):
+        return None
+    hot = _source(x)
+    if not isinstance(hot, fx.Node) or hot.op != "call_function":
+        return None
+    if hot.target is aten.scatter.value and normalize_dim(hot.args[1], k) == k - 1 and hot.args[3] == 1 \
+            and len(shape(hot.args[2])) == k and _zeros(hot.args[0]):
+        return hot.args[2]
+    if hot.target is aten.eq.Tensor:
+        ids, classes = hot.args[0], hot.args[1]
+        if isinstance(ids, fx.Node) and ids.target is aten.unsqueeze.default \
+                and normalize_dim(ids.args[1], k) == k - 1 and isinstance(classes, fx.Node) \
+                and classes.target in (aten.arange.default, aten.arange.start, torch.ops.prims.iota.default) \
+                and len(shape(classes)) == 1:
+            start = classes.args[0] if classes.target is aten.arange.start else 0
+            return ids.args[0] if start == 0 else None
+    return None
+
+
+def _zeros(x) -> bool:
+    if not isinstance(x, fx.Node) or x.op != "call_function":
+        return False
+    if x.target in (aten.zeros.default, aten.zeros_like.default, aten.new_zeros.default):
+        return True
+    return x.target is aten.full.default and x.args[1] == 0
+
+
+def sorted_by(ids, rows, table):
+    """The sort node that ordered ``rows`` by ``ids`` ascending, or None."""
+    for node, (new, _) in table.perms.items():
+        if _source(node.args[0]) is _source(ids) and not bind(node).get("descending", False) \
+                and (rows is None or table.canon(new) == table.canon(rows)):
+            return node
+    return None
+
+
+def _sorted_somewhere(ids) -> bool:
+    """True when an ascending sort reads ``ids`` (through value copies and views)."""
+    todo, seen = [ids], set()
+    while todo:
+        n = todo.pop()
+        for u in n.users:
+            if u in seen:
+                continue
+            seen.add(u)
+            if u.target in (aten.sort.default, aten.sort.stable) and not bind(u).get("descending", False):
+                return True
+            if u.target in VALUE_COPIES and u.args[0] is n:
+                todo.append(u)
+    return False
+
+
+def split_groups(sizes, rows, table) -> bool:
+    """True when ``sizes`` are the group sizes of ``rows`` sorted by id: entry i is the count of id
+    i (``counts[i].item()``, every id in order), counted from the ids whose ascending sort ordered
+    ``rows``."""
+    if not isinstance(sizes, (list, tuple)) or not sizes or not rows:
+        return False
+    counts = None
+    for i, size in enumerate(sizes):
+        if not (isinstance(size, fx.Node) and size.target is aten._local_scalar_dense.default):
+            return False
+        picked = _entry(size.args[0])
+        if picked is None or picked[1] != i or (counts is not None and picked[0] is not counts):
+            return False
+        counts = picked[0]
+    if len(shape(counts)) != 1 or not same(shape(counts)[0], len(sizes)):
+        return False
+    ids = counted_ids(counts)
+    return ids is not None and sorted_by(ids, rows, table) is not None
+
+
+def _only_group_sizes(node, table) -> bool:
+    """True when ``node``'s counts are read only as the sizes of splits of rows sorted by the
+    counted ids (whether each split's rows are those rows is the split's rule), and in size
+    arithmetic: never as values."""
+    ids = counted_ids(node)
+    if ids is None or not _sorted_somewhere(_source(ids)):
+        return False
+    splits, picks = [], []
+    for u in node.users:
+        if u.target is aten.unbind.int and (u.args[1] if len(u.args) > 1 else 0) == 0:
+            picks.extend(u.users)
+        else:
+            picks.append(u)
+    for pick in picks:
+        if _entry(pick) is None:
+            return False
+        for size in pick.users:
+            if size.target is not aten._local_scalar_dense.default or not _used_as_size(size, splits):
+                return False
+    return bool(splits)
+
+
+def _entry(pick):
+    """(counts, i) when ``pick`` is entry i of a 1-d ``counts``: ``select(counts, 0, i)`` or
+    ``unbind(counts)[i]`` (how ``.tolist()`` reads it), else None."""
+    if not isinstance(pick, fx.Node) or pick.op != "call_function":
+        return None
+    if pick.target is aten.select.int and pick.args[1] == 0 and isinstance(pick.args[2], int):
+        return pick.args[0], pick.args[2]
+    if pick.target is operator.getitem and isinstance(pick.args[0], fx.Node) \
+            and pick.args[0].target is aten.unbind.int and (pick.args[0].args[1] if len(pick.args[0].args) > 1 else 0) == 0:
+        return pick.args[0].args[0], pick.args[1]
+    return None
+
+
+def _used_as_size(sym, splits, seen=None) -> bool:
+    """Every use of the integer ``sym`` is a size: of a split (collected), a slice's bounds, or
+    integer arithmetic and assertions on sizes."""
+    seen = set() if seen is None else seen
+    for u in sym.users:
+        if u in seen:
+            continue
+        seen.add(u)
+        v = u.meta.get("val")
+        if u.target is aten.split_with_sizes.default and u.args[0] is not sym:
+            splits.append(u)
+        elif u.target in (aten.slice.Tensor, aten.narrow.default) and u.args[0] is not sym:
+            continue
+        elif u.target is aten._assert_scalar.default:
+            continue
+        elif isinstance(v, (torch.SymInt, torch.SymBool, int, bool)) and not isinstance(v, torch.Tensor):
+            if not _used_as_size(u, splits, seen):
+                return False
+        else:
+            return False
+    return True
+
+
+def _size_expr(x):
+    v = x.meta.get("val") if isinstance(x, fx.Node) else x
+    if isinstance(v, torch.SymInt):
+        return v.node.expr
+    return v if isinstance(v, int) else None
+
+
+def regrouped(xs, d, table, ax):
+    """The sorted dim whose groups ``xs`` are along ``d``, every one in order, or None."""
+    if not xs or not all(isinstance(x, fx.Node) for x in xs):
+        return None
+    groups = [table.group_of(ax(x)[d]) if len(ax(x)) > d else None for x in xs]
+    if any(g is None for g in groups):
+        return None
+    rows, sizes = groups[0][0], groups[0][1]
+    if len(sizes) != len(xs) or any(g[0] != rows or g[1] != sizes or g[2] != i for i, g in enumerate(groups)):
+        return None
+    return rows
+
+
+def _sliced_group(node, dim, table):
+    """The group atom that ``x[start:end]`` along a dim split into groups takes (the backward of
+    their cat: bounds that are sums of the group sizes before it and up to it), or None."""
+    import sympy
+
+    b = bind(node) if node.target is aten.slice.Tensor else None
+    if b is None or b.get("step", 1) != 1:
+        return None
+    rows = table.canon(dim)
+    for atom, (g_rows, sizes, i) in table.groups.items():
+        if g_rows != rows:
+            continue
+        exprs = [_size_expr(s) for s in sizes]
+        start, end = _size_expr(b.get("start") or 0), _size_expr(b.get("end"))
+        if any(e is None for e in exprs) or start is None or end is None:
+            return None
+        if sympy.expand(start - sum(exprs[:i])) == 0 and sympy.expand(end - sum(exprs[:i + 1])) == 0:
+            return (atom,)
+    return None
+
+
 def rule_for(target):
     """The rule of an op: registered by overload, or by name (``namespace::op``)."""
     return RULES.get(target) or NAMED_RULES.get(op_name(target))
@@ -598,7 +845,7 @@ def histogram(node, table, ax):
     over rows sorted by the counted ids (counted per chunk, with that chunk's rows)."""
     x = node.args[0]
     reduced = tuple((x, k) for k in range(len(shape(x))))
-    if _only_group_offsets(node, table):
+    if _only_group_offsets(node, table) or _only_group_sizes(node, table):
         reduced = ()
     return RuleOut([table.fresh_like(out_shape(node))], reduced=reduced)
 

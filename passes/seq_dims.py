@@ -49,13 +49,14 @@ class SeqDims:
         ``hidden[:, -k:]``), and slices of those, are sequence axes too: their rows are tokens.
         The slice itself combines positions [a, b) of one axis into another (unknown-mixing),
         so only a region whose every per-token tensor is on one axis streams along it. A sort's
-        permuted dim is a sequence axis too (the same tokens, reordered)."""
+        permuted dim is a sequence axis too (the same tokens, reordered), and so is each group of
+        it that a split by its groups' sizes makes (some of those tokens)."""
         self.seq_atom = None if atom is None else self.table.find(atom)
         atoms = set() if atom is None else {self.seq_atom}
         grown = True
         while grown:
             grown = False
-            for out, src in self.table.slices + self.table.perm_pairs():
+            for out, src in self.table.slices + self.table.perm_pairs() + self.table.group_pairs():
                 if self.table.find(src) in atoms and self.table.find(out) not in atoms:
                     atoms.add(self.table.find(out))
                     grown = True

@@ -616,8 +616,19 @@ def _backward_whole(prog: RegionProgram, inputs: list, grads: list) -> list:
 @region.register_fake
 def _region_fake(key, inputs):
     prog = _PROGRAMS[key]
-    outs = [o.clone() if o is not None else o for o in prog.full.fn("eager", train=False)(*inputs)]
+    with _fresh_unbacked_discarded(inputs):
+        outs = [o.clone() if o is not None else o for o in prog.full.fn("eager", train=False)(*inputs)]
     return outs + (prog.stored_fakes(inputs) if prog.seeds is not None else [])
+
+
+def _fresh_unbacked_discarded(tensors):
+    """The region graph run on fake inputs for its outputs' shapes: the sizes it reads from data
+    inside (``.tolist()`` of tokens per expert, unbacked symbols) size no output, and are dropped."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode([t for t in tensors if isinstance(t, torch.Tensor)])
+    env = getattr(mode, "shape_env", None)
+    return env.ignore_fresh_unbacked_symbols() if env is not None else contextlib.nullcontext()
 
 
 @torch.library.custom_op("streamfx::region_backward", mutates_args=())

@@ -218,6 +218,52 @@ def qwen3_moe(attn: str = "sdpa", experts: int = EXPERTS, top_k: int = TOP_K, ro
     return model, _hf_inputs(VOCAB)
 
 
+class CountedExperts(nn.Module):
+    """A mixture of experts that counts its tokens per expert (JetMoE's and ScatterMoE's
+    dispatch): the one-hot of each token's ``top_k`` experts summed over the tokens and read with
+    ``.tolist()``, the token-expert pairs sorted by expert, their tokens gathered and split into
+    one group per expert by those counts, a matmul per group, the groups put back together by
+    ``cat`` and added to their tokens with ``index_add``. ``count="one_hot"`` counts with
+    ``F.one_hot`` instead of a scatter."""
+
+    def __init__(self, d, hidden, experts, top_k, count="scatter"):
+        super().__init__()
+        self.router = nn.Linear(d, experts, bias=False)
+        self.w_in = nn.Parameter(torch.randn(experts, 2 * hidden, d) * d ** -0.5)
+        self.w_out = nn.Parameter(torch.randn(experts, d, hidden) * hidden ** -0.5)
+        self.experts, self.top_k, self.count = experts, top_k, count
+
+    def _per_expert(self, x, sizes, w):
+        return torch.cat([F.linear(group, w[i]) for i, group in enumerate(x.split(sizes, dim=0))], dim=0)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        x = x.reshape(-1, d)
+        top_logits, top_idx = self.router(x).float().topk(self.top_k, dim=1)
+        gates = torch.softmax(top_logits, dim=1).type_as(x)
+        if self.count == "one_hot":
+            counts = F.one_hot(top_idx, self.experts).sum((0, 1))
+        else:
+            counts = x.new_zeros(x.shape[0], self.experts).scatter(1, top_idx, 1).long().sum(0)
+        sizes = counts.tolist()
+        _, order = top_idx.flatten().sort(0)
+        token = order.div(self.top_k, rounding_mode="trunc")
+        h = self._per_expert(x[token], sizes, self.w_in)
+        a, b = h.chunk(2, dim=-1)
+        y = self._per_expert(F.silu(a) * b, sizes, self.w_out) * gates.flatten()[order][:, None]
+        return torch.zeros_like(x).index_add(0, token, y).view(B, T, d)
+
+
+def counted_moe(experts: int = EXPERTS, top_k: int = TOP_K, count: str = "scatter"):
+    """TinyLlama whose MLPs are ``CountedExperts``; its ``.tolist()`` needs Dynamo's
+    ``capture_scalar_outputs`` to compile whole."""
+    torch.manual_seed(0)
+    model = TinyLlama().train()
+    for block in model.layers:
+        block.mlp = CountedExperts(HIDDEN, 24, experts, top_k, count)
+    return model, _plain_inputs(VOCAB)
+
+
 # ---- plain PyTorch: nanoGPT ----------------------------------------------------------------------
 class CausalSelfAttention(nn.Module):
     def __init__(self, d, n_head, block_size):
