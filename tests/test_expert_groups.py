@@ -44,7 +44,7 @@ def test_counted_groups_under_inductor():
 
 
 # (no shrinking: each example compiles a model)
-@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
+@settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
           phases=(Phase.explicit, Phase.reuse, Phase.generate))
 @example(B=1, length=16, top_k=1, experts=4, chunk=5)
 @example(B=1, length=7, top_k=3, experts=3, chunk=3)
