@@ -114,7 +114,12 @@ class AxisTable:
     def group_of(self, dim: tuple):
         """(rows, sizes, index) when ``dim`` is one group of a split sorted dim, else None."""
         dim = self.canon(dim)
-        return self.groups.get(dim[0]) if len(dim) == 1 else None
+        if len(dim) != 1:
+            return None
+        for g, (rows, sizes, i) in self.groups.items():
+            if self.find(g) == dim[0]:
+                return self.canon(rows), sizes, i
+        return None
 
     def group_pairs(self) -> list:
         """(group atom, an atom of the dim it is a part of) of every group."""

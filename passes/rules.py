@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 
+import sympy
 import torch
 import torch.fx as fx
 
@@ -816,20 +817,19 @@ def regrouped(xs, d, table, ax):
 def _sliced_group(node, dim, table):
     """The group atom that ``x[start:end]`` along a dim split into groups takes (the backward of
     their cat: bounds that are sums of the group sizes before it and up to it), or None."""
-    import sympy
-
     b = bind(node) if node.target is aten.slice.Tensor else None
     if b is None or b.get("step", 1) != 1:
         return None
     rows = table.canon(dim)
     for atom, (g_rows, sizes, i) in table.groups.items():
-        if g_rows != rows:
+        if table.canon(g_rows) != rows:
             continue
         exprs = [_size_expr(s) for s in sizes]
         start, end = _size_expr(b.get("start") or 0), _size_expr(b.get("end"))
         if any(e is None for e in exprs) or start is None or end is None:
             return None
-        if sympy.expand(start - sum(exprs[:i])) == 0 and sympy.expand(end - sum(exprs[:i + 1])) == 0:
+        to_end = isinstance(end, int) and end >= (1 << 62) and i == len(sizes) - 1
+        if sympy.expand(start - sum(exprs[:i])) == 0 and (to_end or sympy.expand(end - sum(exprs[:i + 1])) == 0):
             return (atom,)
     return None
 
@@ -842,7 +842,8 @@ def rule_for(target):
 @register(aten.histc.default, aten.bincount.default)
 def histogram(node, table, ax):
     """Counts over a dim: a sum over the sequence, except the group sizes of a grouped matmul
-    over rows sorted by the counted ids (counted per chunk, with that chunk's rows)."""
+    over rows sorted by the counted ids, or of a split of those rows into groups (counted per
+    chunk, with that chunk's rows)."""
     x = node.args[0]
     reduced = tuple((x, k) for k in range(len(shape(x))))
     if _only_group_offsets(node, table) or _only_group_sizes(node, table):
