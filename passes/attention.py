@@ -12,6 +12,8 @@ import dataclasses
 import torch
 import torch.fx as fx
 
+from streamfx.errors import source_line
+
 from . import kernels
 from .axes import RuleOut
 from .graphs import bind, same
@@ -92,13 +94,26 @@ class AttentionSite:
         at compile time): each call checks it, and runs the causal kernel where it is exactly causal."""
         return self.kind.startswith("sdpa") and self.is_causal and self.mask is not None and not self.plain_causal_mask
 
-    def describe(self) -> str:
+    def describe(self, names: bool = True) -> str:
+        """The site; ``names``: graph node names (graph dumps), else source lines (``explain()``)."""
+        def name(n):
+            if names:
+                return n.name
+            return "a model input" if n.op == "placeholder" else (source_line(n).strip() or n.target.__name__)
+
         mask = self.mask_kind + (f"({self.window})" if self.window else "")
         if self.mask_chain:
-            mask += f" (masks applied in sequence by {', '.join(n.name for n in self.mask_chain)}, read as one)"
+            mask += f" (masks applied in sequence by {', '.join(map(name, self.mask_chain))}, read as one)"
         if self.data:
-            mask += f", computed from data ({', '.join(n.name for n in self.data)}): keys per chunk read from it per call"
-        return f"#{self.index} {self.kind} causal={self.is_causal} mask={mask}"
+            mask += f", computed from data ({', '.join(dict.fromkeys(map(name, self.data)))}): keys per chunk read from it per call"
+        if names:
+            where = ""
+        else:
+            from streamfx.memory import module_path
+
+            where = f"in {module_path(self.output) or source_line(self.output).strip()} "
+
+        return f"#{self.index} {self.kind} {where}causal={self.is_causal} mask={mask}"
 
 
 def find_sites(graph: fx.Graph, sd, forward: set) -> list[AttentionSite]:

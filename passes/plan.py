@@ -70,7 +70,9 @@ class RegionPlan:
         return ", ".join(f"{sym} ({role})" for sym, role in sorted(found.items(), key=lambda kv: str(kv[0]))) \
             or "no symbol"
 
-    def describe(self) -> str:
+    def describe(self, names: bool = True) -> str:
+        """The schedule and what the region keeps; ``names``: the graph's node names (graph
+        dumps, beside the graph), else what each tensor is to the user (``explain()``)."""
         if isinstance(self.length, int):
             c = self.chunk_at(self.length)
             schedule = f"{-(-self.length // c)} chunk(s) of {c} tokens (T={self.length})"
@@ -78,11 +80,33 @@ class RegionPlan:
             c = f"{self.chunk_size} tokens" if self.chunk_size else "an automatic size (T/4 in [64, 512])"
             schedule = (f"chunks of {c} (T={self.length}, symbolic: the schedule is computed per call; "
                         f"depends on {self.symbols()})")
+        if not names:
+            return f"{self.name} ({self.module()}): {schedule}; {self._keeps()}" + \
+                (f"; drops {len(self.dropped)} output(s) nothing reads (the logits)" if self.dropped else "")
         saves = (f"computes the gradients of {len(self.seeds)} output value(s) in the forward, keeps them "
                  f"instead of its inputs" if self.seeds is not None else f"saves {[x.name for x in self.saved]}")
         return (f"{self.name}: {schedule}; "
                 f"{saves}; outputs {[f'{o.name}:{s.kind}' for o, s in zip(self.outputs, self.out_specs)]}"
                 + (f"; drops {[d.name for d in self.dropped]}" if self.dropped else ""))
+
+    def module(self) -> str:
+        from streamfx.memory import common_module
+
+        return common_module(self.nodes) or "the model"
+
+    def _keeps(self) -> str:
+        """What the region keeps for its backward, by role (``memory.saved_role``)."""
+        from streamfx.memory import saved_role
+
+        if self.seeds is not None:
+            return (f"computes the gradients of {len(self.seeds)} output value(s) in the forward, keeps them "
+                    f"instead of its inputs")
+        roles: dict = {}
+        for x, spec in zip(self.inputs, self.in_specs):
+            if spec.sliced:
+                role = saved_role(self, spec, x.meta.get("val"))
+                roles[role] = roles.get(role, 0) + 1
+        return "keeps " + (", ".join(f"{r}" + (f" (x{n})" if n > 1 else "") for r, n in roles.items()) or "nothing")
 
 
 # ---- the head ------------------------------------------------------------------------------------
@@ -231,13 +255,14 @@ class LayerPlan(RegionPlan):
     kv_latent: bool = False      # the K/V graph ends before the keys and values (a narrower cut)
     unpulled: "LayerPlan | None" = None   # the same plan with its masks as token-by-token inputs
 
-    def describe(self) -> str:
-        text = super().describe()
+    def describe(self, names: bool = True) -> str:
+        text = super().describe(names)
         if len(self.sites) > 1:
             text += f"; {len(self.sites)} attention sites ({', '.join(f'#{s.index}' for s in self.sites)})"
         if self.kv_outputs:
             width = sum(per_token(x, self.sd) for x in dict.fromkeys(self.kv_outputs))
-            text += (f"; K/V graph keeps {[x.name for x in self.kv_outputs]} ({width:g} values per position)"
+            what = [x.name for x in self.kv_outputs] if names else f"{len(dict.fromkeys(self.kv_outputs))} tensor(s)"
+            text += (f"; K/V graph keeps {what} ({width:g} values per position)"
                      + (", a latent the keys and values are computed from per chunk" if self.kv_latent else ""))
         masked = [s.mask_kind for s in self.sites if s.mask is not None]
         if masked:

@@ -36,7 +36,13 @@ class Region:
     attention: list = dataclasses.field(default_factory=list)
     shared: frozenset = frozenset()  # cheap token-local side nodes recomputed inside the region
 
-    def describe(self) -> str:
+    def describe(self, names: bool = True) -> str:
+        """The region; ``names``: graph node names (graph dumps), else its module (``explain()``)."""
+        if not names:
+            from streamfx.memory import common_module
+
+            return (f"{self.name} ({common_module(self.nodes) or 'the model'}): {len(self.nodes)} nodes, "
+                    f"{len(self.inputs)} inputs, {len(self.outputs)} output(s)")
         return (f"{self.name}: {len(self.nodes)} nodes from {self.entry.name}, "
                 f"{len(self.inputs)} inputs, outputs {[o.name for o in self.outputs]}")
 

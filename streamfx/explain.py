@@ -74,15 +74,15 @@ class Report:
         lines.append(f"  node classes (forward): {dict(self.classes)}")
         lines.append(f"  attention sites: {len(self.attention_sites)}")
         for s in self.attention_sites:
-            lines.append(f"    {s.describe()}")
+            lines.append(f"    {s.describe(names=False)}")
         for m in self.moved:
             lines.append(f"  moved: {m.describe()}")
         lines.append(f"  regions: {len(self.regions)}")
         for r in self.regions:
-            lines.append(f"    {r.describe()}")
+            lines.append(f"    {r.describe(names=False)}")
         lines.append("  streamed:" + ("" if self.plan else " nothing"))
         for p in self.plan:
-            lines.append(f"    {p.describe()}")
+            lines.append(f"    {p.describe(names=False)}")
         lines.append("  saved for backward by streamed regions:" + ("" if self.saved else " nothing"))
         for what, count in Counter(self.saved).items():
             lines.append(f"    {what}" + (f" (x{count})" if count > 1 else ""))
@@ -106,7 +106,7 @@ class Report:
                          "symbolic sizes):")
             lines.append("    streamed:" + (" nothing" if not later.plan else ""))
             for p in later.plan:
-                lines.append(f"      {p.describe()}")
+                lines.append(f"      {p.describe(names=False)}")
             lines += _pairs("    not streamed:", later.not_streamed, "      ")
         elif self.settings.get("dynamic") is False:
             lines.append("  later lengths: dynamic=False compiles every new sequence length or batch size again, "

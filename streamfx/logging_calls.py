@@ -14,7 +14,10 @@ under any backend.
 """
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import logging
+import sys
 
 import torch
 
@@ -35,7 +38,35 @@ def ignore_logging_calls() -> None:
 
 def install() -> None:
     """Ignore the logging methods that exist now (when streamfx is loaded as a backend; the
-    config outlives ``torch._dynamo.reset()``). No Dynamo callback sets it again during a compile:
-    on torch 2.11 a config change from inside a compile hides the functions Dynamo skipped from
-    ``streamfx.frames``."""
+    config outlives ``torch._dynamo.reset()``), and, when transformers is imported after
+    streamfx (``import streamfx`` first), those its logging module adds, as soon as it has run.
+    No Dynamo callback sets it again during a compile: on torch 2.11 a config change from inside
+    a compile hides the functions Dynamo skipped from ``streamfx.frames``."""
     ignore_logging_calls()
+    if TRANSFORMERS_LOGGING not in sys.modules and not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
+TRANSFORMERS_LOGGING = "transformers.utils.logging"   # where ``warning_once`` joins ``logging.Logger``
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when transformers' logging module is imported, it wraps that
+    module's loader so the methods it adds to ``logging.Logger`` are ignored once it has run
+    (an import, outside any compile), then leaves the import system."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != TRANSFORMERS_LOGGING:
+            return None
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            ignore_logging_calls()
+
+        spec.loader.exec_module = exec_module
+        return spec

@@ -217,6 +217,12 @@ def test_explain_shows_chunks_and_predicted_peak():
     saved = text.split("saved for backward by streamed regions:")[1].split("predicted")[0]
     assert "layer input of model.layers.0" in saved
     assert not re.search(r"\b(index|iota)(_\d+)?\b", saved)
+    # sites, regions and the streamed schedule by module and role, not by graph node names
+    shown = text.split("attention sites:")[1].split("saved for backward")[0]
+    assert "in model.layers.0.self_attn" in shown and "layer.0 (model.layers.0)" in shown, shown
+    assert "keeps layer input" in shown, shown
+    assert not re.search(r"\b(index|iota|getitem|primals|add|mm|alias|view|sum|slice|embedding)(_\d+)?\b'", shown), shown
+    assert not re.search(r"\b(index|iota|getitem|primals|add|mm|alias|view|sum|slice)_\d+\b", shown), shown
 
 
 def _tiny_config() -> dict:

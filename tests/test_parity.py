@@ -93,6 +93,32 @@ def test_gpt2_logging_between_head_and_loss_costs_no_streaming():
     assert inputs.logits_of(run.out) is None and not run.warnings, run.warnings
 
 
+def test_gpt2_logging_ignored_when_streamfx_is_imported_before_transformers():
+    """A fresh process that imports streamfx before transformers (``logging.Logger`` has no
+    ``warning_once`` yet when the backend loads): the method is ignored once transformers' logging
+    module has run, so GPT-2's head streams in one graph with its loss and nothing warns."""
+    import subprocess
+    import sys
+
+    code = (
+        "import streamfx, sys, warnings\n"
+        "assert 'transformers' not in sys.modules\n"
+        "sys.path.insert(0, 'tests')\n"
+        "import torch, zoo\n"
+        "from conftest import run_eager_and_compiled, assert_grads_match, assert_streamed\n"
+        "model, make_inputs = zoo.gpt2()\n"
+        "inputs = make_inputs('b1')\n"
+        "run = run_eager_and_compiled(model, inputs, {'head_chunk_size': 5})\n"
+        "assert_grads_match(run.ref_grads, run.grads)\n"
+        "assert not run.warnings, run.warnings\n"
+        "assert_streamed(run, T=inputs.T, head_chunk_size=5)\n"
+        "assert inputs.logits_of(run.out) is None\n"
+        "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          cwd=str(__import__("pathlib").Path(__file__).parent.parent))
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
 def test_gpt2_graph_break_head_streams_in_its_own_graph(monkeypatch):
     """With logging calls traced as Dynamo does by default (a graph break at GPT-2's ``warning_once``
     before its loss), graph 1 ends at the logits and graph 2 computes the loss from them. Graph 2 is
