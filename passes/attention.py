@@ -95,7 +95,8 @@ class AttentionSite:
         return self.kind.startswith("sdpa") and self.is_causal and self.mask is not None and not self.plain_causal_mask
 
     def describe(self, names: bool = True) -> str:
-        """The site; ``names``: graph node names (graph dumps), else source lines (``explain()``)."""
+        """The site; ``names``: graph node names (graph dumps), else its module and the source
+        lines of its mask data (``explain()``)."""
         def name(n):
             if names:
                 return n.name
@@ -112,7 +113,6 @@ class AttentionSite:
             from streamfx.memory import module_path
 
             where = f"in {module_path(self.output) or source_line(self.output).strip()} "
-
         return f"#{self.index} {self.kind} {where}causal={self.is_causal} mask={mask}"
 
 

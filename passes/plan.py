@@ -90,6 +90,7 @@ class RegionPlan:
                 + (f"; drops {[d.name for d in self.dropped]}" if self.dropped else ""))
 
     def module(self) -> str:
+        """The module the region's code is in, as the model names it (``model.layers.3``)."""
         from streamfx.memory import common_module
 
         return common_module(self.nodes) or "the model"
