@@ -15,6 +15,7 @@ import torch.fx as fx
 
 from .axes import AxisTable, RuleOut
 from .graphs import bind, normalize_dim, same, unpadded, val as tensor_meta
+from .kernels import size_expr
 from .stops import STOP
 
 aten = torch.ops.aten
@@ -607,6 +608,13 @@ def op_name(target) -> str | None:
     return name() if callable(name) and isinstance(target, torch._ops.OpOverload) else None
 
 
+def _source(x):
+    """``x`` through value copies and views: the tensor whose values it holds."""
+    while isinstance(x, fx.Node) and x.op == "call_function" and x.target in VALUE_COPIES:
+        x = x.args[0]
+    return x
+
+
 def _group_offsets_of(offs, rows, table) -> bool:
     """True when ``offs`` are the group ends of rows sorted by ``sort``: ``cumsum`` of a
     ``histc`` / ``bincount`` of the sorted ids whose sorted dim is ``rows``."""
@@ -615,9 +623,7 @@ def _group_offsets_of(offs, rows, table) -> bool:
         n = n.args[0]
     if not (isinstance(n, fx.Node) and n.target in (aten.histc.default, aten.bincount.default)):
         return False
-    ids = n.args[0]
-    while isinstance(ids, fx.Node) and ids.op == "call_function" and ids.target in VALUE_COPIES:
-        ids = ids.args[0]
+    ids = _source(n.args[0])
     if not (isinstance(ids, fx.Node) and ids.target is operator.getitem and ids.args[1] == 0):
         return False
     sort_node = ids.args[0]
@@ -645,12 +651,6 @@ NAMED_RULES = {name: grouped_mm for name in GROUPED_MM}
 # Per chunk of tokens the chunk counts its own ids and splits its own rows: no position of
 # another token is read. The counts are sizes only: a count used as a value stays a sum over the
 # sequence.
-def _source(x):
-    while isinstance(x, fx.Node) and x.op == "call_function" and x.target in VALUE_COPIES:
-        x = x.args[0]
-    return x
-
-
 def counted_ids(counts):
     """The ids whose occurrences ``counts`` holds per id (``counts[e]``: how many ids equal e), or
     None: ``histc`` / ``bincount`` of the ids, or a sum over every dim but the last of their
@@ -745,7 +745,7 @@ def _only_group_sizes(node, table) -> bool:
         return False
     splits, picks = [], []
     for u in node.users:
-        if u.target is aten.unbind.int and (u.args[1] if len(u.args) > 1 else 0) == 0:
+        if u.target is aten.unbind.int:   # (its entries: ``_entry`` checks the dim)
             picks.extend(u.users)
         else:
             picks.append(u)
@@ -786,7 +786,7 @@ def _used_as_size(sym, splits, seen=None) -> bool:
             continue
         elif u.target is aten._assert_scalar.default:
             continue
-        elif isinstance(v, (torch.SymInt, torch.SymBool, int, bool)) and not isinstance(v, torch.Tensor):
+        elif isinstance(v, (torch.SymInt, torch.SymBool, int, bool)):
             if not _used_as_size(u, splits, seen):
                 return False
         else:
@@ -795,10 +795,9 @@ def _used_as_size(sym, splits, seen=None) -> bool:
 
 
 def _size_expr(x):
-    v = x.meta.get("val") if isinstance(x, fx.Node) else x
-    if isinstance(v, torch.SymInt):
-        return v.node.expr
-    return v if isinstance(v, int) else None
+    """An int size, or a graph node's SymInt as its expression; None for anything else."""
+    v = size_expr(x.meta.get("val") if isinstance(x, fx.Node) else x)
+    return v if isinstance(v, (int, sympy.Expr)) else None
 
 
 def regrouped(xs, d, table, ax):

@@ -12,11 +12,11 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 import streamfx
 import zoo
-from tiers import cases, examples
+from tiers import cases, compiling
 from conftest import assert_grads_match
 from streamfx.backend import streambp_backend
 from streamfx.runtime import COUNTERS
@@ -343,9 +343,7 @@ class AutomaticDynamic:
         self.compiles += 1
 
 
-# (no shrinking: each example compiles a model, and a failing sequence is short already)
-@settings(max_examples=examples(3), deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
-          phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@compiling(3)  # (a failing sequence is short already)
 @given(st.lists(call_strategy, min_size=2, max_size=4))
 def test_any_sequence_of_calls(sequence):
     torch._dynamo.reset()

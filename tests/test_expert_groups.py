@@ -4,15 +4,14 @@ ScatterMoE's dispatch). Per chunk the chunk counts its own tokens and splits its
 layer streams with exact gradients; a count read as a value is still a sum over the sequence."""
 import pytest
 import torch
-import torch.nn.functional as F
-from hypothesis import HealthCheck, Phase, example, given, settings, strategies as st
+from hypothesis import example, given, strategies as st
 
-import streamfx
 from conftest import assert_grads_match, run_eager_and_compiled
 from streamfx.passes.axes import AxisTable
 from streamfx.passes.seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, UNKNOWN_MIXING, infer_axes
 
 import zoo
+from tiers import compiling
 
 T = 13
 
@@ -43,9 +42,7 @@ def test_counted_groups_under_inductor():
     assert run.counters["chunk_compiles"] > 0, run.counters
 
 
-# (no shrinking: each example compiles a model)
-@settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
-          phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@compiling(2)
 @example(B=1, length=16, top_k=1, experts=4, chunk=5)
 @example(B=1, length=7, top_k=3, experts=3, chunk=3)
 @given(B=st.integers(1, 3), length=st.integers(2, 20), top_k=st.integers(1, 3), experts=st.integers(2, 6),

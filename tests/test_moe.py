@@ -4,13 +4,14 @@ from the sorted ids, the inverse permutation and a sum over the top-k slots) is 
 a chunk's tokens and its inverse, so every layer streams with exact gradients."""
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, example, given, settings, strategies as st
+from hypothesis import example, given, strategies as st
 
 import streamfx
 from conftest import assert_grads_match, run_eager_and_compiled
 from streamfx.passes.seq_dims import TOKEN_LOCAL, UNKNOWN_MIXING, infer_axes
 
 import zoo
+from tiers import compiling
 
 pytestmark = pytest.mark.skipif(not zoo.moe_streams(), reason="transformers < 5.24: grouped_mm_fallback's "
                                 "backward reads offs.tolist(); tests/test_untraceable.py checks the refusal")
@@ -139,9 +140,7 @@ def test_one_expert_per_token_at_batch_one_streams():
     _layers_streamed(run, 5)
 
 
-# (no shrinking: each example compiles a model)
-@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
-          phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@compiling(6)
 @example(B=1, length=16, top_k=1, experts=4, chunk=5)
 @example(B=1, length=7, top_k=1, experts=2, chunk=3)
 @given(B=st.integers(1, 3), length=st.integers(2, 20), top_k=st.integers(1, 3), experts=st.integers(2, 6),

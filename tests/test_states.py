@@ -11,13 +11,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from hypothesis import HealthCheck, Phase, given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 import streamfx
 import zoo
 from conftest import assert_grads_match, grads_of, relative_error, run_eager_and_compiled
 from streamfx.runtime import COUNTERS
-from tiers import examples
+from tiers import compiling
 
 
 def _streamfx_warnings(caught) -> list:
@@ -328,8 +328,7 @@ class States:
             assert_grads_match(ref_grads, grads)
 
 
-@settings(max_examples=examples(3), deadline=None, derandomize=True, suppress_health_check=list(HealthCheck),
-          phases=[Phase.explicit, Phase.reuse, Phase.generate])
+@compiling(3)
 @given(st.lists(state_strategy, min_size=3, max_size=5))
 def test_any_sequence_of_training_states(sequence):
     """Freeze/unfreeze parameter subsets, train/eval, no_grad calls, different losses and lengths,

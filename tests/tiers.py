@@ -20,6 +20,15 @@ def examples(n: int) -> int:
     return max(1, round(n * SCALE))
 
 
+def compiling(n: int):
+    """Hypothesis settings of a property test whose every example compiles a model:
+    ``examples(n)`` generated examples, derandomized, no deadline, no shrinking."""
+    from hypothesis import HealthCheck, Phase, settings
+
+    return settings(max_examples=examples(n), deadline=None, derandomize=True,
+                    suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.reuse, Phase.generate))
+
+
 def cases(values, default) -> list:
     """``values`` as parameters: those in ``default`` run by default, the rest are ``extended``.
     A value is one argument or, for several argument names, a tuple of them."""
