@@ -81,7 +81,7 @@ class RegionPlan:
             schedule = (f"chunks of {c} (T={self.length}, symbolic: the schedule is computed per call; "
                         f"depends on {self.symbols()})")
         if not names:
-            return f"{self.name} ({self.module()}): {schedule}; {self._keeps()}" + \
+            return f"{self.name}{self.module()}: {schedule}; {self._keeps()}" + \
                 (f"; drops {len(self.dropped)} output(s) nothing reads (the logits)" if self.dropped else "")
         saves = (f"computes the gradients of {len(self.seeds)} output value(s) in the forward, keeps them "
                  f"instead of its inputs" if self.seeds is not None else f"saves {[x.name for x in self.saved]}")
@@ -90,10 +90,10 @@ class RegionPlan:
                 + (f"; drops {[d.name for d in self.dropped]}" if self.dropped else ""))
 
     def module(self) -> str:
-        """The module the region's code is in, as the model names it (``model.layers.3``)."""
-        from streamfx.memory import common_module
+        """`` (model.layers.3)``: the module the region's code is in, as the model names it."""
+        from streamfx.memory import in_module
 
-        return common_module(self.nodes) or "the model"
+        return in_module(self.nodes)
 
     def _keeps(self) -> str:
         """What the region keeps for its backward, by role (``memory.saved_role``)."""

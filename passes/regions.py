@@ -39,9 +39,9 @@ class Region:
     def describe(self, names: bool = True) -> str:
         """The region; ``names``: graph node names (graph dumps), else its module (``explain()``)."""
         if not names:
-            from streamfx.memory import common_module
+            from streamfx.memory import in_module
 
-            return (f"{self.name} ({common_module(self.nodes) or 'the model'}): {len(self.nodes)} nodes, "
+            return (f"{self.name}{in_module(self.nodes)}: {len(self.nodes)} nodes, "
                     f"{len(self.inputs)} inputs, {len(self.outputs)} output(s)")
         return (f"{self.name}: {len(self.nodes)} nodes from {self.entry.name}, "
                 f"{len(self.inputs)} inputs, outputs {[o.name for o in self.outputs]}")

@@ -463,5 +463,12 @@ def common_module(nodes) -> str:
     return max(held, key=lambda k: k.count("."), default="")
 
 
+def in_module(nodes) -> str:
+    """`` (model.layers.3)``: the module a region's code is in, for a description; empty when
+    that is the compiled module itself (a decoder layer compiled alone), which names nothing more."""
+    m = common_module(nodes)
+    return f" ({m})" if m and m != "the model" else ""
+
+
 def where(node: fx.Node | None) -> str:
     return source_line(node).strip() if node is not None else ""
