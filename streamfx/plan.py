@@ -82,11 +82,14 @@ def plan_memory(model, *args, options=None, optimizer=None, **kwargs) -> MemoryR
     return _plan_memory(model, args, kwargs, options, optimizer)
 
 
-def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple = ()) -> MemoryReport:
+def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None = ()) -> MemoryReport:
     """``plan_memory``; ``detach``: per compiled graph (in order), the user outputs the streamed
     step drops (``report.detached`` of a model of the same outputs, such as the same model with
     another layer count), detached before the trace: the backend then traces the graph once
-    instead of tracing it again without their gradients."""
+    instead of tracing it again without their gradients. None: every floating-point output of
+    one or more dims beside a scalar one (a causal LM's logits beside its loss), the guess that
+    holds for a model whose loss is computed in the graph. A graph with an output detached that
+    the step keeps is traced again as it is."""
     from . import runtime
     from .backend import compile_graph, detach_outputs
     from .session import Session
@@ -104,7 +107,10 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple = ()) ->
         return fn, session
 
     def capture(gm, example_inputs):
-        given = detach[len(detached)] if len(detached) < len(detach) else ()
+        if detach is None:
+            given = _outputs_beside_the_loss(gm)
+        else:
+            given = detach[len(detached)] if len(detached) < len(detach) else ()
         n, original = len(collected), _snapshot(gm) if given else gm
         fn, session = trace(gm, example_inputs, given)
         if set(given) - set(session.dropped_user_outputs):  # (an output it keeps: traced as it is)
@@ -129,6 +135,17 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple = ()) ->
     budget = parse_budget(config.memory_budget, device) if config.memory_budget is not None else None
     return MemoryReport(step, baselines, params, optimizer_bytes(model, optimizer), T,
                         config.chunk_size, config.head_chunk_size, budget, head, tuple(detached))
+
+
+def _outputs_beside_the_loss(gm) -> tuple:
+    """The indices of a Dynamo graph's floating-point outputs of one or more dims, when another
+    output is a scalar (the loss): those a streamed step drops when nothing reads them."""
+    out = gm.graph.find_nodes(op="output")[0]
+    vals = [x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None for x in out.args[0]]
+    floating = [i for i, v in enumerate(vals) if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if not any(vals[i].dim() == 0 for i in floating):
+        return ()
+    return tuple(i for i in floating if vals[i].dim() > 0)
 
 
 def _snapshot(gm):
@@ -230,11 +247,12 @@ def build_meta_model(config: dict, dtype: torch.dtype, layers: int):
 
 
 def report_for(config: dict, dtype, layers: int, batch: int, optimizer, length: int = 32,
-               device: str = "cuda", detach: tuple = ()) -> MemoryReport:
+               device: str = "cuda", detach: tuple | None = None) -> MemoryReport:
     """The report of the config's model with ``layers`` layers, sized for ``device``. The model is
     built on the meta device, then given uninitialised CPU storage for the short traced call
     (nothing is read from the hub; pages no one writes take no memory). ``detach``: the outputs
-    the step drops, from the report of the same config at another layer count."""
+    the step drops, from the report of the same config at another layer count (None: guessed,
+    ``_plan_memory``)."""
     model = build_meta_model(config, dtype, layers).to_empty(device="cpu")
     ids = torch.ones(batch, length, dtype=torch.long)
     report = _plan_memory(model, (), dict(input_ids=ids, labels=ids), None, optimizer, detach)

@@ -249,8 +249,9 @@ def test_cli_prints_longest_sequences(tmp_path, capsys):
 @pytest.mark.heavy
 def test_cli_traces_the_second_model_once_with_the_first_ones_dropped_outputs(monkeypatch):
     """The CLI's 3-layer trace detaches the outputs the 2-layer one found dropped (the logits):
-    one trace instead of two, and the same report as a trace that finds them itself. Detaching an
-    output the step keeps (the loss) falls back to the graph as it is, with the same report."""
+    one trace instead of two, and the same report as a trace that finds them itself. The 2-layer
+    trace guesses them (the outputs beside the scalar loss): one trace too. Detaching an output
+    the step keeps (the loss) falls back to the graph as it is, with the same report."""
     import importlib
 
     from streamfx import plan
@@ -271,11 +272,12 @@ def test_cli_traces_the_second_model_once_with_the_first_ones_dropped_outputs(mo
     assert r2.detached and all(r2.detached), r2.detached   # the logits of the one graph
     found, n_found = report(())
     given, n_given = report(r2.detached)
+    guessed, n_guessed = report(None)
     wrong, _ = report(((0,),))
-    assert (n_found, n_given) == (2, 1)
-    assert wrong.detached == found.detached == r2.detached
+    assert (n_found, n_given, n_guessed) == (2, 1, 1)
+    assert wrong.detached == found.detached == guessed.detached == r2.detached
     for T in (256, 4096):
-        for r in (given, wrong):
+        for r in (given, guessed, wrong):
             assert r.step_peak(T) == found.step_peak(T)
             assert r.step_peak(T, "activation checkpointing") == found.step_peak(T, "activation checkpointing")
 
