@@ -184,8 +184,8 @@ class StepModel:
 
     def timeline(self, T: int) -> list:
         """Bytes live at each step (``live.steps``) at length T, regions' working sets left out."""
-        cache = self.__dict__.setdefault("_timelines", {})
-        if T not in cache:
+        cache, key = self.__dict__.setdefault("_timelines", {}), (T, self.device)
+        if key not in cache:
             subs = self.subs(T)
             current, alive, out = 0, {}, []
             for n, born, dies in self.live.steps:
@@ -196,8 +196,8 @@ class StepModel:
                 out.append(current)
                 for d in dies:
                     current -= alive.pop(d, 0)
-            cache[T] = out
-        return cache[T]
+            cache[key] = out
+        return cache[key]
 
     def profile(self, T: int) -> tuple[int, list]:
         """(peak of the steps outside regions, [(bytes live while region step i runs, work, phase)])."""
@@ -246,6 +246,12 @@ class StepModel:
 
     def keyed_profile(self, T: int) -> dict:
         """``profile`` per place (``positions``): {place: (peak outside regions, [(bytes, work, phase)])}."""
+        cache, key = self.__dict__.setdefault("_keyed", {}), (T, self.device)
+        if key not in cache:
+            cache[key] = self._keyed_profile(T)
+        return cache[key]
+
+    def _keyed_profile(self, T: int) -> dict:
         out = {}
         for i, (b, place) in enumerate(zip(self.timeline(T), self.positions)):
             entry = out.setdefault(place, [0, []])
