@@ -44,12 +44,81 @@ def values_of(env) -> dict:
 
 
 def evaluate(expr, subs: dict) -> int:
+    """The integer value of a size expression (an int, or a sympy expression of shape symbols)
+    at ``subs`` ({symbol: value}). Each expression is compiled once to Python integer arithmetic
+    (the memory model evaluates the same expressions at every length and chunk size it tries);
+    one with a term that has no exact integer form is substituted by sympy."""
     if isinstance(expr, int):
         return expr
+    fn = _EVALUATORS.get(expr)
+    if fn is None:
+        fn = _EVALUATORS[expr] = _evaluator(expr)
+    return fn(subs)
+
+
+_EVALUATORS: dict = {}
+
+
+class _NoIntegerForm(Exception):
+    pass
+
+
+def _evaluator(expr):
     expr = sympy.sympify(expr)
     if expr.is_number:
-        return int(expr)
-    return int(expr.xreplace(subs))
+        value = int(expr)
+        return lambda subs: value
+
+    def substituted(subs):
+        return int(expr.xreplace(subs))
+
+    names: dict = {}
+    try:
+        code = _integer_code(expr, names)
+    except _NoIntegerForm:
+        return substituted
+    fn = eval(f"lambda {', '.join(names.values())}: {code}", {"max": max, "min": min})  # noqa: S307 - built from a sympy tree
+    symbols = tuple(names)
+
+    def compiled(subs):
+        try:
+            values = [int(subs[x]) for x in symbols]
+        except KeyError:   # (a symbol without a value: as sympy reports it)
+            return substituted(subs)
+        return fn(*values)
+
+    return compiled
+
+
+def _integer_code(e, names: dict) -> str:
+    """Python source of ``e`` in exact integer arithmetic; ``_NoIntegerForm`` for a term that has
+    none (a rational coefficient, a float, a function this does not know)."""
+    from torch.utils._sympy.functions import CeilDiv, CleanDiv, FloorDiv, Max, Min, Mod, PythonMod
+
+    def sub(x):
+        return _integer_code(x, names)
+
+    if isinstance(e, sympy.Integer):
+        return f"({int(e)})"
+    if isinstance(e, sympy.Symbol):
+        return names.setdefault(e, f"v{len(names)}")
+    if isinstance(e, sympy.Add):
+        return "(" + " + ".join(map(sub, e.args)) + ")"
+    if isinstance(e, sympy.Mul):
+        return "(" + " * ".join(map(sub, e.args)) + ")"
+    if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and e.exp >= 0:
+        return f"({sub(e.base)} ** {int(e.exp)})"
+    if isinstance(e, (FloorDiv, CleanDiv)):
+        return f"({sub(e.args[0])} // {sub(e.args[1])})"
+    if isinstance(e, CeilDiv):
+        return f"(-((-{sub(e.args[0])}) // {sub(e.args[1])}))"
+    if isinstance(e, (Mod, PythonMod)):
+        return f"({sub(e.args[0])} % {sub(e.args[1])})"
+    if isinstance(e, (Max, sympy.Max)):
+        return "max(" + ", ".join(map(sub, e.args)) + ")"
+    if isinstance(e, (Min, sympy.Min)):
+        return "min(" + ", ".join(map(sub, e.args)) + ")"
+    raise _NoIntegerForm(e)
 
 
 def is_view(node: fx.Node) -> bool:

@@ -40,7 +40,7 @@ def test_budget_sweep_stays_under_budget_and_chunks_grow():
     chunks): every step's peak stays under the budget, and chunks grow with the budget."""
     from streamfx.bench import memcheck
 
-    spec, seqs = "preset:qwen3-layers", (4096, 8192)
+    spec, seqs = "preset:qwen3-layers", (2048, 8192)
     report, _ = memcheck.predict(spec, seqs)   # (the trace does not depend on the budget)
     chunks = {}
     for mib in (160, 320):

@@ -543,3 +543,27 @@ def test_causal_blocks_are_sized_as_they_run(dtype):
     step(q, k, v, dout)
     measured = allocated_peak(lambda: step(q, k, v, dout))
     assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)
+
+
+@pytest.mark.fast
+def test_size_expressions_evaluate_exactly():
+    """The memory model's size expressions, compiled to Python integer arithmetic, give sympy's
+    values; those with no integer form (a rational coefficient) are substituted by sympy."""
+    import random
+
+    import sympy
+    from torch.utils._sympy.functions import CeilDiv, FloorDiv, Max, Min, Mod, PythonMod
+
+    from streamfx import memory
+
+    s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
+    exprs = [4 * s0 * s1, (s0 + 3) * s1**2, FloorDiv(s0 * s1, 7), 16 * CeilDiv(s0, 8), 2 * Max(s0, s1 + 5),
+             s1 * Min(s0, 64), Mod(s0, 8), PythonMod(s0 * s1, 5), s0 / 2, sympy.Rational(3, 2) * s0 * s1, 2 * s0 + 3]
+    rng = random.Random(0)
+    for e in exprs:
+        for _ in range(50):
+            subs = {s0: sympy.Integer(rng.randint(1, 1 << 20)), s1: rng.randint(1, 4096)}
+            assert memory.evaluate(e, subs) == int(e.xreplace(subs)), (e, subs)
+    assert memory.evaluate(17, {}) == 17
+    with pytest.raises(TypeError):   # a symbol without a value, as sympy reports it
+        memory.evaluate(4 * s0 * s1, {s0: 3})
