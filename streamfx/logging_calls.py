@@ -34,6 +34,37 @@ def ignore_logging_calls() -> None:
     methods = {getattr(logging.Logger, m) for m in METHODS if hasattr(logging.Logger, m)}
     if not methods <= set(config.ignore_logging_functions):
         config.ignore_logging_functions = set(config.ignore_logging_functions) | methods
+        _config_logged_with_functions()
+
+
+def _config_logged_with_functions() -> None:
+    """Dynamo records every compile's metrics (``torch._dynamo.utils.compilation_metrics``,
+    which ``streamfx.frames`` reads) with its config as JSON, sorting each set in it. Torch 2.11
+    sorts ``ignore_logging_functions`` too (later versions leave it out): two functions in it do
+    not compare, the record fails and nothing of the compile is recorded. Where that is so, the
+    config is recorded with such sets' items as their reprs."""
+    import json
+
+    utils = torch._dynamo.utils
+    original = getattr(utils, "_get_dynamo_config_for_logging", None)
+    if original is None or getattr(original, "_streamfx", False):
+        return
+    try:
+        original()
+        return
+    except TypeError:
+        pass
+
+    def config_for_logging():
+        try:
+            return original()
+        except TypeError:
+            d = torch._dynamo.config.get_config_copy()
+            return json.dumps({k: sorted(map(repr, v)) if isinstance(v, set) else v for k, v in d.items()},
+                              sort_keys=True, default=repr)
+
+    config_for_logging._streamfx = True
+    utils._get_dynamo_config_for_logging = config_for_logging
 
 
 def install() -> None:

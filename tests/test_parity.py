@@ -170,3 +170,22 @@ def test_parity_inductor_codegen(name, case):
     run = run_eager_and_compiled(model, inputs, {"codegen": "inductor", "head_chunk_size": HEAD_CHUNK})
     check_parity(run, inputs)
     assert all(p.codegen == "inductor" for p in run.programs_named("head"))
+
+
+@pytest.mark.fast
+def test_compile_metrics_are_recorded_with_the_ignored_logging_functions():
+    """With transformers' logging methods in Dynamo's ignored functions, each compile is still
+    recorded in ``compilation_metrics`` (what ``streamfx.frames`` reads the skipped functions
+    from): torch 2.11 sorts that set when it records the config, and two functions do not compare."""
+    import transformers  # noqa: F401 - adds warning_once / info_once to logging.Logger
+
+    import streamfx  # noqa: F401
+    from streamfx import logging_calls
+
+    logging_calls.ignore_logging_calls()
+    assert len(torch._dynamo.config.ignore_logging_functions) >= 2
+    assert isinstance(torch._dynamo.utils._get_dynamo_config_for_logging(), str)
+    torch._dynamo.reset()
+    before = len(torch._dynamo.utils.get_compilation_metrics())
+    torch.compile(lambda x: x * 2, backend="eager")(torch.ones(3))
+    assert len(torch._dynamo.utils.get_compilation_metrics()) > before
