@@ -116,3 +116,24 @@ def test_a_view_splits_a_leading_factor_off_again():
     other = t.regroup((merged[0], t.fresh(16)), (4, 16), (4, 16, 1)[:1] + (16,))
     assert t.canon(other[0]) == t.canon(merged[0])
     assert t.canon(t.regroup((merged[0], t.fresh(16)), (4, 16), (8, 8))[0]) != t.canon(slot)
+
+
+@pytest.mark.fast
+def test_rows_added_into_a_table_of_other_rows_are_not_the_tokens():
+    """``zeros(max_positions, C).index_put_([arange(T)], g, accumulate=True)``: a learned position
+    embedding's gradient as torch 2.11 decomposes ``embedding_dense_backward``. Indexed by the
+    tokens' positions, but its rows are the table's: the table's 64 rows are not the sequence
+    axis (the sequence kept its symbolic size; unified, a later call's T read as 64)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def grad_of_positions(g):
+        pos = torch.arange(g.shape[0])
+        return torch.zeros(64, g.shape[1]).index_put((pos,), g, accumulate=True)
+
+    gm = make_fx(grad_of_positions, tracing_mode="symbolic")(torch.randn(12, 4))
+    sd = infer_axes(gm.graph)
+    g = next(n for n in gm.graph.nodes if n.op == "placeholder")
+    seq = sd.axes[g][0][0]
+    table = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.index_put.default)
+    assert sd.table.canon(sd.axes[table][0][0]) != sd.table.canon(seq)
+    assert not isinstance(sd.table.size[sd.table.find(seq[0])], int), sd.table.size[sd.table.find(seq[0])]
