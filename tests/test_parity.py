@@ -185,7 +185,10 @@ def test_compile_metrics_are_recorded_with_the_ignored_logging_functions():
     logging_calls.ignore_logging_calls()
     assert len(torch._dynamo.config.ignore_logging_functions) >= 2
     assert isinstance(torch._dynamo.utils._get_dynamo_config_for_logging(), str)
+    def recorded_by_the_metrics_test(x):
+        return x * 2
+
     torch._dynamo.reset()
-    before = len(torch._dynamo.utils.get_compilation_metrics())
-    torch.compile(lambda x: x * 2, backend="eager")(torch.ones(3))
-    assert len(torch._dynamo.utils.get_compilation_metrics()) > before
+    torch.compile(recorded_by_the_metrics_test, backend="eager")(torch.ones(3))
+    last = torch._dynamo.utils.get_compilation_metrics()[-1]   # (a bounded deque: its last record)
+    assert last.co_name == "recorded_by_the_metrics_test", last
