@@ -577,7 +577,7 @@ def _add_rows(dst, i, v, table, ax):
     if target is None or not shape(v) or not (len(shape(v)) == n or (n == 1 and len(shape(v)) == 0)):
         return RuleOut([a], mixed=((dst, 0),))
     if not any(isinstance(tensor_meta(y), torch.Tensor) for y in dst.all_input_nodes):
-        if not same(shape(dst)[0], _atoms_size(target, table)):
+        if not same(shape(dst)[0], table._size_of(target)):
             # rows of another table indexed by positions (a learned position embedding's
             # gradient, ``zeros(max_positions).index_put_([arange(T)], g, accumulate=True)``)
             return RuleOut([a], mixed=tuple((dst, k) for k in range(n)))
@@ -589,13 +589,6 @@ def _add_rows(dst, i, v, table, ax):
         for k in range(1, n):
             table.unify(ax(v)[k], a[k])
     return RuleOut([(target,) + tuple(a[1:])])
-
-
-def _atoms_size(atoms, table):
-    size = 1
-    for x in atoms:
-        size = size * table.size[table.find(x)]
-    return size
 
 
 @register(aten.index_add.default)

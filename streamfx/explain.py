@@ -232,11 +232,11 @@ def _pairs(title: str, pairs, indent: str) -> list:
 
 def _saved_name(plan, x, spec) -> str:
     """A tensor a streamed region keeps, as the user knows it: its role, module and source line."""
-    from .memory import in_module, saved_role, where
+    from .memory import region_module, saved_role, where
 
     role = saved_role(plan, spec, x.meta.get("val"))
     src = where(x)
-    return f"{role} of {in_module(plan.nodes)[2:-1] or plan.name}" + (f" ({src})" if src else "")
+    return f"{role} of {region_module(plan.nodes) or plan.name}" + (f" ({src})" if src else "")
 
 
 def _step_memory(analyses):

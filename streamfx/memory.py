@@ -532,11 +532,17 @@ def common_module(nodes) -> str:
     return max(held, key=lambda k: k.count("."), default="")
 
 
-def in_module(nodes) -> str:
-    """`` (model.layers.3)``: the module a region's code is in, for a description; empty when
-    that is the compiled module itself (a decoder layer compiled alone), which names nothing more."""
+def region_module(nodes) -> str:
+    """The module a region's code is in (``common_module``); empty when that is the compiled
+    module itself (a decoder layer compiled alone), which names nothing more."""
     m = common_module(nodes)
-    return f" ({m})" if m and m != "the model" else ""
+    return m if m != "the model" else ""
+
+
+def in_module(nodes) -> str:
+    """`` (model.layers.3)``: ``region_module`` for a description, empty where it is."""
+    m = region_module(nodes)
+    return f" ({m})" if m else ""
 
 
 def where(node: fx.Node | None) -> str:
