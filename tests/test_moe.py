@@ -27,11 +27,11 @@ def _parity(inputs, options, model=None):
     return run
 
 
-def _layers_streamed(run, chunk, length=T):
+def _layers_streamed(run, chunk, length=T, n_layers=zoo.LAYERS):
     """Every layer region ran chunk by chunk, forward and backward, with ceil(T / chunk) chunks."""
     n = -(-length // min(chunk, length))
     layers = {name: runs for name, runs in run.schedules.items() if name.startswith("layer.")}
-    assert sorted(layers) == [f"layer.{i}" for i in range(zoo.LAYERS)], (run.schedules, run.warnings)
+    assert sorted(layers) == [f"layer.{i}" for i in range(n_layers)], (run.schedules, run.warnings)
     for name, runs in layers.items():
         assert runs and set(runs) == {n}, (name, runs)
     assert run.schedules.get("head"), (run.schedules, run.warnings)
@@ -329,3 +329,38 @@ def test_complex_rotary_streams():
     assert result["kv_latent"] == [f"layer.{i}" for i in range(result["layers"])], result
     assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
 
+
+
+# the families whose grouped dispatch has exactly T token-expert pairs at batch 1 with one expert per token
+TOP1_FAMILIES = ("qwen3_moe", "mixtral", "granitemoe", "deepseek_v3", "gpt_oss", "olmoe", "qwen2_moe")
+TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k_experts")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", TOP1_FAMILIES)
+def test_one_expert_per_token_at_batch_one_in_hf_families(family):
+    """Hugging Face MoE families from tiny configs with one expert per token, batch 1 (the
+    dispatch's flat dim has exactly T elements and its sort indices are positions in the whole
+    sequence): every layer streams under strict=True, and loss and gradients equal eager's."""
+    import arch_configs
+
+    text = arch_configs.tiny_config(family)
+    text = text.get_text_config() if hasattr(text, "get_text_config") else text
+    keys = {k: 1 for k in TOP_K_KEYS if getattr(text, k, None) is not None}
+    assert keys, f"{family}: no top-k key in its config"
+    model = arch_configs.build(family, "eager" if family == "gpt_oss" else "sdpa", **keys)  # (gpt-oss: no SDPA)
+    batch = arch_configs.inputs(model, B=1, T=T, seed=0)
+    inputs = zoo.Inputs((), batch, zoo.Case("t", 1, T), lambda o: o.loss, lambda o: o.logits, 0)
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "strict": True})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    # with one expert per token a router that renormalises its top-k weights gives the chosen
+    # expert weight 1 whatever the logits: the router's gradient is zero, and eager's is rounding
+    # noise (~1e-10); such a gradient must be noise in the streamed step too
+    largest = max(g.abs().max().item() for g in run.ref_grads.values() if g is not None)
+    noise = {n for n, g in run.ref_grads.items() if g is not None and g.abs().max().item() < 1e-7 * largest}
+    for n in noise:
+        assert run.grads[n].abs().max().item() < 1e-7 * largest, (n, run.grads[n].abs().max().item(), largest)
+    assert len(noise) < len(run.ref_grads) // 4, sorted(noise)
+    assert_grads_match({n: g for n, g in run.ref_grads.items() if n not in noise},
+                       {n: g for n, g in run.grads.items() if n not in noise})
+    _layers_streamed(run, 5, n_layers=model.config.get_text_config().num_hidden_layers)
