@@ -16,6 +16,7 @@ A unit runs per chunk only where it is per token: ``unit_axes`` reads that from 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 
 import torch
@@ -263,11 +264,29 @@ def _unit_of(gm: fx.GraphModule, n: fx.Node) -> tuple:
     if len(bwd.graph.find_nodes(op="placeholder")) != len(outs) + len(saved) or len(bwd_out) != len(args):
         return None, "its backward body does not take (output gradients, saved values)"
     grads = tuple(j for j, g in enumerate(bwd_out) if isinstance(g, fx.Node) and args[j][0] == "in")
-    # (Dynamo keeps no reference to the class: its name is read from the call, ``Fn.apply(...)``)
-    names = re.findall(r"(\w+)\.apply\(", n.meta.get("stack_trace") or "")
-    return Unit(names[-1] if names else "Function", _without_grad_toggles(fwd),
+    return Unit(_function_name(n.meta.get("stack_trace") or ""), _without_grad_toggles(fwd),
                 _without_grad_toggles(bwd), tuple(args), len(outs), tuple(saved),
                 frozenset(n.kwargs.get("non_differentiable_idx", ())), grads), None
+
+
+def _function_name(trace: str) -> str:
+    """The Function's class name, read from the call in the stack trace of its apply node (Dynamo
+    keeps no reference to the class): ``Fn.apply(`` in the part of the innermost frame's line
+    that the trace marks (``B.apply(A.apply(x))`` holds two calls; each node's markers span its
+    own), the first such call of the line where nothing is marked (the call is the whole line)."""
+    lines = trace.rstrip("\n").split("\n")
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "')]
+    if frames and frames[-1] + 1 < len(lines):
+        source = lines[frames[-1] + 1]
+        marks = lines[frames[-1] + 2] if frames[-1] + 2 < len(lines) else ""
+        if marks.strip() and set(marks.strip()) <= set("^~"):
+            start = len(marks) - len(marks.lstrip())
+            source = source[start:len(marks.rstrip())]
+        names = re.findall(r"(\w+)\.apply\(", source)
+        if names:
+            return names[0]
+    names = re.findall(r"(\w+)\.apply\(", trace)
+    return names[-1] if names else "Function"
 
 
 def _size_of(v, tensors) -> tuple | None:
@@ -286,6 +305,25 @@ def _random(body: fx.GraphModule) -> bool:
                for n in body.graph.nodes)
 
 
+_serials = itertools.count()
+
+
+def _symbols_of(vals):
+    """The compile whose symbols the sizes of ``vals`` are, when any is symbolic (a serial of its
+    ShapeEnv), else None: a symbol's name ("s0") means a size only within one compile, so a unit
+    whose signature holds symbolic sizes is shared by the layers of that compile, not with another
+    compile whose "s0" may be another size."""
+    if not any(isinstance(d, torch.SymInt) for v in vals for d in v.shape):
+        return None
+    mode = _fake_mode(vals)
+    env = getattr(mode, "shape_env", None)
+    if env is None:
+        return None
+    if not hasattr(env, "_streamfx_serial"):
+        env._streamfx_serial = next(_serials)
+    return env._streamfx_serial
+
+
 def _register(unit: Unit, vals, signature) -> int:
     """The unit's key: one per structure and input metadata (a Function applied in every layer
     is one unit, so the layers' chunk graphs stay one graph)."""
@@ -293,7 +331,7 @@ def _register(unit: Unit, vals, signature) -> int:
 
     key = (structure_key(unit.fwd), structure_key(unit.bwd), repr(unit.args), unit.n_out, repr(unit.saved),
            tuple(sorted(unit.non_differentiable)), unit.grads,
-           tuple((tuple(map(str, v.shape)), str(v.dtype), str(v.device)) for v in vals))
+           tuple((tuple(map(str, v.shape)), str(v.dtype), str(v.device)) for v in vals), _symbols_of(vals))
     if key not in _KEYS:
         unit.signature = signature(unit, vals)
         _KEYS[key] = len(_UNITS)

@@ -441,3 +441,31 @@ def test_units_under_dynamic_shapes():
         assert not text and runs == 2 * 2 * chunks, (text, runs)  # 2 layers x 2 units x chunks
     (text, _), = _dynamic_runs(by_length=True, lengths=(13,))
     assert text and all("LengthScaled" in t and "sym_size" in t for t in text), text
+
+
+def test_a_unit_with_symbolic_sizes_is_not_shared_with_another_compile(monkeypatch):
+    """A unit's signature holds sizes as symbols ("s0"), which name a size only within the compile
+    that made them: a second dynamic compile (after a reset) derives its units' signatures from
+    its own symbols, while the layers of one compile share theirs. Nested applies on one line
+    (``StraightThrough.apply(RowScale.apply(x, w))``) each get their own class's name."""
+    from streamfx.passes import unit_axes, units
+
+    computed = []
+    original = unit_axes.signature
+
+    def counting(unit, vals):
+        computed.append((units._symbols_of(vals), unit.name))
+        return original(unit, vals)
+
+    monkeypatch.setattr(unit_axes, "signature", counting)
+    for _ in range(2):
+        before = len(computed)
+        (text, runs), = _dynamic_runs(by_length=False, lengths=(13,))
+        assert not text and runs == 2 * 2 * 3, (text, runs)
+        assert len(computed) > before, computed
+    per_compile: dict = {}
+    for serial, name in computed:
+        per_compile.setdefault(serial, []).append(name)
+    # (Dynamo may trace a frame twice, restarting its analysis: each trace is a compile of its own)
+    assert None not in per_compile and len(per_compile) >= 2, computed
+    assert all(sorted(names) == ["RowScale", "StraightThrough"] for names in per_compile.values()), computed
