@@ -23,6 +23,13 @@ from .memory import Live, chunk_curve, evaluate, nbytes_expr, peak_of
 
 REGION = "streamfx::region"
 REGION_BACKWARD = "streamfx::region_backward"
+# what the values of each region op are, by op (a head that keeps its gradients from the forward
+# returns them after its outputs, and its backward, ``region_scale``, scales them; a layer whose
+# inputs leave the device runs as ``region_stored``)
+REGION_VALUES = {REGION: "output", REGION_BACKWARD: "gradients (input and parameters)",
+                 "streamfx::region_scale": "gradients (input and parameters)",
+                 "streamfx::region_stored": "output",
+                 "streamfx::region_stored_backward": "gradients (input and parameters)"}
 _LAYER_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")   # the first index of a module path: the layer
 
 
@@ -312,9 +319,15 @@ class StepModel:
             op = getattr(node.node.target, "__name__", str(node.node.target)).split(".")[0]
             return (f"{op} workspace (inside the op)", memory.module_path(node.node), memory.where(node.node))
         parent = node.args[0] if node.target is operator.getitem else node
-        if _op(parent) in (REGION, REGION_BACKWARD):
+        what = REGION_VALUES.get(_op(parent))
+        if what is not None:
             work = self.works.get(parent.args[0])
-            what = "output" if _op(parent) == REGION else "gradients (input and parameters)"
+            prog = getattr(work, "prog", None)
+            if what == "output" and getattr(prog, "seeds", None) is not None:
+                if node.target is not operator.getitem:   # (the op's values together)
+                    what = "output and gradients computed in the forward"
+                elif node.args[1] >= len(prog.out_specs):
+                    what = "gradients computed in the forward (input and parameters)"
             return (f"{(work.kind if work else 'region')} {what}", work.module if work else "", "")
         src = memory.where(node)
         v = node.meta.get("val")

@@ -156,6 +156,13 @@ def test_breakdown_names_what_the_user_knows(report):
     assert "layer input" in text and "model.layers." in text
     assert "modeling_qwen3.py" in text
     assert not re.search(r"\b(index|iota|getitem|primals)_\d+", text)
+    # the values of the region ops are named by region and role, never as the op's raw results
+    # (the head keeps its gradients from the forward: its backward only scales them)
+    long = report.breakdown(65536)
+    for t in (text, long):
+        assert not re.search(r"\b(getitem|region\w*) result", t), t
+    assert "head gradients (input and parameters) in" in text, text
+    assert "head output and gradients computed in the forward in lm_head" in long, long
 
 
 # ---- the budget at run time -----------------------------------------------------------------------
