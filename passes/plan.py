@@ -16,7 +16,7 @@ from . import unit_axes
 from .graphs import ALIASES, ancestors, in_order, per_token, same
 from .kv import kv_outputs
 from .positions import rebuild_positions
-from .schedule import auto_chunk, auto_head_chunk, chunk_size
+from .schedule import auto_head_chunk, chunk_size
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
 from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
 from .specs import SUM, WHOLE, Spec
