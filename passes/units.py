@@ -16,7 +16,9 @@ A unit runs per chunk only where it is per token: ``unit_axes`` reads that from 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import operator
 import re
 
 import torch
@@ -41,6 +43,9 @@ class Unit:
     non_differentiable: frozenset
     grads: tuple           # body arguments the backward returns a gradient for (not None)
     signature: object = None  # unit_axes.Signature: its axes and where it combines positions
+    dropped: tuple = ()    # positions of the forward body's outputs that are sizes, not tensors (torch
+                           # 2.11 returns a dynamic compile's intermediate sizes there): the op leaves
+                           # them out, and the backward's placeholders for their gradients get None
 
 
 _UNITS: dict[int, Unit] = {}
@@ -78,6 +83,7 @@ def _fresh(values, inputs) -> list:
 
 def _forward(unit: Unit, inputs) -> list:
     outs, saved = _run(unit.fwd, _body_args(unit, inputs))
+    outs = [o for j, o in enumerate(outs) if j not in unit.dropped]
     extra = [s for s, where in zip(saved, unit.saved) if where[0] == "out"]
     return _fresh(list(outs) + extra, inputs)
 
@@ -96,7 +102,9 @@ def _unit_fake(key, inputs):
 def _grads(unit: Unit, grads, saved, sizes) -> list:
     tensors, ints = iter(saved), iter(sizes)
     values = [w[1] if w[0] == "const" else next(ints) if w[0] == "size" else next(tensors) for w in unit.saved]
-    got = _run(unit.bwd, list(grads) + values)
+    given = iter(grads)
+    grads = [None if j in unit.dropped else next(given) for j in range(unit.n_out + len(unit.dropped))]
+    got = _run(unit.bwd, grads + values)
     got = list(got) if isinstance(got, (tuple, list)) else [got]
     return [got[j] for j in unit.grads]
 
@@ -192,6 +200,9 @@ def wrap(gm: fx.GraphModule, signature) -> dict:
         with gm.graph.inserting_before(n):
             new = gm.graph.call_function(UNIT, (key, inputs))
         new.meta.update(n.meta)
+        for u in list(n.users):   # (the op's outputs leave the body's sizes out)
+            if u.target is operator.getitem and unit.dropped:
+                u.args = (u.args[0], u.args[1] - sum(j < u.args[1] for j in unit.dropped))
         mode = _fake_mode(vals)
         if mode is not None:
             with mode:
@@ -247,8 +258,12 @@ def _unit_of(gm: fx.GraphModule, n: fx.Node) -> tuple:
     if not (isinstance(fwd_out, (tuple, list)) and len(fwd_out) == 2):
         return None, "its forward body is not (outputs, saved values)"
     outs, saved_nodes = fwd_out
+    dropped = tuple(j for j, o in enumerate(outs) if not isinstance(_value(o) if isinstance(o, fx.Node) else o,
+                                                                    torch.Tensor))
+    if any(u.target is operator.getitem and u.args[1] in dropped for u in n.users):
+        return None, "it returns a size, not a tensor"
     params = fwd.graph.find_nodes(op="placeholder")
-    saved, extra = [], len(outs)
+    saved, extra = [], len(outs) - len(dropped)
     for s in saved_nodes:
         if isinstance(s, fx.Node) and s.op == "placeholder":
             saved.append(args[params.index(s)])
@@ -264,9 +279,36 @@ def _unit_of(gm: fx.GraphModule, n: fx.Node) -> tuple:
     if len(bwd.graph.find_nodes(op="placeholder")) != len(outs) + len(saved) or len(bwd_out) != len(args):
         return None, "its backward body does not take (output gradients, saved values)"
     grads = tuple(j for j, g in enumerate(bwd_out) if isinstance(g, fx.Node) and args[j][0] == "in")
-    return Unit(_function_name(n.meta.get("stack_trace") or ""), _without_grad_toggles(fwd),
-                _without_grad_toggles(bwd), tuple(args), len(outs), tuple(saved),
-                frozenset(n.kwargs.get("non_differentiable_idx", ())), grads), None
+    kept = [j for j in range(len(outs)) if j not in dropped]
+    return Unit(_class_of(fwd) or _function_name(n.meta.get("stack_trace") or ""), _without_grad_toggles(fwd),
+                _without_grad_toggles(bwd), tuple(args), len(kept), tuple(saved),
+                frozenset(kept.index(j) for j in n.kwargs.get("non_differentiable_idx", ()) if j in kept), grads,
+                dropped=dropped), None
+
+
+def _class_of(body: fx.GraphModule) -> str | None:
+    """The class whose ``forward`` the body was traced from: the innermost class around the line
+    of the ``forward`` frame in its nodes' stack traces (None where no node has one)."""
+    for node in body.graph.nodes:
+        frames = re.findall(r'File "([^"]+)", line (\d+), in forward\b', node.meta.get("stack_trace") or "")
+        if frames:
+            path, line = frames[-1][0], int(frames[-1][1])
+            return next((name for first, last, name in _classes_in(path) if first <= line <= last), None)
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _classes_in(path: str) -> tuple:
+    """(first line, last line, name) of each class defined in a source file, innermost first."""
+    import ast
+    import linecache
+
+    try:
+        tree = ast.parse("".join(linecache.getlines(path)))
+    except (SyntaxError, ValueError):
+        return ()
+    spans = [(c.lineno, c.end_lineno, c.name) for c in ast.walk(tree) if isinstance(c, ast.ClassDef)]
+    return tuple(sorted(spans, key=lambda c: c[1] - c[0]))
 
 
 def _function_name(trace: str) -> str:
@@ -330,7 +372,7 @@ def _register(unit: Unit, vals, signature) -> int:
     from streamfx.chunks import structure_key
 
     key = (structure_key(unit.fwd), structure_key(unit.bwd), repr(unit.args), unit.n_out, repr(unit.saved),
-           tuple(sorted(unit.non_differentiable)), unit.grads,
+           tuple(sorted(unit.non_differentiable)), unit.grads, unit.dropped,
            tuple((tuple(map(str, v.shape)), str(v.dtype), str(v.device)) for v in vals), _symbols_of(vals))
     if key not in _KEYS:
         unit.signature = signature(unit, vals)
