@@ -348,6 +348,8 @@ def _sparsemixer(scores, jitter_eps, training, top_k=2):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not zoo.moe_streams(), reason="transformers < 5.24: grouped_mm_fallback's backward reads "
+                    "offs.tolist(); tests/test_untraceable.py checks the refusal")
 def test_phimoe_router_estimator_streams(monkeypatch):
     """Phi-MoE's router gradient is ``PhimoeMultiplier``'s straight-through estimate, a backward
     that is not the derivative of its forward: every layer streams, with eager's gradients."""
