@@ -288,11 +288,15 @@ def _unit_of(gm: fx.GraphModule, n: fx.Node) -> tuple:
 
 def _class_of(body: fx.GraphModule) -> str | None:
     """The class whose ``forward`` the body was traced from: the innermost class around the line
-    of the ``forward`` frame in its nodes' stack traces (None where no node has one)."""
+    of the Function's ``forward`` frame in its nodes' stack traces (the frame that torch's
+    autograd-function code calls; a module called inside it has frames "in forward" too), None
+    where no node has one."""
     for node in body.graph.nodes:
-        frames = re.findall(r'File "([^"]+)", line (\d+), in forward\b', node.meta.get("stack_trace") or "")
-        if frames:
-            path, line = frames[-1][0], int(frames[-1][1])
+        frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)', node.meta.get("stack_trace") or "")
+        calls = [i + 1 for i, (path, _, _) in enumerate(frames[:-1]) if path.endswith("autograd_function.py")]
+        at = [calls[-1]] if calls else [i for i, f in enumerate(frames) if f[2] == "forward"][-1:]
+        if at and frames[at[0]][2] == "forward":
+            path, line = frames[at[0]][0], int(frames[at[0]][1])
             return next((name for first, last, name in _classes_in(path) if first <= line <= last), None)
     return None
 
