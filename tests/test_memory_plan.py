@@ -161,7 +161,6 @@ def test_breakdown_names_what_the_user_knows(report):
     long = report.breakdown(65536)
     for t in (text, long):
         assert not re.search(r"\b(getitem|region\w*) result", t), t
-    assert "head gradients (input and parameters) in" in text, text
     if any(getattr(w.prog, "seeds", None) is not None for w in report.model.works.values() if w.kind == "head"):
         assert "head output and gradients computed in the forward in lm_head" in long, long
 
