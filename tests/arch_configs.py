@@ -45,6 +45,10 @@ class Skip(Exception):
 
 
 # ---- the generic rules: config key -> new value (only where the key exists and is not None) --
+# the names configs give the number of experts each token is routed to
+TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k_experts")
+
+
 def _c(v):
     return lambda old, d: v
 
@@ -88,8 +92,7 @@ SIZE_KEYS = {
     # mixture of experts
     "num_experts": EXPERTS, "num_local_experts": EXPERTS, "n_routed_experts": EXPERTS,
     "moe_num_experts": EXPERTS,
-    "num_experts_per_tok": TOP_K, "num_experts_per_token": TOP_K, "moe_topk": TOP_K, "moe_k": TOP_K,
-    "top_k_experts": TOP_K,
+    **{k: TOP_K for k in TOP_K_KEYS},
     "n_shared_experts": 1, "num_shared_experts": 1, "moe_num_shared_experts": 1,
     "n_group": 1, "topk_group": 1, "num_expert_group": 1,
     "first_k_dense_replace": 1, "num_dense_layers": 1,

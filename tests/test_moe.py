@@ -330,10 +330,8 @@ def test_complex_rotary_streams():
     assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
 
 
-
 # the families whose grouped dispatch has exactly T token-expert pairs at batch 1 with one expert per token
 TOP1_FAMILIES = ("qwen3_moe", "mixtral", "granitemoe", "deepseek_v3", "gpt_oss", "olmoe", "qwen2_moe")
-TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k_experts")
 
 
 @pytest.mark.slow
@@ -346,7 +344,7 @@ def test_one_expert_per_token_at_batch_one_in_hf_families(family):
 
     text = arch_configs.tiny_config(family)
     text = text.get_text_config() if hasattr(text, "get_text_config") else text
-    keys = {k: 1 for k in TOP_K_KEYS if getattr(text, k, None) is not None}
+    keys = {k: 1 for k in arch_configs.TOP_K_KEYS if getattr(text, k, None) is not None}
     assert keys, f"{family}: no top-k key in its config"
     model = arch_configs.build(family, "eager" if family == "gpt_oss" else "sdpa", **keys)  # (gpt-oss: no SDPA)
     batch = arch_configs.inputs(model, B=1, T=T, seed=0)
