@@ -14,7 +14,7 @@ import re
 
 import torch
 
-from . import memory
+from . import memory, offload
 from .errors import StreamBPError
 from .failures import is_device_error
 from .passes.schedule import auto_chunk, chunk_candidates, largest_fitting
@@ -73,7 +73,9 @@ def step_models(analysis, device: str = "cpu", codegen: str | None = None) -> tu
         fused = (codegen or prog.codegen) == "inductor" and kind == "head"
         works[prog.key] = RegionWork(prog, kind, memory.common_module(plan.nodes) or plan.name, _window(plan),
                                      fused=fused)
-    model = StepModel(fw.graph, bw.graph, works, seq, fixed, device)
+    stored = [id(sp) for sp in getattr(analysis, "stores", ())]
+    stores = {key: sp for key, sp in offload.PLANS.items() if key in works and id(sp) in stored}
+    model = StepModel(fw.graph, bw.graph, works, seq, fixed, device, stores=stores)
     model.roles = _roles(analysis, fw.graph)
     baselines = {}
     if getattr(analysis, "baseline", None) is not None:

@@ -25,8 +25,6 @@ import torch.fx as fx
 
 from .errors import source_line
 
-REGION_OPS = ("streamfx::region", "streamfx::region_backward")
-
 
 # ---- sizes ----------------------------------------------------------------------------------------
 def nbytes_expr(v):

@@ -21,15 +21,15 @@ import torch
 from . import memory
 from .memory import Live, chunk_curve, evaluate, nbytes_expr, peak_of
 
-REGION = "streamfx::region"
-REGION_BACKWARD = "streamfx::region_backward"
-# what the values of each region op are, by op (a head that keeps its gradients from the forward
-# returns them after its outputs, and its backward, ``region_scale``, scales them; a layer whose
-# inputs leave the device runs as ``region_stored``)
-REGION_VALUES = {REGION: "output", REGION_BACKWARD: "gradients (input and parameters)",
-                 "streamfx::region_scale": "gradients (input and parameters)",
-                 "streamfx::region_stored": "output",
-                 "streamfx::region_stored_backward": "gradients (input and parameters)"}
+# the region ops: the phase whose working set each one's step holds (None: no streamed work)
+# and what its values are (a head that keeps its gradients from the forward returns them after
+# its outputs, and its backward, ``region_scale``, scales them; a layer whose inputs leave the
+# device runs as ``region_stored``, ``streamfx.offload``)
+REGION_OPS = {"streamfx::region": ("forward", "output"),
+              "streamfx::region_backward": ("backward", "gradients (input and parameters)"),
+              "streamfx::region_scale": (None, "gradients (input and parameters)"),
+              "streamfx::region_stored": ("forward", "output"),
+              "streamfx::region_stored_backward": ("backward", "gradients (input and parameters)")}
 _LAYER_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")   # the first index of a module path: the layer
 
 
@@ -87,6 +87,11 @@ class RegionWork:
 
     def terms(self, phase: str, c: int, T: int) -> list:
         """[(what, bytes)] the region holds while it runs (phase "forward" or "backward")."""
+        if phase == "rebuild":   # keep_every: a streamed forward per layer of the group, then the backward
+            forward, backward = self.terms("forward", c, T), self.terms("backward", c, T)
+            if sum(b for _, b in forward) <= sum(b for _, b in backward):
+                return backward
+            return [(f"rebuilding its group's inputs: {what}", b) for what, b in forward]
         train, nograd, kv_train, kv_nograd = self._curves
         c = min(c, T)
         sums = []
@@ -133,16 +138,24 @@ class RegionWork:
 
 
 # ---- the step -------------------------------------------------------------------------------------
+class _Stored:
+    """The liveness key of a layer input held by the store outside the graphs' tensors."""
+
+    def __init__(self, name: str, role: str, module: str):
+        self.name, self.role, self.module = name, role, module
+
+
 class StepModel:
     """Liveness of a step's forward and backward graphs with the regions' working sets.
 
     ``fw``, ``bw``: the partitioned graphs; ``works``: {region op key: RegionWork};
     ``seq``: the shape symbols of the sequence length; ``fixed``: the other symbols' values;
     ``ckpt``: names of forward nodes recomputed in the backward (activation checkpointing);
-    ``free``: names of nodes whose tensors count as never made."""
+    ``free``: names of nodes whose tensors count as never made; ``stores``: {region key:
+    ``offload.StorePlan``} of the layers whose inputs leave AOTAutograd's saved tensors."""
 
     def __init__(self, fw: torch.fx.Graph, bw: torch.fx.Graph, works: dict, seq: set, fixed: dict,
-                 device: str = "cpu", ckpt: dict | None = None, free=frozenset()):
+                 device: str = "cpu", ckpt: dict | None = None, free=frozenset(), stores: dict | None = None):
         self.works, self.seq, self.fixed, self.device = works, seq, fixed, device
         self.fw_nodes = {n.name: n for n in fw.nodes}
         self.bw_graph = bw
@@ -178,13 +191,71 @@ class StepModel:
             steps.append((n, b + born.get(i, []), dies + [x for x, j in last.items() if j == i]))
         if free:   # tensors the modelled execution does not make (``membudget._causal_masks``)
             steps = [(n, [(x, b) for x, b in born if x.name not in free], dies) for n, born, dies in steps]
-        self.live = Live(steps)
         self.forward_steps = len(fw_live.steps)
         self.region_steps = {}
         for i, (n, _, _) in enumerate(steps):
-            op = _op(n)
-            if op in (REGION, REGION_BACKWARD) and n.args[0] in works:
-                self.region_steps[i] = (works[n.args[0]], "forward" if op == REGION else "backward")
+            phase = REGION_OPS.get(_op(n), (None,))[0]
+            if phase is not None and n.args[0] in works:
+                self.region_steps[i] = (works[n.args[0]], phase)
+        if stores:
+            self._stored_inputs(steps, stores)
+        self.live = Live(steps)
+
+    def _stored_inputs(self, steps: list, stores: dict) -> None:
+        """Add to ``steps`` what the store of layer inputs holds (``streamfx.offload``), which
+        AOTAutograd's saved tensors no longer show: on a CPU device, an input offloaded to the
+        "cpu" tier is a host copy from its layer's forward to its backward; on a GPU, the copy
+        to the host holds a device copy until the next layer's forward has run; an input read back
+        from the tier lives from the stored backward before its own (read ahead,
+        ``Store.prefetch_before``) to its own; inputs dropped by keep_every are rebuilt together at
+        the backward of the last layer of their group, by a streamed forward of the layers between,
+        and each lives until its own backward (the inputs the rebuild reads are read back then)."""
+        at = {"forward": {}, "backward": {}}
+        for i, (_, phase) in self.region_steps.items():
+            n = steps[i][0]
+            if _op(n).startswith("streamfx::region_stored") and n.args[0] in stores:
+                at[phase][n.args[0]] = i
+        fw_at, bw_at = at["forward"], at["backward"]
+        successor = {sp.link[1]: k for k, sp in stores.items() if sp.dropped is not None and sp.link}
+
+        def top(k):   # the last layer of k's group: its backward rebuilds the group's dropped inputs
+            while k in successor:
+                k = successor[k]
+            return k
+
+        def group_top(k):
+            return top(k) if stores[k].dropped is not None else (top(successor[k]) if k in successor else None)
+
+        cuda = str(self.device).startswith("cuda")
+        for k, sp in stores.items():
+            if k not in fw_at or k not in bw_at:
+                continue
+            n, (work, _) = steps[fw_at[k]][0], self.region_steps[fw_at[k]]
+            fw_i, bw_i = fw_at[k], bw_at[k]
+            g = group_top(k)
+            read = max((j for j in bw_at.values() if j < bw_i), default=bw_i)
+            if g is not None and g in bw_at:
+                read = min(read, bw_at[g])
+            for idx in sp.offloaded:
+                b = nbytes_expr(n.args[1][idx].meta.get("val"))
+                if sp.tier == "cpu" and not cuda:
+                    x = _Stored(f"{n.name}.host{idx}", "layer input offloaded to host memory (its copy)", work.module)
+                    steps[fw_i][1].append((x, b))
+                    steps[bw_i][2].append(x)
+                    continue
+                x = _Stored(f"{n.name}.read{idx}", f"layer input read back from the {sp.tier} tier", work.module)
+                steps[read][1].append((x, b))
+                steps[bw_i][2].append(x)
+                if cuda:
+                    x = _Stored(f"{n.name}.copy{idx}", "layer input being copied to host memory", work.module)
+                    steps[fw_i][1].append((x, b))
+                    steps[min((j for j in fw_at.values() if j > fw_i), default=fw_i)][2].append(x)
+            if sp.dropped is not None and top(k) in bw_at:
+                rebuild = bw_at[top(k)]
+                x = _Stored(f"{n.name}.rebuilt", "layer input rebuilt for its backward (keep_every)", work.module)
+                steps[rebuild][1].append((x, nbytes_expr(n.args[1][sp.dropped].meta.get("val"))))
+                steps[bw_i][2].append(x)
+                self.region_steps[rebuild] = (self.region_steps[rebuild][0], "rebuild")
 
     def subs(self, T: int) -> dict:
         return {**self.fixed, **{s: T for s in self.seq}}
@@ -312,6 +383,8 @@ class StepModel:
 
     def describe(self, node) -> tuple[str, str, str]:
         """(role, module, source line) of a tensor of the step."""
+        if isinstance(node, _Stored):
+            return (node.role, node.module, "")
         role = getattr(self, "roles", {}).get(node.name)
         if role is not None:
             return role
@@ -319,7 +392,7 @@ class StepModel:
             op = getattr(node.node.target, "__name__", str(node.node.target)).split(".")[0]
             return (f"{op} workspace (inside the op)", memory.module_path(node.node), memory.where(node.node))
         parent = node.args[0] if node.target is operator.getitem else node
-        what = REGION_VALUES.get(_op(parent))
+        what = REGION_OPS.get(_op(parent), (None, None))[1]
         if what is not None:
             work = self.works.get(parent.args[0])
             prog = getattr(work, "prog", None)

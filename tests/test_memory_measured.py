@@ -21,6 +21,24 @@ def test_predicted_step_peak_within_15_percent_of_measured(spec, seqs):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("options", [{"offload": "disk", "keep_every": 3},
+                                     pytest.param({"keep_every": 2}, marks=pytest.mark.extended),
+                                     pytest.param({"offload": "disk"}, marks=pytest.mark.extended)],
+                         ids=["disk-keep3", "keep2", "disk"])
+def test_layer_inputs_off_the_device_predicted_within_15_percent_of_measured(options):
+    """Layer inputs read back from files and rebuilt by keep_every are held outside the graphs'
+    saved tensors (``streamfx.offload``): the model counts them, with the working sets of the
+    layers that store them and of the rebuild, where the step holds them."""
+    from streamfx.bench import memcheck
+
+    spec, T = "preset:qwen3-layers", 4096
+    _, predicted = memcheck.predict(spec, [T], options)
+    got = memcheck.measure_in_subprocess(spec, [T], options)
+    assert "error" not in got, got["error"]
+    assert abs(predicted[T] / got[T]["measured"] - 1) <= 0.15, (options, predicted[T], got[T]["measured"])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["preset:qwen3-layers", pytest.param("preset:qwen3-head", marks=pytest.mark.extended)])
 def test_checkpointing_prediction_within_15_percent_of_measured(spec):
     """The baseline a user compares against, predicted from the same graph: HF gradient
