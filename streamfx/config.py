@@ -10,7 +10,7 @@ from .errors import StreamBPError
 CODEGENS = ("inductor", "eager")
 KV_BOUNDARIES = ("auto", "latent", "heads")
 HEAD_GRADS = ("auto", "forward", "recompute")
-OFFLOADS = (None, "cpu", "disk")
+OFFLOADS = (None, "auto", "cpu", "disk")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,12 +35,17 @@ class StreamConfig:
                      input is not kept); "recompute", its backward recomputes each chunk;
                      "auto", "forward" where one value (the loss) carries a gradient, else
                      "recompute" (see passes/plan.py, ``grad_seeds``).
-    offload:         where the layer inputs kept for the backward live: None, device memory;
-                     "cpu", pinned host memory (copied on a side stream, read back a layer ahead);
-                     "disk", files under ``offload_dir`` (removed with the step's autograd graph).
+    offload:         where the layer inputs kept for the backward live: None, device memory
+                     (with a memory_budget and no keep_every: "auto"); "cpu", pinned host memory
+                     (copied on a side stream, read back a layer ahead); "disk", files under
+                     ``offload_dir`` (removed with the step's autograd graph); "auto", chosen per
+                     call with keep_every by the memory model: device memory where the step fits
+                     the budget, else the offload tier (a GPU: "cpu", a CPU device: "disk") with
+                     the smallest keep_every that fits (needs a memory_budget, or a GPU).
     offload_dir:     the directory of offload="disk" files; None is the system temporary directory.
     keep_every:      keep every k-th layer input of consecutive layers in one graph and rebuild the
-                     others in the backward by a streamed forward from the kept one (None or 1: keep all).
+                     others in the backward by a streamed forward from the kept one (1: keep all;
+                     None: keep all, or chosen per call under offload="auto").
     memory_budget:   the memory a training step may reach, parameters, gradients and what is
                      held before the step included: bytes (an int), a string ("70GiB",
                      "512MiB", "80GB") or a fraction of the device's memory (a float in (0, 1]).
@@ -87,6 +92,9 @@ class StreamConfig:
         keep = self.keep_every
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep <= 0):
             raise StreamBPError(f"option 'keep_every' must be a positive int or None, got {keep!r}")
+        if self.offload == "auto" and self.keep_every is not None:
+            raise StreamBPError(f"option 'keep_every' must be None with offload='auto' (which chooses it per call), "
+                                f"got {self.keep_every!r}")
         for key in ("strict", "return_logits"):
             if not isinstance(getattr(self, key), bool):
                 raise StreamBPError(f"option {key!r} must be True or False, got {getattr(self, key)!r}")
@@ -100,6 +108,12 @@ class StreamConfig:
         if unknown:
             raise StreamBPError(f"unknown option(s) {unknown}; allowed options are {allowed}")
         return cls(**options)
+
+    @property
+    def storage_auto(self) -> bool:
+        """Whether each call chooses where layer inputs live (``streamfx.offload``, "auto")."""
+        return self.offload == "auto" or (self.offload is None and self.keep_every is None
+                                          and self.memory_budget is not None)
 
     @property
     def effective_dump_dir(self) -> str | None:

@@ -34,9 +34,10 @@ class Report:
     _memory: object = dataclasses.field(default=None, repr=False)  # the memory model's summary, made on first use
 
     def memory(self):
-        """(T, layer chunk, head chunk, predicted step peak, [(bytes, role, module, source)]) of the
-        explained call, from the memory model of its step (``streamfx.plan_memory``); None where no
-        region streams. Computed on first use."""
+        """(T, layer chunk, head chunk, predicted step peak, [(bytes, role, module, source)], the
+        storage of layer inputs chosen under ``offload="auto"`` or None) of the explained call, from
+        the memory model of its step (``streamfx.plan_memory``); None where no region streams.
+        Computed on first use."""
         if self._memory is None:
             self._memory = _step_memory(self.analyses)
         return self._memory or None
@@ -50,8 +51,11 @@ class Report:
             return []
         from .membudget import gib, summarize
 
-        T, c, h, peak, rows = m
+        from .offload import describe_storage
+
+        T, c, h, peak, rows, storage = m
         lines = [f"  chunk sizes at T={T}: {c} tokens per layer chunk, {h} tokens per head chunk",
+                 *([f"  at T={T}: {describe_storage(*storage)} (chosen for the memory budget)"] if storage else []),
                  f"  predicted step peak at T={T}: {gib(peak)} above what the step starts with; largest terms:"]
         return lines + ["    " + line for line in summarize(rows, 6)]
 
@@ -246,13 +250,16 @@ def _step_memory(analyses):
     a = next((a for a in reversed(analyses) if getattr(a, "graphs", None) is not None), None)
     if a is None:
         return False
-    model, _ = membudget.step_models(a, membudget._device(a))
     length = next(iter(a.plans)).length
     T = int(length.node.hint) if isinstance(length, torch.SymInt) else int(length)
     c = next((prog.size_for(T) for p, prog in a.programs if p.kind == "layer"), T)
     h = next((prog.size_for(T) for p, prog in a.programs if p.kind == "head"), T)
+    # (offload="auto": the storage of layer inputs the budget chose at T)
+    policy = next((prog.policy for _, prog in a.programs if prog.policy is not None), None)
+    storage = policy.storage(T) if policy is not None and any(sp.tier == "auto" for sp in a.stores) else None
+    model = policy.storages.model(storage) if storage is not None else membudget.step_models(a, membudget._device(a))[0]
     peak, rows = model.breakdown(T, c, h)
-    return T, c, h, peak, rows
+    return T, c, h, peak, rows, storage
 
 
 def _chunk_peak(p) -> int:

@@ -59,11 +59,19 @@ def gib(n: int) -> str:
 
 
 # ---- from an analysis to a step model ---------------------------------------------------------------
-def step_models(analysis, device: str = "cpu", codegen: str | None = None) -> tuple[StepModel, dict]:
+def step_models(analysis, device: str = "cpu", codegen: str | None = None, storage: tuple | None = None,
+                works: dict | None = None) -> tuple[StepModel, dict]:
     """(the streamed step's model, {baseline name: model}) of an analysis the session kept graphs on.
-    ``codegen``: how the regions' chunk graphs will run (default: as the programs say)."""
+    ``codegen``: how the regions' chunk graphs will run (default: as the programs say);
+    ``storage``: (tier, keep_every) of the calls of ``offload="auto"`` layers (default: none leaves
+    the device); ``works``: the regions' working sets of another model of the same analysis (their
+    curves are traced once)."""
     fw, bw = analysis.graphs
     seq, fixed = _symbols(analysis)
+    if works is not None:
+        model = StepModel(fw.graph, bw.graph, works, seq, fixed, device, stores=_stores(analysis, works, storage))
+        model.roles = _roles(analysis, fw.graph)
+        return model, {}
     works = {}
     for plan, prog in analysis.programs:
         kind = "layer" if plan.kind == "layer" else "head"
@@ -73,9 +81,7 @@ def step_models(analysis, device: str = "cpu", codegen: str | None = None) -> tu
         fused = (codegen or prog.codegen) == "inductor" and kind == "head"
         works[prog.key] = RegionWork(prog, kind, memory.common_module(plan.nodes) or plan.name, _window(plan),
                                      fused=fused)
-    stored = [id(sp) for sp in getattr(analysis, "stores", ())]
-    stores = {key: sp for key, sp in offload.PLANS.items() if key in works and id(sp) in stored}
-    model = StepModel(fw.graph, bw.graph, works, seq, fixed, device, stores=stores)
+    model = StepModel(fw.graph, bw.graph, works, seq, fixed, device, stores=_stores(analysis, works, storage))
     model.roles = _roles(analysis, fw.graph)
     baselines = {}
     if getattr(analysis, "baseline", None) is not None:
@@ -88,6 +94,14 @@ def step_models(analysis, device: str = "cpu", codegen: str | None = None) -> tu
         for b in baselines.values():
             b.roles = model.roles
     return model, baselines
+
+
+def _stores(analysis, works: dict, storage: tuple | None) -> dict:
+    """{region key: StorePlan} of the analysis' layers that store inputs, "auto" ones resolved at
+    ``storage`` (default: none leaves the device)."""
+    stored = [id(sp) for sp in getattr(analysis, "stores", ())]
+    return {key: sp.resolve(*(storage or (None, 1))) for key, sp in offload.PLANS.items()
+            if key in works and id(sp) in stored}
 
 
 def _window(plan) -> int | None:
@@ -180,6 +194,53 @@ def _roles(analysis, fw) -> dict:
     return roles
 
 
+class Storages:
+    """The storages of layer inputs a step may run with, in the order tried, and the step's model at
+    each (built on first use): with ``offload="auto"`` layers, ``offload.storages``; else the one
+    the options fixed (``None``)."""
+
+    def __init__(self, base: StepModel, analysis=None, device: str = "cpu", codegen: str | None = None):
+        auto = analysis is not None and any(sp.tier == "auto" for sp in getattr(analysis, "stores", ()))
+        self.order = offload.storages(device) if auto else [None]
+        self.models = {self.order[0]: base}
+        self._build = (lambda s: step_models(analysis, device, codegen, storage=s, works=base.works)[0]) if auto else None
+
+    def model(self, storage) -> StepModel:
+        if storage not in self.models:
+            self.models[storage] = self._build(storage)
+        return self.models[storage]
+
+
+def choose_storage(storages: Storages, T: int, available: int, layer_fixed=None, head_fixed=None,
+                   host: int | None = None) -> tuple:
+    """(storage, (layer chunk, head chunk)): the first storage at which chunk sizes fit ``available``
+    bytes at T (``choose``) and the inputs it puts in pinned host memory fit ``host`` bytes (None:
+    any), with the largest chunks there; the last storage's NoFit when none does."""
+    for i, storage in enumerate(storages.order):
+        model = storages.model(storage)
+        try:
+            if host is not None and storage and storage[0] == "cpu" and model.host_bytes(T) > host \
+                    and i < len(storages.order) - 1:
+                continue
+            return storage, choose(model, T, available, layer_fixed, head_fixed)
+        except NoFit:
+            if i == len(storages.order) - 1:
+                raise
+
+
+def host_available() -> int:
+    """Bytes of host memory the pinned copies of layer inputs may take: 90% of what the system
+    reports available now (``/proc/meminfo``)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 * 9 // 10
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") * 9 // 10
+
+
 # ---- the report ------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class MemoryReport:
@@ -200,6 +261,7 @@ class MemoryReport:
     budget: int | None = None           # the memory_budget option, if given
     default_head: int | None = None     # the head's automatic chunk without a budget
     detached: tuple = ()                # per compiled graph, the user outputs the step drops
+    storages: Storages | None = None    # the storages of layer inputs a call may choose (offload="auto")
 
     @property
     def held(self) -> int:
@@ -208,16 +270,31 @@ class MemoryReport:
     def chunks(self, T: int, budget: int | None = None) -> tuple[int, int]:
         """(layer chunk, head chunk) a call at length T runs with: the fixed ones, else the largest
         that fit ``budget`` (default: the memory_budget option), else the automatic rules."""
+        return self._choice(T, budget)[1]
+
+    def storage(self, T: int, budget: int | None = None):
+        """(tier, keep_every) of the layer inputs of a call at length T with ``offload="auto"``
+        (the first that fits ``budget``, default the memory_budget option); None otherwise."""
+        return self._choice(T, budget)[0]
+
+    def _choice(self, T: int, budget: int | None) -> tuple:
         budget = budget if budget is not None else self.budget
+        storages = self.storages or Storages(self.model)
         if budget is None:
-            return (min(self.layer_chunk or auto_chunk(T), T), min(self.head_chunk or self.default_head or T, T))
-        return choose(self.model, T, budget - self.held, self.layer_chunk, self.head_chunk)
+            return storages.order[0], (min(self.layer_chunk or auto_chunk(T), T),
+                                       min(self.head_chunk or self.default_head or T, T))
+        return choose_storage(storages, T, budget - self.held, self.layer_chunk, self.head_chunk)
+
+    def model_at(self, T: int, budget: int | None = None) -> StepModel:
+        """The step's model of a call at length T (its storage of layer inputs chosen)."""
+        storage = self.storage(T, budget)
+        return self.storages.model(storage) if self.storages is not None else self.model
 
     def step_peak(self, T: int, method: str = "streamfx", budget: int | None = None) -> int:
         if method != "streamfx":
             return self.baselines[method].peak(T)
         c, h = self.chunks(T, budget)
-        return self.model.peak(T, c, h)
+        return self.model_at(T, budget).peak(T, c, h)
 
     def max_length(self, budget, method: str = "streamfx", limit: int = 1 << 24) -> int:
         """The longest sequence length whose step fits ``budget`` (0 if none)."""
@@ -225,9 +302,12 @@ class MemoryReport:
 
     def breakdown(self, T: int, top: int = 8) -> str:
         c, h = self.chunks(T)
-        peak, rows = self.model.breakdown(T, c, h)
+        peak, rows = self.model_at(T).breakdown(T, c, h)
         lines = [f"step at T={T}: chunks of {c} tokens (layers), {h} tokens (head); predicted step peak "
                  f"{gib(peak)} above {gib(self.held)} held (parameters{', optimizer state' if self.optimizer_bytes else ''})"]
+        storage = self.storage(T)
+        if storage is not None:
+            lines.append(f"  {offload.describe_storage(*storage)} (chosen for the memory budget)")
         lines += ["  " + line for line in summarize(rows, top)]
         for name, b in self.baselines.items():
             lines.append(f"  {name}: predicted step peak {gib(b.peak(T))}")
@@ -290,9 +370,11 @@ class NoFit(StreamBPError):
 class BudgetPolicy:
     """Chunk sizes per call from the memory model and a budget (``runtime.RegionProgram.size_for``)."""
 
-    def __init__(self, model: StepModel, config, device: str, held_fn):
+    def __init__(self, model: StepModel, config, device: str, held_fn, storages: Storages | None = None):
         self.model, self.config, self.device, self.held_fn = model, config, device, held_fn
+        self.storages = storages or Storages(model)
         self.cache: dict = {}
+        self.chosen: dict = {}           # T -> the storage of layer inputs (tier, keep_every) chosen
         self.failed: str | None = None   # why the memory model failed at run time (fixed rules since)
 
     def budget(self) -> int:
@@ -308,9 +390,11 @@ class BudgetPolicy:
         if T not in self.cache:
             try:
                 budget, held = self.budget(), self.held_fn(T)
-                self.cache[T] = choose(self.model, T, budget - held, self.config.chunk_size, self.config.head_chunk_size)
+                host = host_available() if self.device.startswith("cuda") else None
+                self.chosen[T], self.cache[T] = choose_storage(self.storages, T, budget - held, self.config.chunk_size,
+                                                               self.config.head_chunk_size, host)
             except NoFit as e:
-                fits = lambda t: _fits_any(self.model, t, budget - held)  # noqa: E731
+                fits = lambda t: _fits_any(self.storages, t, budget - held)  # noqa: E731
                 raise StreamBPError(
                     f"streamfx: a training step at sequence length {T} is predicted to need {gib(held + e.need)} "
                     f"({gib(held)} held before the step + {gib(e.need)} for the step, at the smallest chunks), over "
@@ -333,6 +417,13 @@ class BudgetPolicy:
                 return None
         return self.cache[T]
 
+    def storage(self, T: int) -> tuple:
+        """(tier, keep_every) of the layer inputs of ``offload="auto"`` layers at length T (device
+        copies where the model failed)."""
+        if self.sizes(T) is None or self.chosen.get(T) is None:
+            return None, 1
+        return self.chosen[T]
+
     def chunk(self, kind: str, T: int) -> int | None:
         sizes = self.sizes(T)
         if sizes is None:
@@ -340,9 +431,9 @@ class BudgetPolicy:
         return sizes[0] if kind == "layer" else sizes[1]
 
 
-def _fits_any(model, T, available) -> bool:
+def _fits_any(storages: Storages, T, available) -> bool:
     try:
-        choose(model, T, available)
+        choose_storage(storages, T, available)
         return True
     except NoFit:
         return False
@@ -376,7 +467,7 @@ def attach(analysis, config) -> None:
         subs = model.subs(T)
         return sum(memory.evaluate(memory.nbytes_expr(p.meta["val"]), subs) for p in params)
 
-    policy = BudgetPolicy(model, config, device, held)
+    policy = BudgetPolicy(model, config, device, held, Storages(model, analysis, device))
     for _, prog in analysis.programs:
         prog.policy = policy
     analysis.step_model = model

@@ -27,6 +27,12 @@ What an entry holds (``StorePlan``, decided per region at the rewrite, ``plans``
   made together, at the backward of its last layer, and each is freed by its own layer's
   backward: a step keeps about L/k + k layer inputs instead of L.
 
+With ``offload="auto"`` (the default under a ``memory_budget``), every layer's per-token
+inputs are candidates and each call picks what happens to them (``StorePlan.resolve``): the
+budget's policy (``membudget.BudgetPolicy``) takes the first storage, in ``storages``' order, at
+which the memory model predicts the step to fit; inputs that stay are held as device copies
+(``kept``).
+
 Device copies sit behind one small interface (``HostCopies`` on the CPU, ``CudaCopies``), so the
 order of copies, prefetches and releases runs the same on the CPU as on a GPU. On the CPU the
 "cpu" tier is a same-device copy (the input already lives in host memory: it saves nothing).
@@ -50,38 +56,61 @@ import torch
 from .chunks import COUNTERS
 
 TIERS = ("cpu", "disk")
-for _name in ("inputs_offloaded", "inputs_loaded", "inputs_rebuilt", "inputs_dropped"):
+for _name in ("inputs_offloaded", "inputs_loaded", "inputs_rebuilt", "inputs_dropped", "inputs_kept"):
     COUNTERS.setdefault(_name, 0)
 
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """What leaves AOTAutograd's saved tensors: the tier of the offloaded inputs (None: none are)
-    and every how many layers of a chain an input is kept (1: all)."""
+    """What leaves AOTAutograd's saved tensors: the tier of the offloaded inputs (None: none are;
+    "auto": chosen per call, see ``storages``) and every how many layers of a chain an input is
+    kept (1: all)."""
     offload: str | None = None
     offload_dir: str | None = None
     keep_every: int = 1
 
     @classmethod
     def of(cls, config) -> "Options | None":
+        if config.storage_auto:
+            return cls("auto", config.offload_dir, 1)
         keep = config.keep_every or 1
         if config.offload is None and keep == 1:
             return None
         return cls(config.offload, config.offload_dir, keep)
 
     def describe(self) -> str:
-        tier = {None: "kept in device memory", "cpu": "offloaded to pinned host memory",
-                "disk": f"offloaded to files under {self.offload_dir or tempfile.gettempdir()}"}[self.offload]
-        text = f"layer inputs {tier}"
-        if self.keep_every > 1:
-            text += (f"; keep_every={self.keep_every}: one layer input in {self.keep_every} of consecutive layers "
-                     f"kept, the others rebuilt in the backward")
-        return text
+        if self.offload == "auto":
+            return ("layer inputs chosen per call by the memory budget: kept in device memory where the step is "
+                    "predicted to fit, else offloaded: on a GPU to pinned host memory (with keep_every where host "
+                    "memory is short, then to files), on a CPU device to files (under "
+                    f"{self.offload_dir or tempfile.gettempdir()})")
+        return describe_storage(self.offload, self.keep_every, self.offload_dir)
+
+
+def storages(device: str) -> list:
+    """The storages ``offload="auto"`` tries, cheapest first: (tier, keep_every). On a CPU device
+    files are the one tier that frees memory (layer inputs already live in host memory), and
+    rebuilding inputs frees no more than files do. A GPU moves inputs to pinned host memory, with
+    keep_every where host memory holds too few of them (``StepModel.host_bytes``), then files."""
+    if str(device).startswith("cuda"):
+        return [(None, 1)] + [("cpu", k) for k in (1, 2, 3, 4, 6, 8)] + [("disk", 1)]
+    return [(None, 1), ("disk", 1)]
+
+
+def describe_storage(tier: str | None, keep_every: int, offload_dir: str | None = None) -> str:
+    where = {None: "kept in device memory", "cpu": "offloaded to pinned host memory",
+             "disk": f"offloaded to files under {offload_dir or tempfile.gettempdir()}"}[tier]
+    text = f"layer inputs {where}"
+    if keep_every > 1:
+        text += (f"; keep_every={keep_every}: one layer input in {keep_every} of consecutive layers "
+                 f"kept, the others rebuilt in the backward")
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
 class StorePlan:
-    """How one region call keeps its inputs (indices into the region's inputs)."""
+    """How one region call keeps its inputs (indices into the region's inputs). A plan of tier
+    "auto" lists candidates (``offloaded``, ``dropped``), which ``resolve`` turns into one call's plan."""
     region: str
     offloaded: tuple = ()          # inputs written to the tier
     dropped: int | None = None     # the chain input rebuilt in the backward (keep_every)
@@ -90,6 +119,19 @@ class StorePlan:
     tier: str | None = None
     directory: str | None = None
     keep_every: int = 1
+    kept: tuple = ()               # inputs the store holds as device copies (a call of an "auto" plan)
+    depth: int = 0                 # the layer's place in its chain (0: its first)
+
+    def resolve(self, tier: str | None, keep_every: int) -> "StorePlan":
+        """One call's plan of an "auto" plan: its inputs go to ``tier`` (None: device copies), and
+        with ``keep_every`` the chain input of each layer but every k-th of a chain is rebuilt."""
+        if self.tier != "auto":
+            return self
+        dropped = self.dropped if self.dropped is not None and self.depth % keep_every else None
+        rest = tuple(sorted(set(self.offloaded) | ({self.dropped} - {dropped, None})))
+        return dataclasses.replace(self, offloaded=rest if tier else (), kept=() if tier else rest, dropped=dropped,
+                                   feeds=self.feeds and (self.depth + 1) % keep_every != 0, tier=tier,
+                                   keep_every=keep_every)
 
     @property
     def options(self) -> Options:
@@ -97,13 +139,15 @@ class StorePlan:
 
     @property
     def stored(self) -> frozenset:
-        return frozenset(self.offloaded) | ({self.dropped} if self.dropped is not None else set())
+        return frozenset(self.offloaded) | frozenset(self.kept) | ({self.dropped} if self.dropped is not None else set())
 
     @property
     def active(self) -> bool:
         return bool(self.offloaded) or self.dropped is not None or self.feeds
 
     def describe(self) -> str:
+        if self.tier == "auto":
+            return f"{self.region}: {len(self.stored)} input(s) whose storage each call chooses"
         parts = []
         if self.offloaded:
             parts.append(f"{len(self.offloaded)} input(s) offloaded ({self.tier})")
@@ -136,11 +180,15 @@ def plans(programs, options: Options) -> dict:
         link = (linked[0], *producer[plan.inputs[linked[0]]]) if len(linked) == 1 else None
         depth[prog.key] = depth[link[1]] + 1 if link is not None and link[1] in depth else 0
         dropped = link[0] if link is not None and depth[prog.key] % options.keep_every else None
+        if options.offload == "auto":   # candidates: each call's plan is ``StorePlan.resolve``'s
+            dropped = link[0] if link is not None else None
         if options.keep_every > 1 and link is None:
             _warn_unchained(plan, per_token, first=n == 0, alone=len(layers) == 1)
         offloaded = tuple(i for i in per_token if i != dropped) if options.offload else ()
+        if options.offload == "auto":
+            offloaded = tuple(i for i in per_token if i != dropped)
         out[prog.key] = StorePlan(plan.name, offloaded, dropped, link, tier=options.offload,
-                                  directory=options.offload_dir, keep_every=options.keep_every)
+                                  directory=options.offload_dir, keep_every=options.keep_every, depth=depth[prog.key])
     for key, sp in list(out.items()):  # a layer whose successor's input is rebuilt keeps its inputs
         if sp.dropped is not None:
             prev = sp.link[1]
@@ -447,6 +495,8 @@ class Store:
 
     def put(self, key: int, inputs: list, link) -> torch.Tensor:
         plan = PLANS[key]
+        if plan.tier == "auto":
+            plan = plan.resolve(*storage_of(key, inputs))
         prev = self.entry(link, plan.region) if link is not None else None
         entry = Entry(next(self.ids), key, plan, prev)
         try:
@@ -457,6 +507,9 @@ class Store:
                 else:
                     entry.saved[i] = OnHost(x)
                 COUNTERS["inputs_offloaded"] += 1
+            for i in plan.kept:   # (a compiled graph may reuse the input's buffer once the op has returned)
+                entry.saved[i] = Kept(inputs[i].clone(memory_format=torch.contiguous_format))
+                COUNTERS["inputs_kept"] += 1
             if plan.dropped is not None:
                 COUNTERS["inputs_dropped"] += 1
             if plan.feeds:
@@ -499,6 +552,18 @@ class Store:
 
 
 STORE = Store()
+
+
+def storage_of(key: int, inputs: list) -> tuple:
+    """(tier, keep_every) of a call of an "auto" region: what its budget's policy chose at the
+    call's length (device copies where no policy sizes the call)."""
+    from .runtime import _PROGRAMS
+
+    prog = _PROGRAMS[key]
+    policy = getattr(prog, "policy", None)
+    if policy is None or not hasattr(policy, "storage"):
+        return None, 1
+    return policy.storage(prog.length(list(inputs)))
 
 
 # ---- the ops --------------------------------------------------------------------------------------

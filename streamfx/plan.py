@@ -31,7 +31,7 @@ import torch
 
 from .config import StreamConfig
 from .errors import StreamBPError
-from .membudget import MemoryReport, gib, longest_fitting, parse_budget, step_models
+from .membudget import MemoryReport, Storages, gib, longest_fitting, parse_budget, step_models
 from .passes.schedule import MIN_CHUNK, chunk_candidates, largest_fitting
 
 # Published shapes (the models' config.json on the Hugging Face hub).
@@ -95,7 +95,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
     from .session import Session
 
     config = dataclasses.replace(StreamConfig.from_options(options), codegen="eager")
-    traced = dataclasses.replace(config, memory_budget=None)
+    traced = dataclasses.replace(config, memory_budget=None, offload="auto" if config.storage_auto else config.offload)
     collected: list = []
     detached: list = []
 
@@ -128,13 +128,15 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
         raise StreamBPError("streamfx.plan_memory: nothing in the model streams (see streamfx.explain)")
     a = analyses[-1]
     device = _device(args, kwargs)
-    step, baselines = step_models(a, device, StreamConfig.from_options(options).codegen)
+    codegen = StreamConfig.from_options(options).codegen
+    step, baselines = step_models(a, device, codegen)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     head = next((p.chunk_size for p, _ in a.programs if p.kind == "head"), None)
     T = _traced_length(a)
     budget = parse_budget(config.memory_budget, device) if config.memory_budget is not None else None
     return MemoryReport(step, baselines, params, optimizer_bytes(model, optimizer), T,
-                        config.chunk_size, config.head_chunk_size, budget, head, tuple(detached))
+                        config.chunk_size, config.head_chunk_size, budget, head, tuple(detached),
+                        Storages(step, a, device, codegen))
 
 
 def _outputs_beside_the_loss(gm) -> tuple:

@@ -197,14 +197,16 @@ class StepModel:
             phase = REGION_OPS.get(_op(n), (None,))[0]
             if phase is not None and n.args[0] in works:
                 self.region_steps[i] = (works[n.args[0]], phase)
+        self.host = []   # bytes of the layer inputs a step holds in pinned host memory (a GPU's "cpu" tier)
         if stores:
             self._stored_inputs(steps, stores)
         self.live = Live(steps)
 
     def _stored_inputs(self, steps: list, stores: dict) -> None:
         """Add to ``steps`` what the store of layer inputs holds (``streamfx.offload``), which
-        AOTAutograd's saved tensors no longer show: on a CPU device, an input offloaded to the
-        "cpu" tier is a host copy from its layer's forward to its backward; on a GPU, the copy
+        AOTAutograd's saved tensors no longer show: an input held as a device copy (``kept``) lives
+        from its layer's forward to its backward, as does, on a CPU device, the host copy of an
+        input offloaded to the "cpu" tier; on a GPU, the copy
         to the host holds a device copy until the next layer's forward has run; an input read back
         from the tier lives from the stored backward before its own (read ahead,
         ``Store.prefetch_before``) to its own; inputs dropped by keep_every are rebuilt together at
@@ -236,6 +238,10 @@ class StepModel:
             read = max((j for j in bw_at.values() if j < bw_i), default=bw_i)
             if g is not None and g in bw_at:
                 read = min(read, bw_at[g])
+            for idx in sp.kept:   # (``offload="auto"``: a call whose inputs stay on the device)
+                x = _Stored(f"{n.name}.kept{idx}", "layer input", work.module)
+                steps[fw_i][1].append((x, nbytes_expr(n.args[1][idx].meta.get("val"))))
+                steps[bw_i][2].append(x)
             for idx in sp.offloaded:
                 b = nbytes_expr(n.args[1][idx].meta.get("val"))
                 if sp.tier == "cpu" and not cuda:
@@ -243,6 +249,8 @@ class StepModel:
                     steps[fw_i][1].append((x, b))
                     steps[bw_i][2].append(x)
                     continue
+                if sp.tier == "cpu":
+                    self.host.append(b)
                 x = _Stored(f"{n.name}.read{idx}", f"layer input read back from the {sp.tier} tier", work.module)
                 steps[read][1].append((x, b))
                 steps[bw_i][2].append(x)
@@ -256,6 +264,12 @@ class StepModel:
                 steps[rebuild][1].append((x, nbytes_expr(n.args[1][sp.dropped].meta.get("val"))))
                 steps[bw_i][2].append(x)
                 self.region_steps[rebuild] = (self.region_steps[rebuild][0], "rebuild")
+
+    def host_bytes(self, T: int) -> int:
+        """Pinned host memory the step's offloaded layer inputs take at length T (all of them at the
+        end of the forward)."""
+        subs = self.subs(T)
+        return sum(evaluate(b, subs) for b in self.host)
 
     def subs(self, T: int) -> dict:
         return {**self.fixed, **{s: T for s in self.seq}}

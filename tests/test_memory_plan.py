@@ -408,6 +408,47 @@ class _BrokenModel:
         raise self.error
 
 
+class _SizedModel:
+    """A step's memory model that needs ``need`` bytes at any chunk size and puts ``host`` bytes of
+    layer inputs in pinned host memory."""
+
+    def __init__(self, need, host=0):
+        self.need, self.host = need, host
+
+    def profile(self, T):
+        return self.need, []
+
+    def fits(self, T, budget, kind, c, profile=None):
+        return self.need <= budget
+
+    def peak(self, T, c=None, h=None):
+        return self.need
+
+    def host_bytes(self, T):
+        return self.host
+
+
+def test_a_gpu_step_takes_the_first_storage_that_fits_device_and_host_memory():
+    """offload="auto" on a GPU: device memory, then pinned host memory with the smallest keep_every
+    whose copies fit the host, then files (``offload.storages``); device memory alone decides
+    where no tier takes host memory."""
+    from streamfx import offload
+
+    storages = membudget.Storages(_SizedModel(100))
+    storages.order = offload.storages("cuda")
+    storages.models.update({(None, 1): _SizedModel(100), ("cpu", 1): _SizedModel(50, 80), ("cpu", 2): _SizedModel(50, 40),
+                            **{s: _SizedModel(50, 40 // s[1]) for s in storages.order[3:-1]},
+                            ("disk", 1): _SizedModel(45)})
+    assert membudget.choose_storage(storages, 4096, 200, host=1000)[0] == (None, 1)
+    assert membudget.choose_storage(storages, 4096, 60, host=1000)[0] == ("cpu", 1)
+    assert membudget.choose_storage(storages, 4096, 60, host=50)[0] == ("cpu", 2)
+    assert membudget.choose_storage(storages, 4096, 60, host=12)[0] == ("cpu", 4)
+    assert membudget.choose_storage(storages, 4096, 60, host=1)[0] == ("disk", 1)
+    assert membudget.choose_storage(storages, 4096, 60)[0] == ("cpu", 1)   # (no host limit: a CPU device)
+    with pytest.raises(membudget.NoFit):
+        membudget.choose_storage(storages, 4096, 40, host=1000)
+
+
 def test_a_memory_model_failing_at_run_time_leaves_the_fixed_chunk_rules_with_one_warning():
     from streamfx.config import StreamConfig
     from streamfx.passes.schedule import auto_chunk, chunk_size

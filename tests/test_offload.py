@@ -345,3 +345,67 @@ def test_later_lengths_through_the_symbolic_compile(tmp_path, monkeypatch):
         assert not files_under(tmp_path)
     ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
     assert ran["inputs_rebuilt"] == 3 and ran["inputs_offloaded"] == 6, ran
+
+
+# ---- chosen by a memory budget (offload="auto") ---------------------------------------------------
+
+@pytest.mark.fast
+@pytest.mark.heavy
+def test_a_memory_budget_moves_layer_inputs_off_the_device_only_where_the_step_needs_it(tmp_path, monkeypatch):
+    """Under a memory_budget with no offload options, each call's storage of layer inputs is the
+    first the memory model predicts to fit (``offload.storages``): a short length keeps them in
+    device memory, a long one in one compile writes them to files. Both lengths are exact, the
+    report predicts the run-time choice, and explain() says what was chosen."""
+    deep(monkeypatch, 6)
+    model, make_inputs = zoo.qwen3_sdpa()
+    short, long = make_inputs(zoo.Case("t256", 1, 256)), make_inputs(zoo.Case("t1024", 1, 1024))
+    options = {"codegen": "eager", "offload_dir": str(tmp_path)}
+    report = streamfx.plan_memory(model, *short.args, **short.kwargs, options={**options, "memory_budget": "1GiB"})
+    kept, disk = (report.storages.model(s) for s in [(None, 1), ("disk", 1)])
+    need = {s: m.peak(1024, 16, 16) for s, m in [("kept", kept), ("disk", disk)]}
+    assert need["disk"] < need["kept"], need   # (the layer inputs are most of the step at this length)
+    budget = report.held + need["disk"] + (need["kept"] - need["disk"]) // 4
+    assert report.storage(256, budget) == (None, 1) and report.storage(1024, budget) == ("disk", 1)
+
+    ref, mine = copy.deepcopy(model), copy.deepcopy(model)
+    compiled = torch.compile(mine, backend="streambp", options={**options, "memory_budget": budget}, dynamic=True)
+    for inputs, stored in [(short, "inputs_kept"), (long, "inputs_offloaded")]:
+        before = dict(COUNTERS)
+        for m in (ref, mine):
+            m.zero_grad(set_to_none=True)
+        ref_loss = inputs.loss_of(ref(*inputs.args, **inputs.kwargs))
+        ref_loss.backward()
+        loss = inputs.loss_of(compiled(*inputs.args, **inputs.kwargs))
+        loss.backward()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        assert_grads_match(grads_of(ref), grads_of(mine), rtol=1e-5)
+        ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
+        other = "inputs_offloaded" if stored == "inputs_kept" else "inputs_kept"
+        assert ran[stored] == 6 and ran[other] == 0 and ran["inputs_rebuilt"] == 0, ran
+        assert not offload.STORE.live and not files_under(tmp_path)
+
+    explained = streamfx.explain(model, *long.args, **long.kwargs, options={**options, "memory_budget": budget})
+    text = "\n".join(explained.memory_lines() + [sp.options.describe() for sp in explained.storage])
+    assert "layer inputs chosen per call by the memory budget" in text, text
+    assert "at T=1024: layer inputs offloaded to files" in text, text
+    assert "layer input read back from the disk tier" in text, text
+
+
+@pytest.mark.fast
+def test_storages_resolve_per_call():
+    """An "auto" plan lists candidates; each call's plan keeps, offloads or drops them."""
+    sp = offload.StorePlan("layer 2", offloaded=(1,), dropped=0, link=(0, 7, 0), feeds=True, tier="auto", depth=2)
+    assert sp.stored == {0, 1}
+    kept = sp.resolve(None, 1)
+    assert kept.kept == (0, 1) and kept.offloaded == () and kept.dropped is None and not kept.feeds
+    assert kept.stored == sp.stored
+    on_disk = sp.resolve("disk", 1)
+    assert on_disk.offloaded == (0, 1) and on_disk.kept == () and on_disk.dropped is None
+    third = sp.resolve("cpu", 3)   # depth 2 of a chain, k=3: rebuilt; the next (depth 3) is kept
+    assert third.dropped == 0 and third.offloaded == (1,) and not third.feeds and third.stored == sp.stored
+    second = sp.resolve("cpu", 2)  # depth 2, k=2: kept; the next is rebuilt from it
+    assert second.dropped is None and second.offloaded == (0, 1) and second.feeds
+    assert offload.storages("cpu") == [(None, 1), ("disk", 1)]
+    assert offload.storages("cuda:0")[:3] == [(None, 1), ("cpu", 1), ("cpu", 2)]
+    with pytest.raises(streamfx.StreamBPError, match="keep_every.*None with offload='auto'"):
+        streamfx.config.StreamConfig(offload="auto", keep_every=2)
