@@ -587,7 +587,7 @@ def region_stored_backward(key: int, kept: list[torch.Tensor], handle: torch.Ten
     """``streamfx::region_backward`` of a region whose stored inputs come from the store."""
     entry = STORE.entry(handle, PLANS[key].region)
     xs = entry.inputs(list(kept), consume=True)
-    COUNTERS["inputs_loaded"] += len(entry.saved)
+    COUNTERS["inputs_loaded"] += len(entry.plan.offloaded)
     STORE.prefetch_before(entry)
     return torch.ops.streamfx.region_backward.default(key, xs, grads, present)
 

@@ -409,3 +409,20 @@ def test_storages_resolve_per_call():
     assert offload.storages("cuda:0")[:3] == [(None, 1), ("cpu", 1), ("cpu", 2)]
     with pytest.raises(streamfx.StreamBPError, match="keep_every.*None with offload='auto'"):
         streamfx.config.StreamConfig(offload="auto", keep_every=2)
+
+
+@pytest.mark.fast
+@pytest.mark.heavy
+@pytest.mark.parametrize("storage", [(None, 2), ("disk", 3)], ids=["kept-keep2", "disk-keep3"])
+def test_a_chosen_storage_that_rebuilds_inputs_is_exact(storage, tmp_path, monkeypatch):
+    """The storages a GPU may choose under a budget rebuild inputs (keep_every) of "auto" plans
+    resolved per call; here the CPU device is given one such storage to choose."""
+    deep(monkeypatch)
+    monkeypatch.setattr(offload, "storages", lambda device: [storage])
+    model, make_inputs = zoo.qwen3_sdpa()
+    run = run_eager_and_compiled(model, make_inputs("left_pad"), {"chunk_size": 5, "memory_budget": "8GiB",
+                                                                  "offload_dir": str(tmp_path)})
+    tier, k = storage
+    dropped = dropped_of(L, k)
+    check(run, tmp_path, offloaded=(L - dropped) if tier else 0, dropped=dropped)
+    assert run.counters["inputs_kept"] == (0 if tier else L - dropped), run.counters
