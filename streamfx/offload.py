@@ -185,8 +185,6 @@ def plans(programs, options: Options) -> dict:
         if options.keep_every > 1 and link is None:
             _warn_unchained(plan, per_token, first=n == 0, alone=len(layers) == 1)
         offloaded = tuple(i for i in per_token if i != dropped) if options.offload else ()
-        if options.offload == "auto":
-            offloaded = tuple(i for i in per_token if i != dropped)
         out[prog.key] = StorePlan(plan.name, offloaded, dropped, link, tier=options.offload,
                                   directory=options.offload_dir, keep_every=options.keep_every, depth=depth[prog.key])
     for key, sp in list(out.items()):  # a layer whose successor's input is rebuilt keeps its inputs
