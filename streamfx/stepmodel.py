@@ -206,9 +206,9 @@ class StepModel:
         """Add to ``steps`` what the store of layer inputs holds (``streamfx.offload``), which
         AOTAutograd's saved tensors no longer show: an input held as a device copy (``kept``) lives
         from its layer's forward to its backward, as does, on a CPU device, the host copy of an
-        input offloaded to the "cpu" tier; on a GPU, the copy
-        to the host holds a device copy until the next layer's forward has run; an input read back
-        from the tier lives from the stored backward before its own (read ahead,
+        input offloaded to the "cpu" tier; on a GPU, the copy to the host holds a device copy
+        until the next layer's forward has run; an input read back from the tier lives from the
+        stored backward before its own (read ahead,
         ``Store.prefetch_before``) to its own; inputs dropped by keep_every are rebuilt together at
         the backward of the last layer of their group, by a streamed forward of the layers between,
         and each lives until its own backward (the inputs the rebuild reads are read back then)."""
