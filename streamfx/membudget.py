@@ -285,27 +285,26 @@ class MemoryReport:
                                        min(self.head_chunk or self.default_head or T, T))
         return choose_storage(storages, T, budget - self.held, self.layer_chunk, self.head_chunk)
 
-    def model_at(self, T: int, budget: int | None = None) -> StepModel:
-        """The step's model of a call at length T (its storage of layer inputs chosen)."""
-        storage = self.storage(T, budget)
-        return self.storages.model(storage) if self.storages is not None else self.model
+    def _call(self, T: int, budget: int | None = None) -> tuple:
+        """(the step's model of a call at length T, its storage of layer inputs chosen, (layer, head) chunks)."""
+        storage, chunks = self._choice(T, budget)
+        return (self.storages.model(storage) if self.storages is not None else self.model), storage, chunks
 
     def step_peak(self, T: int, method: str = "streamfx", budget: int | None = None) -> int:
         if method != "streamfx":
             return self.baselines[method].peak(T)
-        c, h = self.chunks(T, budget)
-        return self.model_at(T, budget).peak(T, c, h)
+        model, _, (c, h) = self._call(T, budget)
+        return model.peak(T, c, h)
 
     def max_length(self, budget, method: str = "streamfx", limit: int = 1 << 24) -> int:
         """The longest sequence length whose step fits ``budget`` (0 if none)."""
         return longest_fitting(self, parse_budget(budget), method, limit)
 
     def breakdown(self, T: int, top: int = 8) -> str:
-        c, h = self.chunks(T)
-        peak, rows = self.model_at(T).breakdown(T, c, h)
+        model, storage, (c, h) = self._call(T)
+        peak, rows = model.breakdown(T, c, h)
         lines = [f"step at T={T}: chunks of {c} tokens (layers), {h} tokens (head); predicted step peak "
                  f"{gib(peak)} above {gib(self.held)} held (parameters{', optimizer state' if self.optimizer_bytes else ''})"]
-        storage = self.storage(T)
         if storage is not None:
             lines.append(f"  {offload.describe_storage(*storage)} (chosen for the memory budget)")
         lines += ["  " + line for line in summarize(rows, top)]

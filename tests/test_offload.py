@@ -40,6 +40,18 @@ def check(run, tmp_path=None, *, offloaded=0, dropped=0):
         assert not files_under(tmp_path), files_under(tmp_path)
 
 
+def step_matches_eager(ref, mine, compiled, inputs) -> None:
+    """One step of ``ref`` (eager) and of ``compiled`` (``mine`` compiled): equal loss and gradients."""
+    for m in (ref, mine):
+        m.zero_grad(set_to_none=True)
+    ref_loss = inputs.loss_of(ref(*inputs.args, **inputs.kwargs))
+    ref_loss.backward()
+    loss = inputs.loss_of(compiled(*inputs.args, **inputs.kwargs))
+    loss.backward()
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(grads_of(ref), grads_of(mine), rtol=1e-5)
+
+
 def dropped_of(layers, k):
     """Layers whose input is rebuilt: every one but each k-th of the chain."""
     return sum(1 for i in range(layers) if i % k)
@@ -334,14 +346,7 @@ def test_later_lengths_through_the_symbolic_compile(tmp_path, monkeypatch):
     before = dict(COUNTERS)
     for case in ("right_pad", "odd13", zoo.Case("t20", 2, 20, pad="left")):
         inputs = make_inputs(case)
-        for m in (ref, mine):
-            m.zero_grad(set_to_none=True)
-        ref_loss = inputs.loss_of(ref(*inputs.args, **inputs.kwargs))
-        ref_loss.backward()
-        loss = inputs.loss_of(compiled(*inputs.args, **inputs.kwargs))
-        loss.backward()
-        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
-        assert_grads_match(grads_of(ref), grads_of(mine), rtol=1e-5)
+        step_matches_eager(ref, mine, compiled, inputs)
         assert not files_under(tmp_path)
     ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
     assert ran["inputs_rebuilt"] == 3 and ran["inputs_offloaded"] == 6, ran
@@ -371,14 +376,7 @@ def test_a_memory_budget_moves_layer_inputs_off_the_device_only_where_the_step_n
     compiled = torch.compile(mine, backend="streambp", options={**options, "memory_budget": budget}, dynamic=True)
     for inputs, stored in [(short, "inputs_kept"), (long, "inputs_offloaded")]:
         before = dict(COUNTERS)
-        for m in (ref, mine):
-            m.zero_grad(set_to_none=True)
-        ref_loss = inputs.loss_of(ref(*inputs.args, **inputs.kwargs))
-        ref_loss.backward()
-        loss = inputs.loss_of(compiled(*inputs.args, **inputs.kwargs))
-        loss.backward()
-        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
-        assert_grads_match(grads_of(ref), grads_of(mine), rtol=1e-5)
+        step_matches_eager(ref, mine, compiled, inputs)
         ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
         other = "inputs_offloaded" if stored == "inputs_kept" else "inputs_kept"
         assert ran[stored] == 6 and ran[other] == 0 and ran["inputs_rebuilt"] == 0, ran
