@@ -6,6 +6,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import functools
 import os
 import warnings
 
@@ -89,14 +90,44 @@ def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / scale
 
 
+class Grads(dict):
+    """Gradients by parameter name, of an eager reference run; ``fp64``: None, or a function giving
+    (loss, gradients) of the same step in float64 (``run_eager_and_compiled``)."""
+    fp64 = None
+
+
+def _within_eager_rounding(name: str, got: torch.Tensor, ref: torch.Tensor, fp64: dict, rtol: float) -> bool:
+    """Whether ``got`` is as close to the float64 step's gradient as fp32 allows: within rtol of
+    its scale plus twice the eager fp32 gradient's own distance from it. Where the gradient is a
+    sum that cancels (exactly zero: a query whose only key is itself; or nearly), the fp32
+    reference is rounding noise that another summation order, or another CPU's kernels, does not
+    reproduce; a relative error against it says nothing."""
+    loss64, grads64 = fp64
+    exact = grads64.get(name)
+    if exact is None:
+        return False
+    exact = exact.double()
+    own = (ref.double() - exact).abs().max().item()
+    return (got.double() - exact).abs().max().item() <= rtol * exact.abs().max().item() + 2 * own
+
+
 def assert_grads_match(model_eager_grads: dict, model_compiled_grads: dict, rtol: float = 1e-4) -> dict:
-    """Per parameter, max|g - g_ref| / max|g_ref| <= rtol (fp32 parity is typically ~1e-6).
+    """Per parameter, max|g - g_ref| / max|g_ref| <= rtol (fp32 parity is typically ~1e-6); where
+    that fails and the reference carries its float64 step (``Grads.fp64``, whose loss matches the
+    fp32 one), ``_within_eager_rounding`` decides.
 
     Both arguments map parameter names to gradients (None where a parameter got no gradient).
     Returns the per-parameter errors."""
     assert model_eager_grads.keys() == model_compiled_grads.keys(), (
         sorted(set(model_eager_grads) ^ set(model_compiled_grads)))
-    errors, bad = {}, []
+    errors, bad, step64 = {}, [], []
+
+    def fp64():   # (the float64 step, run once when first needed)
+        if not step64:
+            run = getattr(model_eager_grads, "fp64", None)
+            step64.append(run() if run is not None else (None, {}))
+        return step64[0]
+
     for name, ref in model_eager_grads.items():
         got = model_compiled_grads[name]
         if ref is None or got is None:
@@ -106,7 +137,7 @@ def assert_grads_match(model_eager_grads: dict, model_compiled_grads: dict, rtol
         assert torch.isfinite(ref).all(), f"{name}: eager reference gradient is not finite"
         assert torch.isfinite(got).all(), f"{name}: compiled gradient is not finite"
         errors[name] = relative_error(got, ref)
-        if not errors[name] <= rtol:
+        if not errors[name] <= rtol and not _within_eager_rounding(name, got, ref, fp64(), rtol):
             bad.append(f"{name}: {errors[name]:.3e}")
     assert not bad, f"gradients differ (rtol={rtol}): " + ", ".join(bad)
     return errors
@@ -188,8 +219,33 @@ def run_eager_and_compiled(model, inputs, options=None, *, ref_model=None, compi
         loss.backward()
     counters = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
     messages = [str(w.message) for w in caught if "streamfx" in str(w.message)]
-    return Run(ref_out, out, ref_loss.detach(), loss.detach(), grads_of(ref), grads_of(mine), ref, mine,
+    ref_grads = Grads(grads_of(ref))
+    ref_grads.fp64 = functools.partial(_step_in_fp64, ref_model if ref_model is not None else model, inputs,
+                                       loss_of, ref_loss.detach())
+    return Run(ref_out, out, ref_loss.detach(), loss.detach(), ref_grads, grads_of(mine), ref, mine,
                counters, messages, [p for k, p in _PROGRAMS.items() if k not in keys], dict(schedules))
+
+
+def _step_in_fp64(model, inputs, loss_of, loss32) -> tuple:
+    """(loss, gradients) of the eager step in float64: a copy of the model and the floating-point
+    inputs in float64. Gradients empty where its loss is not the fp32 one to fp32 precision (a
+    step that draws random numbers, or routes tokens otherwise) or an op has no float64 kernel:
+    it is then no reference."""
+    double = lambda t: t.double() if t.is_floating_point() else t   # noqa: E731
+    m = copy.deepcopy(model).double()
+    m.zero_grad(set_to_none=True)
+    for sub in m.modules():   # (Hugging Face's grouped expert products take no float64: its loop does)
+        if getattr(getattr(sub, "config", None), "_experts_implementation", None) not in (None, "eager"):
+            sub.config._experts_implementation = "eager"
+    args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, double, (inputs.args, inputs.kwargs))
+    try:
+        loss = loss_of(m(*args, **kwargs))
+        loss.backward()
+    except (RuntimeError, NotImplementedError):   # (an op without float64 kernels: no reference)
+        return None, {}
+    if not torch.allclose(loss.detach().float(), loss32.float(), rtol=1e-5, atol=1e-6):
+        return loss.detach(), {}
+    return loss.detach(), grads_of(m)
 
 
 @contextlib.contextmanager

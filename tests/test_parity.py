@@ -192,3 +192,36 @@ def test_compile_metrics_are_recorded_with_the_ignored_logging_functions():
     torch.compile(recorded_by_the_metrics_test, backend="eager")(torch.ones(3))
     last = torch._dynamo.utils.get_compilation_metrics()[-1]   # (a bounded deque: its last record)
     assert last.co_name == "recorded_by_the_metrics_test", last
+
+
+
+@pytest.mark.fast
+def test_a_gradient_of_rounding_noise_is_judged_against_the_float64_step():
+    """A query whose only key is itself has no gradient through its attention scores: a length-2
+    sequence with one label leaves the query and key projections' gradients exactly zero, which
+    eager fp32 computes as rounding noise on some CPUs. A relative error against that noise says
+    nothing; the float64 step decides (``conftest._within_eager_rounding``): the exact gradient
+    passes against a noisy reference, one further from the float64 step than fp32 allows still
+    fails, and without a float64 reference the relative error decides."""
+    from conftest import Grads
+
+    model, make_inputs = zoo.qwen3("sdpa")
+    run = run_eager_and_compiled(model, make_inputs(zoo._case("b1")), {"chunk_size": 3})
+    assert_grads_match(run.ref_grads, run.grads)
+    loss64, grads64 = run.ref_grads.fp64()
+    assert grads64 and torch.allclose(loss64.float(), run.ref_loss, rtol=1e-6)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    exact = grads64[name].float()
+    scale = exact.abs().max()
+
+    def reference(grad, fp64=run.ref_grads.fp64):
+        g = Grads({name: grad})
+        g.fp64 = fp64
+        return g
+
+    noisy = exact + 1e-3 * scale   # (an fp32 reference 1e-3 of its scale from the float64 step)
+    assert_grads_match(reference(noisy), {name: exact})
+    with pytest.raises(AssertionError, match="gradients differ"):
+        assert_grads_match(reference(noisy), {name: exact + 5e-3 * scale})
+    with pytest.raises(AssertionError, match="gradients differ"):
+        assert_grads_match(reference(noisy, lambda: (None, {})), {name: exact})
