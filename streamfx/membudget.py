@@ -300,8 +300,11 @@ class MemoryReport:
         """The longest sequence length whose step fits ``budget`` (0 if none)."""
         return longest_fitting(self, parse_budget(budget), method, limit)
 
-    def breakdown(self, T: int, top: int = 8) -> str:
-        model, storage, (c, h) = self._call(T)
+    def breakdown(self, T: int, top: int = 8, choice: tuple | None = None) -> str:
+        """The largest terms of the step's peak at T; ``choice``: (storage, (layer chunk, head chunk))
+        to break down instead of the call's own (``plan.Extrapolated.choice``)."""
+        storage, (c, h) = choice or self._choice(T, None)
+        model = self.storages.model(storage) if self.storages is not None else self.model
         peak, rows = model.breakdown(T, c, h)
         lines = [f"step at T={T}: chunks of {c} tokens (layers), {h} tokens (head); predicted step peak "
                  f"{gib(peak)} above {gib(self.held)} held (parameters{', optimizer state' if self.optimizer_bytes else ''})"]

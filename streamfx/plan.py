@@ -14,9 +14,11 @@ the longest sequence for a budget:
 
     python -m streamfx.plan --preset qwen3-8b --dtype bf16 --budget 80GiB
 
-Layers of one structure have one plan, so the model is traced with 2 and 3 decoder layers and
-every prediction extrapolated linearly to the config's layer count (each layer adds its saved
-input, gradients and parameters; the working set of one layer stays). With a batch size B the
+Layers of one structure have one plan, so the model is traced with 3 and 4 decoder layers and
+every prediction extrapolated linearly to the config's layer count, place by place in the step
+(each layer adds its saved input, gradients and parameters; the working set of one layer
+stays). ``--offload cpu`` (or ``disk``, or ``auto``: the first that fits) predicts the step with
+its layer inputs off the device, ``--host`` the host memory they may take. With a batch size B the
 shapes are traced at that batch size.
 """
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 
 from .config import StreamConfig
 from .errors import StreamBPError
+from . import offload
 from .membudget import MemoryReport, Storages, gib, longest_fitting, parse_budget, step_models
 from .passes.schedule import MIN_CHUNK, chunk_candidates, largest_fitting
 
@@ -52,6 +55,7 @@ PRESETS = {
 DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
           "fp32": torch.float32, "float32": torch.float32}
 OPTIMIZER_BYTES = {"none": 0, "sgd": 0, "adamw": 2, "adam": 2}   # state tensors per parameter
+TRACED = (3, 4)   # the layer counts the command line traces (``Extrapolated``)
 METHODS = ("streamfx", "activation checkpointing", "no checkpointing")
 
 
@@ -82,8 +86,10 @@ def plan_memory(model, *args, options=None, optimizer=None, **kwargs) -> MemoryR
     return _plan_memory(model, args, kwargs, options, optimizer)
 
 
-def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None = ()) -> MemoryReport:
-    """``plan_memory``; ``detach``: per compiled graph (in order), the user outputs the streamed
+def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None = (),
+                 device: str | None = None) -> MemoryReport:
+    """``plan_memory``; ``device``: the device the step will run on (default: the inputs'), which
+    sizes the model (the allocator's rounding, where a copy of an offloaded input lives); ``detach``: per compiled graph (in order), the user outputs the streamed
     step drops (``report.detached`` of a model of the same outputs, such as the same model with
     another layer count), detached before the trace: the backend then traces the graph once
     instead of tracing it again without their gradients. None: every floating-point output of
@@ -127,7 +133,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
     if not analyses:
         raise StreamBPError("streamfx.plan_memory: nothing in the model streams (see streamfx.explain)")
     a = analyses[-1]
-    device = _device(args, kwargs)
+    device = device or _device(args, kwargs)
     codegen = StreamConfig.from_options(options).codegen
     step, baselines = step_models(a, device, codegen)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -190,16 +196,33 @@ def _device(args, kwargs) -> str:
 
 # ---- the command line -------------------------------------------------------------------------------
 class Extrapolated:
-    """Reports at 2 and 3 layers, extrapolated linearly to L layers: place by place in the step
-    (``StepModel.keyed_peaks``), then the maximum. Extrapolating the peak itself would miss a peak
-    that moves with depth: at 2 or 3 layers it can sit at the head's logits, at 36 at the end of
-    the backward where every layer's gradients are held."""
+    """Reports at ``traced`` = (3, 4) layers, extrapolated linearly to L layers: place by place in
+    the step (``StepModel.keyed_peaks``), then the maximum. Extrapolating the peak itself would
+    miss a peak that moves with depth: at 2 or 3 layers it can sit at the head's logits, at 36 at
+    the end of the backward where every layer's gradients are held; with offloaded inputs, at the
+    backward of the second layer (a place between the ends: 3 layers are the fewest that have one).
+    Two reports of one model (``traced`` (L, L + 1)) predict that model.
 
-    def __init__(self, r2: MemoryReport, r3: MemoryReport, layers: int):
-        self.r2, self.r3, self.L = r2, r3, layers
+    Reports traced with ``offload`` give the step at each storage of the layer inputs their calls
+    may take (``MemoryReport.storages``); those of keep_every 1 are extrapolated (the groups of a
+    larger keep_every do not fit in 3 or 4 layers); ``tier``, one of them ("cpu", "disk"), else the
+    first that fits. ``host``: bytes of pinned host memory the offloaded inputs may take (None: no
+    limit)."""
+
+    def __init__(self, r2: MemoryReport, r3: MemoryReport, layers: int, host: int | None = None,
+                 tier: str | None = None, traced: tuple = (3, 4)):
+        self.r2, self.r3, self.L, self.host, self.traced = r2, r3, layers, host, traced
+        order = r3.storages.order if r3.storages is not None else [None]
+        self.order = [s for s in order if s is None or (s[1] == 1 and tier in (None, "auto", s[0]))]
 
     def _lin(self, a: int, b: int) -> int:
-        return a + (b - a) * (self.L - 2)
+        n2, n3 = self.traced
+        return a + (b - a) * (self.L - n2) // (n3 - n2)
+
+    def _models(self, method: str = "streamfx", storage=None) -> tuple:
+        if method != "streamfx":
+            return self.r2.baselines[method], self.r3.baselines[method]
+        return tuple(r.storages.model(storage) if r.storages is not None else r.model for r in (self.r2, self.r3))
 
     def _peak(self, m2, m3, T: int, c=None, h=None) -> int:
         k2, k3 = m2.keyed_peaks(T, c, h), m3.keyed_peaks(T, c, h)
@@ -212,25 +235,48 @@ class Extrapolated:
     def held(self) -> int:
         return self._lin(self.r2.held, self.r3.held)
 
-    def chunks(self, T: int, budget: int) -> tuple[int, int]:
-        """The largest (layer, head) chunks whose extrapolated step fits ``budget``."""
-        avail = budget - self.held
+    def host_bytes(self, T: int, storage=None) -> int:
+        """Pinned host memory the offloaded layer inputs of a step at length T take."""
+        m2, m3 = self._models("streamfx", storage)
+        return self._lin(m2.host_bytes(T), m3.host_bytes(T))
 
+    def _chunks(self, m2, m3, T: int, avail: int) -> tuple[int, int]:
         def peak(c, h):
-            return self._peak(self.r2.model, self.r3.model, T, c, h)
+            return self._peak(m2, m3, T, c, h)
 
         cands = chunk_candidates(T)
         c = largest_fitting(cands, lambda c: peak(c, MIN_CHUNK) <= avail)
         h = largest_fitting(cands, lambda h: peak(c, h) <= avail) if c is not None else None
         if h is None:
-            raise StreamBPError(f"no chunk size fits T={T} in {gib(budget)}")
+            raise StreamBPError(f"no chunk size fits T={T} in {gib(avail + self.held)}")
         return c, h
+
+    def choice(self, T: int, budget: int | None) -> tuple:
+        """(storage of the layer inputs, (layer chunk, head chunk)) of a step at T: the first storage
+        whose step fits ``budget`` with host memory for its offloaded inputs, the largest chunks
+        there; without a budget, the first storage and the automatic chunks."""
+        if budget is None:
+            return self.order[0], self.r3.chunks(T)
+        for i, storage in enumerate(self.order):
+            last = i == len(self.order) - 1
+            try:
+                if self.host is not None and self.host_bytes(T, storage) > self.host:
+                    raise StreamBPError(f"the offloaded layer inputs at T={T} need {gib(self.host_bytes(T, storage))} "
+                                        f"of host memory; {gib(self.host)} given")
+                return storage, self._chunks(*self._models("streamfx", storage), T, budget - self.held)
+            except StreamBPError:
+                if last:
+                    raise
+
+    def chunks(self, T: int, budget: int) -> tuple[int, int]:
+        """The largest (layer, head) chunks whose extrapolated step fits ``budget``."""
+        return self.choice(T, budget)[1]
 
     def step_peak(self, T: int, method: str = "streamfx", budget=None) -> int:
         if method == "streamfx":
-            c, h = self.chunks(T, budget) if budget is not None else self.r3.chunks(T)
-            return self._peak(self.r2.model, self.r3.model, T, c, h)
-        return self._peak(self.r2.baselines[method], self.r3.baselines[method], T)
+            storage, (c, h) = self.choice(T, budget)
+            return self._peak(*self._models(method, storage), T, c, h)
+        return self._peak(*self._models(method), T)
 
     def max_length(self, budget: int, method: str = "streamfx", limit: int = 1 << 22) -> int:
         return longest_fitting(self, budget, method, limit)
@@ -249,18 +295,30 @@ def build_meta_model(config: dict, dtype: torch.dtype, layers: int):
 
 
 def report_for(config: dict, dtype, layers: int, batch: int, optimizer, length: int = 32,
-               device: str = "cuda", detach: tuple | None = None) -> MemoryReport:
+               device: str = "cuda", detach: tuple | None = None, options: dict | None = None) -> MemoryReport:
     """The report of the config's model with ``layers`` layers, sized for ``device``. The model is
     built on the meta device, then given uninitialised CPU storage for the short traced call
     (nothing is read from the hub; pages no one writes take no memory). ``detach``: the outputs
     the step drops, from the report of the same config at another layer count (None: guessed,
-    ``_plan_memory``)."""
+    ``_plan_memory``); ``options``: the backend's (``offload``)."""
     model = build_meta_model(config, dtype, layers).to_empty(device="cpu")
     ids = torch.ones(batch, length, dtype=torch.long)
-    report = _plan_memory(model, (), dict(input_ids=ids, labels=ids), None, optimizer, detach)
-    for m in [report.model, *report.baselines.values()]:
-        m.device = device
-    return report
+    return _plan_memory(model, (), dict(input_ids=ids, labels=ids), options, optimizer, detach, device=device)
+
+
+def extrapolated(config: dict, dtype, batch: int = 1, optimizer=None, device: str = "cuda",
+                 offload: str | None = None, host: int | None = None) -> Extrapolated:
+    """The config's model at its layer count, from traces of ``TRACED`` layers (of its own count
+    where that is no more). ``offload``: "cpu", "disk" or "auto" (the first of device memory, host
+    memory, files that fits), traced as ``offload="auto"``; ``host``: bytes of host memory for
+    the offloaded inputs."""
+    L = int(config["num_hidden_layers"])
+    traced = TRACED if L > TRACED[0] else (L, L + 1)
+    options = {"offload": "auto"} if offload else None
+    r2 = report_for(config, dtype, traced[0], batch, optimizer, device=device, options=options)
+    r3 = r2 if L <= TRACED[0] else report_for(config, dtype, traced[1], batch, optimizer, device=device,
+                                              detach=r2.detached, options=options)
+    return Extrapolated(r2, r3, L, host, offload, traced)
 
 
 def main(argv=None) -> int:
@@ -272,8 +330,15 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", default="80GiB", help="device memory: bytes, '80GiB', '70GB'")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--optimizer", default="none", help=f"{sorted(OPTIMIZER_BYTES)} or bytes per parameter")
+    parser.add_argument("--offload", choices=("cpu", "disk", "auto"),
+                        help="where streamfx keeps the layer inputs for the backward: pinned host memory, "
+                             "files, or the first of device memory, host memory, files that fits (default: "
+                             "device memory)")
+    parser.add_argument("--host", help="host memory the offloaded layer inputs may take (default: no limit)")
     parser.add_argument("--length", type=int, help="also print the breakdown at this length (default: streamfx's longest)")
     ns = parser.parse_args(argv)
+    if ns.host is not None and ns.offload not in ("cpu", "auto"):
+        parser.error("--host: with --offload cpu or auto")
     config = PRESETS[ns.preset] if ns.preset else json.load(open(ns.config))
     budget = parse_budget(ns.budget)
     opt = ns.optimizer
@@ -283,23 +348,30 @@ def main(argv=None) -> int:
         if opt.lower() not in OPTIMIZER_BYTES:
             parser.error(f"--optimizer: one of {sorted(OPTIMIZER_BYTES)} or bytes per parameter")
     t0 = time.perf_counter()
-    r2 = report_for(config, DTYPES[ns.dtype], 2, ns.batch, opt)
-    r3 = report_for(config, DTYPES[ns.dtype], 3, ns.batch, opt, detach=r2.detached)
-    L = int(config["num_hidden_layers"])
-    model = Extrapolated(r2, r3, L)
+    model = extrapolated(config, DTYPES[ns.dtype], ns.batch, opt, offload=ns.offload,
+                         host=parse_budget(ns.host) if ns.host is not None else None)
+    L, r2, r3, traced = model.L, model.r2, model.r3, model.traced
     best = {m: model.max_length(budget, m) for m in METHODS}
     print(f"longest sequence (streamfx): {best['streamfx']} tokens")
     print(f"longest sequence (activation checkpointing): {best['activation checkpointing']} tokens")
     print(f"longest sequence (no checkpointing): {best['no checkpointing']} tokens")
     T = ns.length or best["streamfx"] or 1024
+    try:
+        choice = model.choice(T, budget)
+        peak = gib(model.step_peak(T, "streamfx", budget))
+    except StreamBPError as e:
+        choice, peak = None, f"more than the budget ({e})"
+    if ns.offload and choice is not None:
+        print(f"at T={T}: {offload.describe_storage(*(choice[0] or (None, 1)))}; pinned host memory "
+              f"{gib(model.host_bytes(T, choice[0]))}" + (f" of {gib(model.host)}" if model.host is not None else ""))
     state = "parameters" + (", optimizer state" if opt not in ("none", "sgd", 0.0) else "")
     print(f"budget {gib(budget)}, batch {ns.batch}, {ns.dtype}, {L} layers; held before the step ({state}): "
           f"{gib(model.held)}")
-    print(f"at T={T}: predicted step peak {gib(model.step_peak(T, 'streamfx', budget))} (streamfx), "
+    print(f"at T={T}: predicted step peak {peak} (streamfx), "
           f"{gib(model.step_peak(T, 'activation checkpointing'))} (activation checkpointing)")
-    print(f"breakdown at T={T} of the 3-layer trace (each further layer adds its layer input, parameters "
-          f"and gradients):")
-    print(r3.breakdown(T))
+    print(f"breakdown at T={T} of the {traced[1] if r3 is not r2 else L}-layer trace (each further layer adds "
+          f"its parameters and gradients, and its input where that stays on the device):")
+    print(r3.breakdown(T, choice=choice))
     print(f"({time.perf_counter() - t0:.1f} s)")
     return 0
 

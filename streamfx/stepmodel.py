@@ -299,11 +299,15 @@ class StepModel:
 
     @functools.cached_property
     def positions(self) -> list:
-        """Each step's place in the step, named so that the same place in a model of more layers
+        """Each step's places in the step, named so that the same place in a model of more layers
         has the same name: (phase, "start" | "in" | "after", the last layer reached in that phase
-        counted from its nearer end: ("first", i) or ("last", i)). A step outside every layer (the
-        embedding, the head, nodes no module claims) belongs to the last layer reached before it;
-        a backward step to the layer whose forward it differentiates."""
+        counted from one end: ("first", i) or ("last", i)). A layer has a name from each end it is
+        not the far end of (the first layer: ("first", 0); the second of 4: ("first", 1) and
+        ("last", 2)), so that a place between the two ends extrapolates from both: in the
+        backward with offloaded inputs, the peak sits at the second layer (the gradients of every
+        later layer held, with the inputs read ahead of the first layer). A step outside every
+        layer (the embedding, the head, nodes no module claims) belongs to the last layer reached
+        before it; a backward step to the layer whose forward it differentiates."""
         def index(path):
             m = _LAYER_INDEX.search(path or "")
             return int(m.group(1)) if m else None
@@ -332,8 +336,12 @@ class StepModel:
                 last = None
             where = "in" if li is not None else ("after" if last is not None else "start")
             last = li if li is not None else last
-            end = None if last is None else (("first", last) if last < layers - 1 - last else ("last", layers - 1 - last))
-            out.append((phase, where, end))
+            if last is None:
+                out.append(((phase, where, None),))
+                continue
+            ends = [("first", last)] if last < layers - 1 else []
+            ends += [("last", layers - 1 - last)] if last > 0 or layers == 1 else []
+            out.append(tuple((phase, where, e) for e in ends))
         return out
 
     def keyed_profile(self, T: int) -> dict:
@@ -345,17 +353,18 @@ class StepModel:
 
     def _keyed_profile(self, T: int) -> dict:
         out = {}
-        for i, (b, place) in enumerate(zip(self.timeline(T), self.positions)):
-            entry = out.setdefault(place, [0, []])
-            if i in self.region_steps:
-                entry[1].append((b, *self.region_steps[i]))
-            else:
-                entry[0] = max(entry[0], b)
+        for i, (b, places) in enumerate(zip(self.timeline(T), self.positions)):
+            for place in places:
+                entry = out.setdefault(place, [0, []])
+                if i in self.region_steps:
+                    entry[1].append((b, *self.region_steps[i]))
+                else:
+                    entry[0] = max(entry[0], b)
         return {k: tuple(v) for k, v in out.items()}
 
     def keyed_peaks(self, T: int, layer_chunk: int | None = None, head_chunk: int | None = None) -> dict:
         """{place: the step's peak there} (``peak`` is their maximum). Linear in the number of
-        layers at every place a model of 2 layers shares with one of 3 (the layers are alike), which
+        layers at every place a model of 3 layers shares with one of 4 (the layers are alike), which
         is how ``plan.Extrapolated`` predicts deep models from shallow traces."""
         chunks = {"layer": layer_chunk, "head": head_chunk}
         return {k: max([o] + [b + w.bytes(ph, chunks[w.kind] or T, T) for b, w, ph in ins])

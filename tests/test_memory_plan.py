@@ -254,6 +254,31 @@ def test_cli_prints_longest_sequences(tmp_path, capsys):
 
 
 @pytest.mark.heavy
+def test_cli_predicts_the_step_with_its_layer_inputs_in_host_memory(tmp_path, capsys):
+    """``--offload cpu``: the longest sequence with the layer inputs in pinned host memory, and the
+    host memory they take there; ``--offload auto`` with less host memory than that: files."""
+    from streamfx import plan
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(dict(_tiny_config(), hidden_size=256, head_dim=64, vocab_size=512)))
+    common = ["--config", str(path), "--dtype", "fp32", "--budget", "64MiB"]
+
+    def run(*extra):
+        assert plan.main(common + list(extra)) == 0
+        out = capsys.readouterr().out.splitlines()
+        T = int(re.fullmatch(r"longest sequence \(streamfx\): (\d+) tokens", out[0]).group(1))
+        m = re.fullmatch(rf"at T={T}: layer inputs offloaded to (pinned host memory|files under .*); pinned host "
+                         rf"memory ([\d.]+) MiB.*", out[3]) if extra else None
+        return T, m and (m.group(1), float(m.group(2)))
+
+    host, (where, held) = run("--offload", "cpu")
+    assert where == "pinned host memory" and held == pytest.approx(4 * host * 256 * 4 / 2**20, abs=0.01)
+    assert host > 0
+    auto, (where, held) = run("--offload", "auto", "--host", f"{held / 2:.2f}MiB")
+    assert auto == host and where.startswith("files") and held == 0   # (files where host memory is short)
+
+
+@pytest.mark.heavy
 def test_cli_traces_the_second_model_once_with_the_first_ones_dropped_outputs(monkeypatch):
     """The CLI's 3-layer trace detaches the outputs the 2-layer one found dropped (the logits):
     one trace instead of two, and the same report as a trace that finds them itself. The 2-layer
@@ -291,30 +316,74 @@ def test_cli_traces_the_second_model_once_with_the_first_ones_dropped_outputs(mo
 
 @pytest.mark.heavy
 def test_cli_extrapolates_each_place_of_the_step_where_the_peak_moves_with_depth():
-    """The CLI predicts an L-layer model from traces of 2 and 3 layers. Where the peak sits moves
+    """The CLI predicts an L-layer model from traces of 3 and 4 layers. Where the peak sits moves
     with depth: at 2 or 3 layers at the head's logits, deeper at the end of the backward where
     every layer's gradients are held (on one H100 the Qwen3-8B shape's predicted peak was 0.73x the
-    measured one from extrapolating the peak itself). Extrapolated place by place, the prediction
-    equals the report of the L-layer model traced whole."""
+    measured one from extrapolating the peak itself); with the layer inputs offloaded, at the
+    backward of the second layer (the later layers' gradients held, and the first layer's input
+    read ahead). Extrapolated place by place, the prediction equals the report of the L-layer
+    model traced whole, for every storage of the layer inputs, host memory included."""
     from streamfx import plan
 
     cfg = dict(_tiny_config(), vocab_size=8192, hidden_size=128, head_dim=32, intermediate_size=2048,
                max_position_embeddings=1024)
-    r2 = plan.report_for(cfg, torch.float32, 2, 1, None, device="cuda")
-    r3 = plan.report_for(cfg, torch.float32, 3, 1, None, device="cuda", detach=r2.detached)
-    r5 = plan.report_for(cfg, torch.float32, 5, 1, None, device="cuda", detach=r2.detached)
-    deep = plan.Extrapolated(r2, r3, 5)
+    r3 = plan.report_for(cfg, torch.float32, 3, 1, None, device="cuda")
+    r4 = plan.report_for(cfg, torch.float32, 4, 1, None, device="cuda", detach=r3.detached)
+    r6 = plan.report_for(cfg, torch.float32, 6, 1, None, device="cuda", detach=r3.detached)
+    deep = plan.Extrapolated(r3, r4, 6)
     naive_misses = []
     for T in (64, 256, 1024, 4096):
         for method in ("streamfx", "activation checkpointing", "no checkpointing"):
-            exact = r5.step_peak(T, method)
+            exact = r6.step_peak(T, method)
             assert deep.step_peak(T, method) == pytest.approx(exact, rel=1e-3), (T, method)
-            naive = deep._lin(r2.step_peak(T, method), r3.step_peak(T, method))
+            naive = deep._lin(r3.step_peak(T, method), r4.step_peak(T, method))
             naive_misses.append(abs(naive / exact - 1))
-    assert max(naive_misses) > 0.1, naive_misses   # (the case this test is about occurs in it)
+    # (the case this test is about occurs in it: the peak extrapolated whole misses by 6.4% at 6 layers)
+    assert max(naive_misses) > 0.05, naive_misses
     budget = 96 << 20
     for method in ("streamfx", "activation checkpointing"):
-        assert deep.max_length(budget, method) == pytest.approx(r5.max_length(budget, method), rel=0.05)
+        assert deep.max_length(budget, method) == pytest.approx(r6.max_length(budget, method), rel=0.05)
+
+
+@pytest.mark.heavy
+def test_cli_extrapolates_the_step_with_its_layer_inputs_off_the_device():
+    """``--offload``: the 3- and 4-layer traces of offload="auto" extrapolate, storage by storage,
+    to the model traced whole: its step peak and the pinned host memory its inputs take. With its
+    inputs in host memory or files, the step holds less device memory at long lengths, and the
+    first storage that fits is device memory while it fits, then host memory while that holds."""
+    from streamfx import plan
+
+    cfg = dict(_tiny_config(), vocab_size=512, hidden_size=256, head_dim=32, intermediate_size=256,
+               max_position_embeddings=1024)
+    options = {"offload": "auto"}
+    r3 = plan.report_for(cfg, torch.float32, 3, 1, None, device="cuda", options=options)
+    r4 = plan.report_for(cfg, torch.float32, 4, 1, None, device="cuda", detach=r3.detached, options=options)
+    r7 = plan.report_for(cfg, torch.float32, 7, 1, None, device="cuda", detach=r3.detached, options=options)
+    for tier in ("cpu", "disk"):
+        deep = plan.Extrapolated(r3, r4, 7, tier=tier)
+        assert deep.order == [(tier, 1)]
+        exact = r7.storages.model((tier, 1))
+        for T in (256, 4096, 16384):
+            c, h = r7.chunks(T)
+            got = deep._peak(*deep._models("streamfx", (tier, 1)), T, c, h)
+            assert got == pytest.approx(exact.peak(T, c, h), rel=1e-3), (tier, T)
+            assert deep.host_bytes(T, (tier, 1)) == exact.host_bytes(T)
+            assert got < r7.storages.model((None, 1)).peak(T, c, h) or T < 4096
+        # (the case this test is about occurs: the peak at the second layer's backward, a place a
+        # trace of 2 layers does not have)
+        places = exact.keyed_peaks(4096, *r7.chunks(4096))
+        assert max(places, key=places.get) == ("backward", "in", ("first", 1))
+    assert r7.storages.model(("cpu", 1)).host_bytes(4096) == 7 * 4096 * 256 * 4   # (every layer's input)
+    auto = plan.Extrapolated(r3, r4, 7, tier="auto")
+    disk = auto._models("streamfx", ("disk", 1))
+    budget = auto.held + auto._peak(*disk, 8192, 64, 64) + (1 << 20)   # (disk fits 8192 at chunks of 64)
+    assert auto.choice(2048, budget)[0] == (None, 1)
+    assert auto.choice(8192, budget)[0] == ("cpu", 1)
+    auto.host = auto.host_bytes(8192, ("cpu", 1)) - 1
+    assert auto.choice(8192, budget)[0] == ("disk", 1)
+    assert auto.choice(2048, budget)[0] == (None, 1)
+    auto.host = None
+    assert auto.choice(8192, budget)[0] == ("cpu", 1)
 
 
 # ---- a graph on the GPU ----------------------------------------------------------------------------

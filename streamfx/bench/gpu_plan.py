@@ -33,14 +33,11 @@ def config_of(preset) -> dict:
 
 def predict(preset_name: str, dtype: str, budget: int, seqs, device: str) -> dict:
     from streamfx.errors import StreamBPError
-    from streamfx.plan import DTYPES, Extrapolated, report_for
+    from streamfx.plan import DTYPES, extrapolated
 
     t0 = time.perf_counter()
     preset = presets_mod.get_preset(preset_name)
-    config = config_of(preset)
-    r2 = report_for(config, DTYPES[dtype], 2, 1, "none", device=device)
-    r3 = report_for(config, DTYPES[dtype], 3, 1, "none", device=device, detach=r2.detached)
-    model = Extrapolated(r2, r3, preset.num_hidden_layers)
+    model = extrapolated(config_of(preset), DTYPES[dtype], 1, "none", device=device)
     out = {"budget": budget, "held": model.held, "steps": [], "longest": {}}
     for seq in seqs:
         for method, planned in PLANNED.items():
