@@ -31,9 +31,9 @@ import time
 
 import torch
 
+from . import offload
 from .config import StreamConfig
 from .errors import StreamBPError
-from . import offload
 from .membudget import MemoryReport, Storages, gib, longest_fitting, parse_budget, step_models
 from .passes.schedule import MIN_CHUNK, chunk_candidates, largest_fitting
 
@@ -89,7 +89,8 @@ def plan_memory(model, *args, options=None, optimizer=None, **kwargs) -> MemoryR
 def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None = (),
                  device: str | None = None) -> MemoryReport:
     """``plan_memory``; ``device``: the device the step will run on (default: the inputs'), which
-    sizes the model (the allocator's rounding, where a copy of an offloaded input lives); ``detach``: per compiled graph (in order), the user outputs the streamed
+    sizes the model (the allocator's rounding, where a copy of an offloaded input lives);
+    ``detach``: per compiled graph (in order), the user outputs the streamed
     step drops (``report.detached`` of a model of the same outputs, such as the same model with
     another layer count), detached before the trace: the backend then traces the graph once
     instead of tracing it again without their gradients. None: every floating-point output of
@@ -214,6 +215,9 @@ class Extrapolated:
         self.r2, self.r3, self.L, self.host, self.traced = r2, r3, layers, host, traced
         order = r3.storages.order if r3.storages is not None else [None]
         self.order = [s for s in order if s is None or (s[1] == 1 and tier in (None, "auto", s[0]))]
+        if not self.order:
+            raise StreamBPError(f"offload {tier!r} is not among the storages of the traced step's layer inputs "
+                                f"({order}): trace with offload='auto' for a GPU")
 
     def _lin(self, a: int, b: int) -> int:
         n2, n3 = self.traced
