@@ -116,7 +116,23 @@ def _integer_code(e, names: dict) -> str:
         return "max(" + ", ".join(map(sub, e.args)) + ")"
     if isinstance(e, (Min, sympy.Min)):
         return "min(" + ", ".join(map(sub, e.args)) + ")"
+    if isinstance(e, sympy.Piecewise):   # (a chunk size chosen by length: the first true branch)
+        out = "None"
+        for value, cond in reversed(e.args):
+            out = f"({sub(value)} if {sub(cond)} else {out})"
+        return out
+    if e is sympy.true or e is sympy.false:
+        return str(bool(e))
+    if isinstance(e, sympy.core.relational.Relational) and e.rel_op in _RELATIONS:
+        return f"({sub(e.lhs)} {_RELATIONS[e.rel_op]} {sub(e.rhs)})"
+    if isinstance(e, (sympy.And, sympy.Or)):
+        return "(" + (" and " if isinstance(e, sympy.And) else " or ").join(map(sub, e.args)) + ")"
+    if isinstance(e, sympy.Not):
+        return f"(not {sub(e.args[0])})"
     raise _NoIntegerForm(e)
+
+
+_RELATIONS = {">=": ">=", ">": ">", "<=": "<=", "<": "<", "==": "==", "!=": "!="}
 
 
 def is_view(node: fx.Node) -> bool:

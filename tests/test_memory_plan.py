@@ -676,11 +676,19 @@ def test_size_expressions_evaluate_exactly():
     s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
     exprs = [4 * s0 * s1, (s0 + 3) * s1**2, FloorDiv(s0 * s1, 7), 16 * CeilDiv(s0, 8), 2 * Max(s0, s1 + 5),
              s1 * Min(s0, 64), Mod(s0, 8), PythonMod(s0 * s1, 5), s0 / 2, sympy.Rational(3, 2) * s0 * s1, 2 * s0 + 3]
+    # (a chunk size chosen by length, as the schedule's rules give it)
+    chunk = sympy.Piecewise((Min(256, s0), s0 >= 768), (Min(64, s0), s0 >= 192), (Min(32, s0), True))
+    pieces = [12 * chunk * Min(512, s1) + 1040 * chunk, Max(40960 * s0, 8192 * s0 + 12 * chunk * Min(512, s1 - s0)),
+              sympy.Piecewise((s0, sympy.And(s0 > 100, sympy.Ne(s1, 7))), (s1, sympy.Or(s0 < 5, s1 <= 9)),
+                              (2 * s0, sympy.Not(sympy.Eq(s0, s1))), (3, True))]
+    assert all(memory._evaluator(e).__name__ == "compiled" for e in pieces)
     rng = random.Random(0)
-    for e in exprs:
+    for e in exprs + pieces:
         for _ in range(50):
-            subs = {s0: sympy.Integer(rng.randint(1, 1 << 20)), s1: rng.randint(1, 4096)}
+            subs = {s0: sympy.Integer(rng.choice([rng.randint(1, 1 << 20), rng.randint(1, 1000)])),
+                    s1: rng.randint(1, 4096)}
             assert memory.evaluate(e, subs) == int(e.xreplace(subs)), (e, subs)
+        assert memory.evaluate(e, {s0: 7, s1: 7}) == int(e.xreplace({s0: 7, s1: 7})), e
     assert memory.evaluate(17, {}) == 17
     with pytest.raises(TypeError):   # a symbol without a value, as sympy reports it
         memory.evaluate(4 * s0 * s1, {s0: 3})
