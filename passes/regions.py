@@ -158,6 +158,14 @@ def _pull_merged_inputs(nodes: set, sd, classes) -> set:
     return nodes
 
 
+def _projected(n: fx.Node) -> bool:
+    """Whether ``n`` is a projection's result, or a reshape or copy of one (``mm`` then ``view``)."""
+    while n.op == "call_function" and (n.target in SEQ_VIEWS or n.target in COPIES) and n.args \
+            and isinstance(n.args[0], fx.Node):
+        n = n.args[0]
+    return projects(n)
+
+
 def _head_entry(tail, sd, floor, fwd_nodes, rank):
     """The narrowest per-token chain node after the last attention site (the latest of equals)
     that is at least as wide as the residual stream (``floor``): the final hidden state, not a
@@ -170,6 +178,10 @@ def _head_entry(tail, sd, floor, fwd_nodes, rank):
         return None
     best = min(per_token(n, sd) for n in tail)
     narrowest = [n for n in tail if per_token(n, sd) == best]
+    # a projection's result as narrow as the hidden state (the logits of a vocabulary as wide as
+    # it) comes after the head's entry: the entry is the latest of equals before it
+    cut = next((i for i, n in enumerate(narrowest) if i and _projected(n)), None)
+    narrowest = narrowest[:cut] if cut is not None else narrowest
     first = narrowest[0]
     if first.op == "placeholder" and not any(projects(n) for n in fwd_nodes if rank.get(n, -1) > rank[first]):
         return first

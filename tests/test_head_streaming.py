@@ -188,6 +188,26 @@ def test_frozen_lm_head_gets_no_gradient_buffer(name):
         assert prog.grad_inputs, "the hidden states still need their gradient"
 
 
+@pytest.mark.fast
+def test_a_vocabulary_as_wide_as_the_hidden_state_streams_its_projection():
+    """V == d: the logits are as narrow as the hidden state, and the head's entry is still the
+    hidden state before the LM head's projection, not the logits after it (with those, the logits
+    and their log-softmax ran whole and only the label gather streamed): every chunk computes its
+    own logits, exactly."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=zoo.HIDDEN, hidden_size=zoo.HIDDEN, intermediate_size=64, num_hidden_layers=zoo.LAYERS,
+                      num_attention_heads=zoo.HEADS, num_key_value_heads=zoo.KV_HEADS, head_dim=zoo.HEAD_DIM,
+                      max_position_embeddings=zoo.MAX_POS, tie_word_embeddings=False, pad_token_id=zoo.PAD_ID)
+    model = zoo._hf(Qwen3ForCausalLM, cfg, "sdpa")
+    run = parity(model, zoo._hf_inputs(zoo.HIDDEN)("prompt"), 4)
+    heads = [p for p in run.programs if p.name == "head"]
+    assert heads
+    for head in heads:
+        ops = {n.target for n in head.chunk.gm.graph.nodes if n.op == "call_function"}
+        assert torch.ops.aten.mm.default in ops and torch.ops.aten.amax.default in ops, sorted(map(str, ops))
+
+
 # ---- what a chunk holds ---------------------------------------------------------------------------
 def test_chunk_graph_holds_at_most_chunk_logits():
     """Walk explain()'s head plan and the chunk graph it registered: no value of the chunk graph
