@@ -319,10 +319,9 @@ def test_cli_extrapolates_each_place_of_the_step_where_the_peak_moves_with_depth
     """The CLI predicts an L-layer model from traces of 3 and 4 layers. Where the peak sits moves
     with depth: at 2 or 3 layers at the head's logits, deeper at the end of the backward where
     every layer's gradients are held (on one H100 the Qwen3-8B shape's predicted peak was 0.73x the
-    measured one from extrapolating the peak itself); with the layer inputs offloaded, at the
-    backward of the second layer (the later layers' gradients held, and the first layer's input
-    read ahead). Extrapolated place by place, the prediction equals the report of the L-layer
-    model traced whole, for every storage of the layer inputs, host memory included."""
+    measured one from extrapolating the peak itself). Extrapolated place by place, the prediction
+    equals the report of the L-layer model traced whole (with the layer inputs off the device:
+    the next test)."""
     from streamfx import plan
 
     cfg = dict(_tiny_config(), vocab_size=8192, hidden_size=128, head_dim=32, intermediate_size=2048,
