@@ -285,10 +285,14 @@ class MemoryReport:
                                        min(self.head_chunk or self.default_head or T, T))
         return choose_storage(storages, T, budget - self.held, self.layer_chunk, self.head_chunk)
 
+    def model_for(self, storage) -> StepModel:
+        """The step's model with its layer inputs at ``storage`` (``storages``; None: the one traced)."""
+        return self.storages.model(storage) if self.storages is not None else self.model
+
     def _call(self, T: int, budget: int | None = None) -> tuple:
         """(the step's model of a call at length T, its storage of layer inputs chosen, (layer, head) chunks)."""
         storage, chunks = self._choice(T, budget)
-        return (self.storages.model(storage) if self.storages is not None else self.model), storage, chunks
+        return self.model_for(storage), storage, chunks
 
     def step_peak(self, T: int, method: str = "streamfx", budget: int | None = None) -> int:
         if method != "streamfx":
@@ -304,8 +308,7 @@ class MemoryReport:
         """The largest terms of the step's peak at T; ``choice``: (storage, (layer chunk, head chunk))
         to break down instead of the call's own (``plan.Extrapolated.choice``)."""
         storage, (c, h) = choice or self._choice(T, None)
-        model = self.storages.model(storage) if self.storages is not None else self.model
-        peak, rows = model.breakdown(T, c, h)
+        peak, rows = self.model_for(storage).breakdown(T, c, h)
         lines = [f"step at T={T}: chunks of {c} tokens (layers), {h} tokens (head); predicted step peak "
                  f"{gib(peak)} above {gib(self.held)} held (parameters{', optimizer state' if self.optimizer_bytes else ''})"]
         if storage is not None:

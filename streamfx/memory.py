@@ -124,7 +124,7 @@ def _integer_code(e, names: dict) -> str:
     if e is sympy.true or e is sympy.false:
         return str(bool(e))
     if isinstance(e, sympy.core.relational.Relational) and e.rel_op in _RELATIONS:
-        return f"({sub(e.lhs)} {_RELATIONS[e.rel_op]} {sub(e.rhs)})"
+        return f"({sub(e.lhs)} {e.rel_op} {sub(e.rhs)})"
     if isinstance(e, (sympy.And, sympy.Or)):
         return "(" + (" and " if isinstance(e, sympy.And) else " or ").join(map(sub, e.args)) + ")"
     if isinstance(e, sympy.Not):
@@ -132,7 +132,7 @@ def _integer_code(e, names: dict) -> str:
     raise _NoIntegerForm(e)
 
 
-_RELATIONS = {">=": ">=", ">": ">", "<=": "<=", "<": "<", "==": "==", "!=": "!="}
+_RELATIONS = frozenset({">=", ">", "<=", "<", "==", "!="})   # (sympy's relations written as Python's)
 
 
 def is_view(node: fx.Node) -> bool:

@@ -226,7 +226,7 @@ class Extrapolated:
     def _models(self, method: str = "streamfx", storage=None) -> tuple:
         if method != "streamfx":
             return self.r2.baselines[method], self.r3.baselines[method]
-        return tuple(r.storages.model(storage) if r.storages is not None else r.model for r in (self.r2, self.r3))
+        return self.r2.model_for(storage), self.r3.model_for(storage)
 
     def _peak(self, m2, m3, T: int, c=None, h=None) -> int:
         k2, k3 = m2.keyed_peaks(T, c, h), m3.keyed_peaks(T, c, h)
