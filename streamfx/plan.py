@@ -278,9 +278,13 @@ class Extrapolated:
 
     def step_peak(self, T: int, method: str = "streamfx", budget=None) -> int:
         if method == "streamfx":
-            storage, (c, h) = self.choice(T, budget)
-            return self._peak(*self._models(method, storage), T, c, h)
+            return self.peak_at(T, self.choice(T, budget))
         return self._peak(*self._models(method), T)
+
+    def peak_at(self, T: int, choice: tuple) -> int:
+        """The streamed step's peak at T with ``choice`` (as ``choice`` gives it) made."""
+        storage, (c, h) = choice
+        return self._peak(*self._models("streamfx", storage), T, c, h)
 
     def max_length(self, budget: int, method: str = "streamfx", limit: int = 1 << 22) -> int:
         return longest_fitting(self, budget, method, limit)
@@ -362,7 +366,7 @@ def main(argv=None) -> int:
     T = ns.length or best["streamfx"] or 1024
     try:
         choice = model.choice(T, budget)
-        peak = gib(model.step_peak(T, "streamfx", budget))
+        peak = gib(model.peak_at(T, choice))
     except StreamBPError as e:
         choice, peak = None, f"more than the budget ({e})"
     if ns.offload and choice is not None:

@@ -102,8 +102,7 @@ def _within_eager_rounding(name: str, got: torch.Tensor, ref: torch.Tensor, fp64
     sum that cancels (exactly zero: a query whose only key is itself; or nearly), the fp32
     reference is rounding noise that another summation order, or another CPU's kernels, does not
     reproduce; a relative error against it says nothing."""
-    loss64, grads64 = fp64
-    exact = grads64.get(name)
+    exact = fp64[1].get(name)
     if exact is None:
         return False
     exact = exact.double()
