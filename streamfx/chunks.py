@@ -277,14 +277,18 @@ def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool) -> Calla
     compiled for inference (its outputs hold no autograd graph). AOTAutograd's and Inductor's
     caches serve it: a graph an earlier process compiled (the same model restarted, a measurement
     at another length) loads instead of tracing and compiling again."""
+    from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
+    from .onehot import ONE_HOT_PASS
     from .runtime import autograd_inside_op
 
     mode, fakes = fake_inputs(slots, sizes, grads)
     _LazyGraphModule.force_recompile(gm)
+    # (a loss's one-hot gradient made pointwise, ``onehot``; a joint-graph pass the user set stays)
+    joint = {} if inductor_config.joint_custom_post_pass is not None else {"joint_custom_post_pass": ONE_HOT_PASS}
     with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
-            torch.set_grad_enabled(train), \
+            torch.set_grad_enabled(train), inductor_config.patch(joint), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
         return compile_fx(gm, fakes)
 

@@ -573,6 +573,11 @@ def _lm_head_loss(x, w, labels):
     return torch.nn.functional.cross_entropy(x @ w, labels)
 
 
+def _lm_head_picked_loss(x, w, labels):
+    """As Hugging Face's loss reaches a chunk graph: a log-softmax and each row's target gathered."""
+    return -torch.log_softmax(x @ w, -1).gather(1, labels[:, None]).mean()
+
+
 def _gated_mlp(x, w1, w2, w3):
     return ((torch.nn.functional.silu(x @ w1) * (x @ w3)) @ w2).square().mean()
 
@@ -593,20 +598,26 @@ def _cases():
         return torch.randn(*shape, generator=g)
 
     T, H, V, F = 512, 64, 4000, 1024
-    return {"lm head and loss": (_lm_head_loss, [r(T, H), r(H, V), torch.randint(0, V, (T,), generator=g)], (0, 1)),
+    labels = torch.randint(0, V, (T,), generator=g)
+    return {"lm head and loss": (_lm_head_loss, [r(T, H), r(H, V), labels], (0, 1)),
+            "lm head, picked log-probabilities": (_lm_head_picked_loss, [r(T, H), r(H, V), labels], (0, 1)),
             "gated mlp": (_gated_mlp, [r(T, H), r(H, F), r(F, H), r(H, F)], (0, 1, 2, 3)),
             "norm, rotary": (_rms_norm_rotary, [r(T, H), r(H), r(H, H), r(H, H)], (0, 1, 2, 3))}
 
 
-@pytest.mark.parametrize("case", ["lm head and loss", "gated mlp", "norm, rotary"])
+@pytest.mark.parametrize("case", ["lm head and loss", "lm head, picked log-probabilities", "gated mlp",
+                                  "norm, rotary"])
 def test_a_chunk_graph_is_sized_as_inductors_code_runs_it(case):
     """The working set of a chunk graph compiled by Inductor (its forward and backward) is the
     liveness of the buffers Inductor's code makes, fused intermediates not stored and pointwise
     kernels writing into an input they last read (``memory._fused_steps``); measured on the
-    compiled function, within 10%. Eager's op-by-op liveness is the model with codegen="eager"."""
+    compiled function, within 10%. Compiled and sized as chunk graphs are: with the one-hot
+    gradients made pointwise (``streamfx.onehot``). Eager's op-by-op liveness is the model with
+    codegen="eager"."""
+    from torch._inductor import config
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from streamfx import memory
+    from streamfx import memory, onehot
     from streamfx.bench.worker import allocated_peak
 
     f, args, wrt = _cases()[case]
@@ -618,15 +629,18 @@ def test_a_chunk_graph_is_sized_as_inductors_code_runs_it(case):
     from torch._inductor.decomposition import select_decomp_table
 
     traced = make_fx(step, decomposition_table=select_decomp_table())(*args)   # (the ops a chunk graph has)
-    fused = memory.peak_of(memory.Live(memory._fused_steps(traced.graph)), {})[0]
     eager = memory.peak_of(memory.Live.of(traced.graph), {})[0]
-    compiled = torch.compile(f, backend="inductor", dynamic=False)
+    onehot.rewrite(traced.graph)
+    fused = memory.peak_of(memory.Live(memory._fused_steps(traced.graph)), {})[0]
+    torch._dynamo.reset()
+    with config.patch(joint_custom_post_pass=onehot.ONE_HOT_PASS):
+        compiled = torch.compile(f, backend="inductor", dynamic=False)
 
-    def run():
-        a = [x.detach().requires_grad_(i in wrt) for i, x in enumerate(args)]
-        return torch.autograd.grad(compiled(*a), [a[i] for i in wrt])
+        def run():
+            a = [x.detach().requires_grad_(i in wrt) for i, x in enumerate(args)]
+            return torch.autograd.grad(compiled(*a), [a[i] for i in wrt])
 
-    run()
+        run()
     measured = allocated_peak(run)
     assert abs(fused / measured - 1) <= 0.10, (case, fused, measured, eager)
     if case == "lm head and loss":   # (eager stores the log-softmax's intermediates: twice the logits more)
