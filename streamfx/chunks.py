@@ -286,7 +286,8 @@ def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool) -> Calla
     mode, fakes = fake_inputs(slots, sizes, grads)
     _LazyGraphModule.force_recompile(gm)
     # (a loss's one-hot gradient made pointwise, ``onehot``; a joint-graph pass the user set stays)
-    joint = {} if inductor_config.joint_custom_post_pass is not None else {"joint_custom_post_pass": ONE_HOT_PASS}
+    joint = {} if inductor_config.joint_custom_post_pass is not None or ONE_HOT_PASS is None \
+        else {"joint_custom_post_pass": ONE_HOT_PASS}
     with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
             torch.set_grad_enabled(train), inductor_config.patch(joint), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
