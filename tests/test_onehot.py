@@ -76,7 +76,8 @@ def test_compiled_with_the_pass_the_same_bits_and_no_scatter():
 
     def compiled(joint_pass):
         torch._dynamo.reset()
-        with config.patch(joint_custom_post_pass=joint_pass, fx_graph_cache=False):
+        # (every cache off: the code of both graphs is compiled here, whatever ran before)
+        with config.patch(joint_custom_post_pass=joint_pass, force_disable_caches=True):
             f = torch.compile(_picked_loss, backend="inductor", dynamic=False)
 
             def run():

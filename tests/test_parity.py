@@ -225,3 +225,18 @@ def test_a_gradient_of_rounding_noise_is_judged_against_the_float64_step():
         assert_grads_match(reference(noisy), {name: exact + 5e-3 * scale})
     with pytest.raises(AssertionError, match="gradients differ"):
         assert_grads_match(reference(noisy, lambda: (None, {})), {name: exact})
+
+    # an exactly zero gradient (float64 says so): fp32 noise of either size passes, a signal fails
+    zero, big = torch.zeros(4, 4, dtype=torch.float64), torch.full((4, 4), 2.0, dtype=torch.float64)
+
+    def zero_step():
+        return loss64, {"zero": zero, "big": big}
+
+    def pair(noise):
+        g = Grads({"zero": torch.full((4, 4), noise), "big": big.float()})
+        g.fp64 = zero_step
+        return g
+
+    assert_grads_match(pair(3e-9), {"zero": torch.full((4, 4), 1.2e-8), "big": big.float()})
+    with pytest.raises(AssertionError, match="gradients differ"):
+        assert_grads_match(pair(3e-9), {"zero": torch.full((4, 4), 1e-3), "big": big.float()})
