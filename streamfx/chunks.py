@@ -280,16 +280,14 @@ def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool) -> Calla
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
-    from .onehot import ONE_HOT_PASS
+    from . import onehot
     from .runtime import autograd_inside_op
 
     mode, fakes = fake_inputs(slots, sizes, grads)
     _LazyGraphModule.force_recompile(gm)
-    # (a loss's one-hot gradient made pointwise, ``onehot``; a joint-graph pass the user set stays)
-    joint = {} if inductor_config.joint_custom_post_pass is not None or ONE_HOT_PASS is None \
-        else {"joint_custom_post_pass": ONE_HOT_PASS}
+    # (a loss's one-hot gradient made pointwise, ``onehot``)
     with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
-            torch.set_grad_enabled(train), inductor_config.patch(joint), \
+            torch.set_grad_enabled(train), inductor_config.patch(onehot.compile_config()), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
         return compile_fx(gm, fakes)
 

@@ -458,10 +458,10 @@ def _trace_curve(graph, grads, train, fused=False) -> ChunkCurve:
     # (the tangents the trace makes stand for rows of the output gradient: views, not counted)
     tangents = {n for n in traced.graph.nodes if n.target is torch.ops.aten.empty_like.default}
     held = frozenset(tangents)
-    if fused:   # (Inductor's code: the one-hot gradients the chunk compile makes pointwise, as it does)
-        from .onehot import rewrite
+    from . import onehot
 
-        rewrite(traced.graph)
+    if fused and onehot.compiles_with_pass():   # (Inductor's code: one-hot gradients made pointwise)
+        onehot.rewrite(traced.graph)
     live = Live(_fused_steps(traced.graph, held)) if fused else Live.of(traced.graph, held=held)
     return ChunkCurve(live, q, k, fixed)
 

@@ -184,3 +184,16 @@ def _pass():
 
 
 ONE_HOT_PASS = _pass()
+
+
+def compiles_with_pass() -> bool:
+    """Whether a chunk's training compile runs ``ONE_HOT_PASS`` now: it does unless this Inductor
+    has no custom passes or the user has set a joint-graph pass of their own (which is kept)."""
+    from torch._inductor import config
+
+    return ONE_HOT_PASS is not None and config.joint_custom_post_pass is None
+
+
+def compile_config() -> dict:
+    """The Inductor config a chunk compile patches in: the pass, where ``compiles_with_pass``."""
+    return {"joint_custom_post_pass": ONE_HOT_PASS} if compiles_with_pass() else {}
