@@ -411,13 +411,17 @@ _CURVES: dict = {}
 def chunk_curve(graph, grads=(), train=False, fused=False) -> ChunkCurve:
     """The working-set curve of a ``chunks.ChunkGraph`` (cached on its structure and slots).
     ``fused``: as Inductor's code runs it (``_fused_steps``), else op by op as eager runs it."""
-    key = (graph.key(), tuple(grads), train, fused)
+    from . import onehot
+
+    # (Inductor's code has the one-hot rewrite where chunk compiles run it now: part of the key)
+    one_hot = fused and onehot.compiles_with_pass()
+    key = (graph.key(), tuple(grads), train, fused, one_hot)
     if key not in _CURVES:
-        _CURVES[key] = _trace_curve(graph, tuple(grads), train, fused)
+        _CURVES[key] = _trace_curve(graph, tuple(grads), train, fused, one_hot)
     return _CURVES[key]
 
 
-def _trace_curve(graph, grads, train, fused=False) -> ChunkCurve:
+def _trace_curve(graph, grads, train, fused=False, one_hot=False) -> ChunkCurve:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from .chunks import fake_inputs
@@ -458,9 +462,9 @@ def _trace_curve(graph, grads, train, fused=False) -> ChunkCurve:
     # (the tangents the trace makes stand for rows of the output gradient: views, not counted)
     tangents = {n for n in traced.graph.nodes if n.target is torch.ops.aten.empty_like.default}
     held = frozenset(tangents)
-    from . import onehot
+    if one_hot:   # (Inductor's code: one-hot gradients made pointwise)
+        from . import onehot
 
-    if fused and onehot.compiles_with_pass():   # (Inductor's code: one-hot gradients made pointwise)
         onehot.rewrite(traced.graph)
     live = Live(_fused_steps(traced.graph, held)) if fused else Live.of(traced.graph, held=held)
     return ChunkCurve(live, q, k, fixed)

@@ -123,3 +123,26 @@ def test_a_row_sum_through_ops_that_keep_zeros_is_the_picked_values(scale, summe
     assert len(sums) == (0 if summed_away else 1)
     for a, b in zip(want, traced(src, idx)):
         torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)   # (0 * inf: nan in both)
+
+
+@pytest.mark.fast
+def test_the_memory_model_sizes_what_chunk_compiles_run_now(monkeypatch):
+    """Inductor's code has the rewrite where chunk compiles run the pass at that time: a curve
+    sized with it is not reused once the user sets a joint-graph pass of their own (which keeps
+    the pass out of chunk compiles), nor for eager's op-by-op sizing."""
+    from torch._inductor import config
+
+    from streamfx import memory
+
+    class Graph:
+        def key(self):
+            return ("a graph",)
+
+    monkeypatch.setattr(memory, "_CURVES", {})
+    monkeypatch.setattr(memory, "_trace_curve", lambda graph, grads, train, fused, one_hot: (fused, one_hot))
+    assert memory.chunk_curve(Graph(), (0,), True, fused=True) == (True, onehot.compiles_with_pass())
+    with config.patch(joint_custom_post_pass=lambda graph: None):
+        assert not onehot.compiles_with_pass() and onehot.compile_config() == {}
+        assert memory.chunk_curve(Graph(), (0,), True, fused=True) == (True, False)
+    assert memory.chunk_curve(Graph(), (0,), True, fused=False) == (False, False)
+    assert onehot.ONE_HOT_PASS is None or memory.chunk_curve(Graph(), (0,), True, fused=True) == (True, True)
