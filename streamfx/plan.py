@@ -204,17 +204,27 @@ class Extrapolated:
     backward of the second layer (a place between the ends: 3 layers are the fewest that have one).
     Two reports of one model (``traced`` (L, L + 1)) predict that model.
 
-    Reports traced with ``offload`` give the step at each storage of the layer inputs their calls
-    may take (``MemoryReport.storages``); those of keep_every 1 are extrapolated (the groups of a
-    larger keep_every do not fit in 3 or 4 layers); ``tier``, one of them ("cpu", "disk"), else the
-    first that fits. ``host``: bytes of pinned host memory the offloaded inputs may take (None: no
+    Reports traced with ``offload="auto"`` give the step at each storage of the layer inputs their
+    calls may take (``MemoryReport.storages``): ``tier`` ("cpu", "disk"; "auto": the first of
+    device memory, host memory, files that fits; None: device memory) with ``keep_every`` k. With
+    k > 1 the layers form groups of k (counted from the first layer; the last group has L mod k
+    of them, if any), so the traces are of layer counts congruent to L modulo k, a whole group
+    apart (``traced_layers``): each place of the step then extrapolates, the last group's rebuild
+    included. ``host``: bytes of pinned host memory the offloaded inputs may take (None: no
     limit)."""
 
     def __init__(self, r2: MemoryReport, r3: MemoryReport, layers: int, host: int | None = None,
-                 tier: str | None = None, traced: tuple = (3, 4)):
+                 tier: str | None = None, traced: tuple = (3, 4), keep_every: int = 1):
         self.r2, self.r3, self.L, self.host, self.traced = r2, r3, layers, host, traced
         order = r3.storages.order if r3.storages is not None else [None]
-        self.order = [s for s in order if s is None or (s[1] == 1 and tier in (None, "auto", s[0]))]
+        if keep_every == 1:
+            self.order = [s for s in order if s is None or (s[1] == 1 and tier in (None, "auto", s[0]))]
+        elif r3.storages is None or r3.storages._build is None:
+            raise StreamBPError(f"keep_every={keep_every}: trace the step with offload='auto' (its layer "
+                                "inputs' storage chosen per call)")
+        else:
+            tiers = {None: [None], "auto": [None, "cpu", "disk"]}.get(tier, [tier])
+            self.order = [(t, keep_every) for t in tiers]
         if not self.order:
             raise StreamBPError(f"offload {tier!r} is not among the storages of the traced step's layer inputs "
                                 f"({order}): trace with offload='auto' for a GPU")
@@ -314,19 +324,31 @@ def report_for(config: dict, dtype, layers: int, batch: int, optimizer, length: 
     return _plan_memory(model, (), dict(input_ids=ids, labels=ids), options, optimizer, detach, device=device)
 
 
+def traced_layers(L: int, keep_every: int = 1) -> tuple[int, int]:
+    """The layer counts traced to predict L layers: ``TRACED``, or with ``keep_every`` k > 1 the
+    fewest of at least ``TRACED[0]`` layers and one whole group that leaves the same last group
+    as L (L mod k), and a group more; (L, L + k) where L is no more than the first."""
+    k = keep_every
+    first = TRACED[0] if k == 1 else next(n for n in range(L % k + k, L + 4 * k, k) if n >= TRACED[0])
+    return (first, first + k) if L > first else (L, L + k)
+
+
 def extrapolated(config: dict, dtype, batch: int = 1, optimizer=None, device: str = "cuda",
-                 offload: str | None = None, host: int | None = None) -> Extrapolated:
-    """The config's model at its layer count, from traces of ``TRACED`` layers (of its own count
-    where that is no more). ``offload``: "cpu", "disk" or "auto" (the first of device memory, host
-    memory, files that fits), traced as ``offload="auto"``; ``host``: bytes of host memory for
-    the offloaded inputs."""
+                 offload: str | None = None, host: int | None = None, keep_every: int = 1) -> Extrapolated:
+    """The config's model at its layer count, from traces of ``traced_layers`` layers (of its own
+    count where that is no more). ``offload``: "cpu", "disk" or "auto" (the first of device
+    memory, host memory, files that fits); ``keep_every``: one layer input in k kept, the others
+    rebuilt in the backward; either is traced as ``offload="auto"``. ``host``: bytes of host
+    memory for the offloaded inputs."""
+    if not isinstance(keep_every, int) or isinstance(keep_every, bool) or keep_every < 1:
+        raise StreamBPError(f"keep_every must be a positive integer; got {keep_every!r}")
     L = int(config["num_hidden_layers"])
-    traced = TRACED if L > TRACED[0] else (L, L + 1)
-    options = {"offload": "auto"} if offload else None
+    traced = traced_layers(L, keep_every)
+    options = {"offload": "auto"} if offload or keep_every > 1 else None
     r2 = report_for(config, dtype, traced[0], batch, optimizer, device=device, options=options)
-    r3 = r2 if L <= TRACED[0] else report_for(config, dtype, traced[1], batch, optimizer, device=device,
+    r3 = r2 if L <= traced[0] else report_for(config, dtype, traced[1], batch, optimizer, device=device,
                                               detach=r2.detached, options=options)
-    return Extrapolated(r2, r3, L, host, offload, traced)
+    return Extrapolated(r2, r3, L, host, offload, traced, keep_every)
 
 
 def main(argv=None) -> int:
@@ -343,10 +365,15 @@ def main(argv=None) -> int:
                              "files, or the first of device memory, host memory, files that fits (default: "
                              "device memory)")
     parser.add_argument("--host", help="host memory the offloaded layer inputs may take (default: no limit)")
+    parser.add_argument("--keep-every", type=int, default=1, metavar="K",
+                        help="keep one layer input in K, rebuild the others in the backward (two-level "
+                             "recompute; alone or with --offload; traces more layers: K > 1 takes longer)")
     parser.add_argument("--length", type=int, help="also print the breakdown at this length (default: streamfx's longest)")
     ns = parser.parse_args(argv)
     if ns.host is not None and ns.offload not in ("cpu", "auto"):
         parser.error("--host: with --offload cpu or auto")
+    if ns.keep_every < 1:
+        parser.error("--keep-every: a positive integer")
     config = PRESETS[ns.preset] if ns.preset else json.load(open(ns.config))
     budget = parse_budget(ns.budget)
     opt = ns.optimizer
@@ -357,7 +384,7 @@ def main(argv=None) -> int:
             parser.error(f"--optimizer: one of {sorted(OPTIMIZER_BYTES)} or bytes per parameter")
     t0 = time.perf_counter()
     model = extrapolated(config, DTYPES[ns.dtype], ns.batch, opt, offload=ns.offload,
-                         host=parse_budget(ns.host) if ns.host is not None else None)
+                         host=parse_budget(ns.host) if ns.host is not None else None, keep_every=ns.keep_every)
     L, r2, r3, traced = model.L, model.r2, model.r3, model.traced
     best = {m: model.max_length(budget, m) for m in METHODS}
     print(f"longest sequence (streamfx): {best['streamfx']} tokens")
@@ -369,7 +396,7 @@ def main(argv=None) -> int:
         peak = gib(model.peak_at(T, choice))
     except StreamBPError as e:
         choice, peak = None, f"more than the budget ({e})"
-    if ns.offload and choice is not None:
+    if (ns.offload or ns.keep_every > 1) and choice is not None:
         print(f"at T={T}: {offload.describe_storage(*(choice[0] or (None, 1)))}; pinned host memory "
               f"{gib(model.host_bytes(T, choice[0]))}" + (f" of {gib(model.host)}" if model.host is not None else ""))
     state = "parameters" + (", optimizer state" if opt not in ("none", "sgd", 0.0) else "")

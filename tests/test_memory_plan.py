@@ -239,6 +239,23 @@ def _tiny_config() -> dict:
                 head_dim=zoo.HEAD_DIM, tie_word_embeddings=False, max_position_embeddings=64)
 
 
+@pytest.mark.fast
+def test_traced_layer_counts_leave_the_models_last_group():
+    """The layer counts the CLI traces for L layers with keep_every k: at least 3 layers and one
+    whole group, congruent to L modulo k, a group apart; L itself where it is no more."""
+    from streamfx import plan
+
+    assert plan.traced_layers(36) == (3, 4) and plan.traced_layers(2) == (2, 3)
+    for L in (1, 2, 3, 5, 7, 12, 32, 36, 37):
+        for k in (2, 3, 4, 5, 8):
+            a, b = plan.traced_layers(L, k)
+            assert b == a + k, (L, k)
+            if a < L:
+                assert a % k == L % k and a >= max(3, k) and a - k < max(3, k), (L, k, a)
+            else:
+                assert a == L, (L, k, a)
+
+
 @pytest.mark.heavy
 def test_cli_prints_longest_sequences(tmp_path, capsys):
     from streamfx import plan
@@ -349,7 +366,8 @@ def test_cli_extrapolates_the_step_with_its_layer_inputs_off_the_device():
     """``--offload``: the 3- and 4-layer traces of offload="auto" extrapolate, storage by storage,
     to the model traced whole: its step peak and the pinned host memory its inputs take. With its
     inputs in host memory or files, the step holds less device memory at long lengths, and the
-    first storage that fits is device memory while it fits, then host memory while that holds."""
+    first storage that fits is device memory while it fits, then host memory while that holds.
+    ``--keep-every``: traces whose last group of layers is the model's extrapolate the same way."""
     from streamfx import plan
 
     cfg = dict(_tiny_config(), vocab_size=512, hidden_size=256, head_dim=32, intermediate_size=256,
@@ -383,6 +401,24 @@ def test_cli_extrapolates_the_step_with_its_layer_inputs_off_the_device():
     assert auto.choice(2048, budget)[0] == (None, 1)
     auto.host = None
     assert auto.choice(8192, budget)[0] == ("cpu", 1)
+    # keep_every=2 over 7 layers (groups 0-1, 2-3, 4-5 and a last group of one): traces of 3 and 5
+    # layers (the same last group) extrapolate to the 7-layer model at every storage, exactly
+    assert plan.traced_layers(7, 2) == (3, 5)
+    r5 = plan.report_for(cfg, torch.float32, 5, 1, None, device="cuda", detach=r3.detached, options=options)
+    for tier in (None, "cpu", "disk"):
+        deep = plan.Extrapolated(r3, r5, 7, tier=tier, traced=(3, 5), keep_every=2)
+        assert deep.order == [(tier, 2)]
+        exact = r7.storages.model((tier, 2))
+        for T in (256, 4096, 16384):
+            c, h = r7.chunks(T)
+            got = deep._peak(*deep._models("streamfx", (tier, 2)), T, c, h)
+            assert got == pytest.approx(exact.peak(T, c, h), rel=1e-3), (tier, T)
+            assert deep.host_bytes(T, (tier, 2)) == exact.host_bytes(T)
+            if T == 16384 and tier is None:   # (4 of the 7 layer inputs kept on the device)
+                assert got < r7.storages.model((None, 1)).peak(T, c, h)
+    assert r7.storages.model(("cpu", 2)).host_bytes(4096) == 4 * 4096 * 256 * 4
+    assert plan.Extrapolated(r3, r5, 7, tier="auto", traced=(3, 5), keep_every=2).order == \
+        [(None, 2), ("cpu", 2), ("disk", 2)]
 
 
 # ---- a graph on the GPU ----------------------------------------------------------------------------
