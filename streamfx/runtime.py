@@ -261,11 +261,12 @@ class RegionProgram:
         return self._gradients(acc, inputs)
 
     def _grad_buffers(self, inputs) -> dict:
-        """Gradient buffers: zeros for inputs read in parts; a whole input's (a parameter's)
-        buffer is its first chunk's gradient, when that is a dense fp32 tensor of its own (else a
-        copy in its accumulation dtype), and later chunks add into it: no zero-filled buffer and
-        no full-size add for the first chunk."""
-        return {i: (_dense_zeros(inputs[i], _acc_dtype(inputs[i])) if self.in_specs[i].sliced else None)
+        """Gradient buffers: zeros for inputs read in parts (``_row_grad_dtype``); a whole input's
+        (a parameter's) buffer is its first chunk's gradient, when that is a dense fp32 tensor of
+        its own (else a copy in its accumulation dtype), and later chunks add into it: no
+        zero-filled buffer and no full-size add for the first chunk."""
+        return {i: (_dense_zeros(inputs[i], _row_grad_dtype(self.in_specs[i], inputs[i]))
+                    if self.in_specs[i].sliced else None)
                 for i in self.grad_inputs}
 
     def _gradients(self, acc: dict, inputs) -> list:
@@ -563,6 +564,18 @@ def autograd_inside_op():
 
 def _acc_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+
+
+def _row_grad_dtype(spec, x: torch.Tensor) -> torch.dtype:
+    """The dtype of the gradient buffer of an input read in parts. An element of an input read
+    by one chunk ("chunk" rows, "qk" blocks) gets at most two gradients, both in its dtype: its
+    chunk's (the queries' backward) and, in a layer with keys and values, its rows' through the
+    K/V producers. Zeros plus the first is that value exactly and adding the second rounds once
+    to fp32 and once to the dtype in an fp32 buffer and in one of the input's dtype alike, so
+    the buffer is in the input's dtype: the same bits without an fp32 copy of the whole length
+    and its cast at the end. A "prefix" input sums a gradient per chunk over its rows: fp32 for
+    a 16-bit input."""
+    return x.dtype if spec.kind in ("chunk", "qk") else _acc_dtype(x)
 
 
 # ---- the custom ops --------------------------------------------------------------------------

@@ -59,12 +59,16 @@ class RegionWork:
 
     def _fp32_buffers(self, sliced: bool, T: int) -> int:
         """Bytes of the fp32 gradient buffers of the region's 16-bit inputs at length T (``runtime``):
-        per-token inputs (``sliced``) have one of the whole length beside the gradient they are cast to
-        at the end; whole inputs (weights) a sum over the chunks when there is more than one. Inputs
-        with sizes other than the tokens' written as symbols are left out."""
+        per-token inputs (``sliced``) summed over chunks ("prefix") have one of the whole length
+        beside the gradient they are cast to at the end (those read by one chunk are gathered in
+        their own dtype, the gradient returned: ``runtime._row_grad_dtype``); whole inputs
+        (weights) a sum over the chunks when there is more than one. Inputs with sizes other than
+        the tokens' written as symbols are left out."""
         p, total = self.prog, 0
         for i in p.grad_inputs:
             slot = p.chunk.slots[i]
+            if sliced and p.in_specs[i].kind in ("chunk", "qk"):
+                continue
             if p.in_specs[i].sliced == sliced and slot.dtype in (torch.bfloat16, torch.float16) \
                     and all(isinstance(d, int) or d in ("q", "k") for d in slot.shape):
                 total += 4 * functools.reduce(operator.mul, [T if isinstance(d, str) else d for d in slot.shape], 1)

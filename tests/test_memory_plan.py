@@ -585,9 +585,9 @@ def test_a_memory_model_failing_under_a_budget_raises_and_device_errors_pass_thr
 
 @pytest.mark.heavy
 def test_a_16_bit_layer_backward_holds_fp32_sums_of_its_weight_gradients_over_several_chunks():
-    """A bf16 layer's backward over more than one chunk sums its weights' gradients in fp32 and
-    its input's gradient rows in an fp32 buffer of the whole length; over one chunk it makes no
-    weight sum (``runtime._sum_into(late=True)``)."""
+    """A bf16 layer's backward over more than one chunk sums its weights' gradients in fp32; its
+    input's gradient rows are gathered in bf16, the gradient it returns (``runtime._row_grad_dtype``);
+    over one chunk it makes no weight sum (``runtime._sum_into(late=True)``)."""
     model, _ = zoo.qwen3("sdpa")
     model.to(torch.bfloat16)
     ids = _ids(TRACE)
@@ -600,7 +600,7 @@ def test_a_16_bit_layer_backward_holds_fp32_sums_of_its_weight_gradients_over_se
         one = dict(w.terms("backward", 256, 256))
         assert several["fp32 sums of its weights' gradients over the chunks"] == 4 * weights
         assert "fp32 sums of its weights' gradients over the chunks" not in one
-        assert several["fp32 gradients of its per-token inputs"] == 4 * 256 * zoo.HIDDEN   # (batch 1)
+        assert "fp32 gradients of its per-token inputs" not in several
         assert "fp32 sums of its weights' gradients over the chunks" not in dict(w.terms("forward", 64, 256))
 
 

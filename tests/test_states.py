@@ -214,6 +214,34 @@ def test_bf16_regions_of_one_chunk_stream_within_eager_bf16_error(name):
     assert grad <= 2 * eager_grad + 1e-2, (grad, eager_grad)
 
 
+@pytest.mark.parametrize("name, case", [("qwen3_sdpa", "left_pad"), ("mistral_sliding", "right_pad")])
+def test_bf16_row_gradients_in_their_dtype_are_the_bits_of_fp32_buffers(name, case, monkeypatch):
+    """A bf16 layer gathers its per-token inputs' gradients in bf16 buffers (each element gets at
+    most two gradients: ``runtime._row_grad_dtype``): the gradients are bit for bit those of fp32
+    buffers cast at the end, over several chunks, under padding, with a sliding window (chunks
+    that read keys before their own rows)."""
+    from streamfx import runtime
+
+    model, make_inputs = zoo.ZOO[name]()
+    model = model.to(torch.bfloat16)
+    inputs = make_inputs(case)
+
+    def grads(row_dtype):
+        monkeypatch.setattr(runtime, "_row_grad_dtype", row_dtype)
+        torch._dynamo.reset()
+        mine = copy.deepcopy(model)
+        run = torch.compile(mine, backend="streambp", options={"codegen": "eager", "chunk_size": 3})
+        before = COUNTERS["chunks_backward"]
+        inputs.loss_of(run(*inputs.args, **inputs.kwargs)).backward()
+        assert COUNTERS["chunks_backward"] - before >= zoo.LAYERS * 3
+        return grads_of(mine)
+
+    own, fp32 = grads(runtime._row_grad_dtype), grads(lambda spec, x: runtime._acc_dtype(x))
+    assert own.keys() == fp32.keys()
+    for n in own:
+        assert (own[n] is None) == (fp32[n] is None) and (own[n] is None or torch.equal(own[n], fp32[n])), n
+
+
 # ---- inputs ----------------------------------------------------------------------------------------
 @pytest.mark.fast
 def test_inputs_embeds_streams():
