@@ -397,8 +397,10 @@ def main(argv=None) -> int:
     except StreamBPError as e:
         choice, peak = None, f"more than the budget ({e})"
     if (ns.offload or ns.keep_every > 1) and choice is not None:
-        print(f"at T={T}: {offload.describe_storage(*(choice[0] or (None, 1)))}; pinned host memory "
-              f"{gib(model.host_bytes(T, choice[0]))}" + (f" of {gib(model.host)}" if model.host is not None else ""))
+        storage = choice[0] or (None, 1)
+        host = "" if storage[0] != "cpu" else f"; pinned host memory {gib(model.host_bytes(T, choice[0]))}" \
+            + (f" of {gib(model.host)}" if model.host is not None else "")
+        print(f"at T={T}: {offload.describe_storage(*storage)}{host}")
     state = "parameters" + (", optimizer state" if opt not in ("none", "sgd", 0.0) else "")
     print(f"budget {gib(budget)}, batch {ns.batch}, {ns.dtype}, {L} layers; held before the step ({state}): "
           f"{gib(model.held)}")

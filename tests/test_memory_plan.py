@@ -273,7 +273,8 @@ def test_cli_prints_longest_sequences(tmp_path, capsys):
 @pytest.mark.heavy
 def test_cli_predicts_the_step_with_its_layer_inputs_in_host_memory(tmp_path, capsys):
     """``--offload cpu``: the longest sequence with the layer inputs in pinned host memory, and the
-    host memory they take there; ``--offload auto`` with less host memory than that: files."""
+    host memory they take there; ``--offload auto`` with less host memory than that: files; with
+    ``--keep-every 2`` every second layer's input (2 of the 4) in host memory."""
     from streamfx import plan
 
     path = tmp_path / "config.json"
@@ -284,15 +285,18 @@ def test_cli_predicts_the_step_with_its_layer_inputs_in_host_memory(tmp_path, ca
         assert plan.main(common + list(extra)) == 0
         out = capsys.readouterr().out.splitlines()
         T = int(re.fullmatch(r"longest sequence \(streamfx\): (\d+) tokens", out[0]).group(1))
-        m = re.fullmatch(rf"at T={T}: layer inputs offloaded to (pinned host memory|files under .*); pinned host "
-                         rf"memory ([\d.]+) MiB.*", out[3]) if extra else None
-        return T, m and (m.group(1), float(m.group(2)))
+        m = re.fullmatch(rf"at T={T}: layer inputs offloaded to (pinned host memory|files under [^;]*)"
+                         rf"(; keep_every=\d+[^;]*)?(?:; pinned host memory ([\d.]+) MiB.*)?", out[3]) if extra else None
+        return T, m and (m.group(1), float(m.group(3) or 0), m.group(2))
 
-    host, (where, held) = run("--offload", "cpu")
+    host, (where, held, keep) = run("--offload", "cpu")
     assert where == "pinned host memory" and held == pytest.approx(4 * host * 256 * 4 / 2**20, abs=0.01)
-    assert host > 0
-    auto, (where, held) = run("--offload", "auto", "--host", f"{held / 2:.2f}MiB")
+    assert host > 0 and keep is None
+    auto, (where, held, _) = run("--offload", "auto", "--host", f"{held / 2:.2f}MiB")
     assert auto == host and where.startswith("files") and held == 0   # (files where host memory is short)
+    T, (where, held, keep) = run("--offload", "cpu", "--keep-every", "2")
+    assert where == "pinned host memory" and keep.startswith("; keep_every=2")
+    assert held == pytest.approx(2 * T * 256 * 4 / 2**20, abs=0.01)
 
 
 @pytest.mark.heavy
