@@ -188,7 +188,7 @@ class RegionProgram:
             with torch.no_grad():
                 self._collect(result, [o.detach() for o in outs], s, e, T)
             del outs, xs, wrt   # (before the next chunk runs: a chunk's weight gradients are weight-sized)
-        return self._outputs(result) + [g if g is not None else self._stored_zeros(inputs, i)
+        return self._outputs(result) + [g.contiguous() if g is not None else self._stored_zeros(inputs, i)
                        for per_seed in stored for i, g in zip(self.grad_inputs, per_seed)]
 
     def _store(self, stored: list, got, inputs, s: int, e: int) -> None:
@@ -271,7 +271,7 @@ class RegionProgram:
 
     def _gradients(self, acc: dict, inputs) -> list:
         """The gradients returned, dense (as their fake values say) in each input's dtype."""
-        return [acc[i].to(inputs[i].dtype) if acc[i] is not None else _dense_zeros(inputs[i])
+        return [acc[i].to(inputs[i].dtype).contiguous() if acc[i] is not None else _dense_zeros(inputs[i])
                 for i in self.grad_inputs]
 
     def _leaves(self, xs):
@@ -315,11 +315,22 @@ def _sum_into(buf, g: torch.Tensor, given=(), late: bool = False) -> torch.Tenso
             buf = buf.to(_acc_dtype(buf))
         return buf.add_(g)
     dtype = g.dtype if late else _acc_dtype(g)
-    ptr = g.untyped_storage().data_ptr()
-    if g.dtype == dtype and g._base is None and g.is_contiguous() \
-            and not any(t.untyped_storage().data_ptr() == ptr for t in given):
+    if g.dtype == dtype and _owns_its_storage(g, given):
         return g
     return g.to(dtype, copy=True, memory_format=torch.contiguous_format)
+
+
+def _owns_its_storage(g: torch.Tensor, given=()) -> bool:
+    """Whether ``g`` is the one dense tensor on its storage (the whole of it, in any order of dims:
+    autograd gives a weight used transposed its gradient transposed, the layout of the weight) and
+    that storage is none of the ``given`` tensors'. Such a gradient is kept as the sum's buffer:
+    later chunks' gradients come in the same layout and add to it in memory order; the buffer is
+    made contiguous once, when it is returned (as the ops' fake outputs are)."""
+    storage = g.untyped_storage()
+    dense = g.permute(sorted(range(g.dim()), key=lambda d: -g.stride(d))).is_contiguous()
+    return g.storage_offset() == 0 and dense \
+        and storage.nbytes() == g.numel() * g.element_size() \
+        and not any(t.untyped_storage().data_ptr() == storage.data_ptr() for t in given)
 
 
 def _put_rows(result: list, j: int, o: torch.Tensor, spec, s: int, e: int, T: int) -> None:

@@ -124,6 +124,25 @@ def test_a_16_bit_gradient_is_summed_in_fp32_only_once_a_second_chunk_adds_to_it
     assert runtime._sum_into(None, g1).dtype == torch.float32   # (a sum whose buffer must be fp32 from the start)
 
 
+@pytest.mark.fast
+def test_a_transposed_weight_gradient_is_summed_in_its_own_layout():
+    """Autograd gives a weight used transposed (an LM head's ``x @ W.t()``) its gradient in the
+    weight's layout. The first chunk's is the sum's buffer as it is (no copy), later ones add to
+    it in memory order; a view of part of a storage, or one sharing the storage of an output
+    gradient autograd was given, is copied."""
+    Wt = torch.randn(32, 8).t().requires_grad_()   # (a [8, 32] view of a [32, 8] weight)
+    got = [torch.autograd.grad((torch.randn(5, 8, generator=torch.Generator().manual_seed(s)) @ Wt).square().sum(),
+                               Wt)[0] for s in (0, 1)]
+    assert not got[0].is_contiguous() and got[0].stride() == Wt.stride(), got[0].stride()
+    first = runtime._sum_into(None, got[0])
+    assert first is got[0]
+    total = runtime._sum_into(first, got[1])
+    assert total is first and total.stride() == Wt.stride()
+    part = torch.randn(8, 64)[:, :32]   # (a view of part of a storage)
+    assert runtime._sum_into(None, part) is not part
+    assert runtime._sum_into(None, got[1], given=[got[1].t()]) is not got[1]
+
+
 def test_a_chunks_weight_gradients_are_freed_before_the_next_chunk_runs(monkeypatch):
     """While a chunk runs, the last chunk's gradients are gone, but for what the sums over the
     chunks keep (a chunk's weight gradients are weight-sized: kept into the next chunk, the LM
