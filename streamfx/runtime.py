@@ -271,7 +271,8 @@ class RegionProgram:
 
     def _gradients(self, acc: dict, inputs) -> list:
         """The gradients returned, dense (as their fake values say) in each input's dtype."""
-        return [acc[i].to(inputs[i].dtype).contiguous() if acc[i] is not None else _dense_zeros(inputs[i])
+        return [acc[i].to(inputs[i].dtype, memory_format=torch.contiguous_format) if acc[i] is not None
+                else _dense_zeros(inputs[i])
                 for i in self.grad_inputs]
 
     def _leaves(self, xs):
