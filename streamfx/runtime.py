@@ -271,8 +271,7 @@ class RegionProgram:
 
     def _gradients(self, acc: dict, inputs) -> list:
         """The gradients returned, dense (as their fake values say) in each input's dtype."""
-        return [acc[i].to(inputs[i].dtype, memory_format=torch.contiguous_format) if acc[i] is not None
-                else _dense_zeros(inputs[i])
+        return [_dense_as(acc[i], inputs[i].dtype) if acc[i] is not None else _dense_zeros(inputs[i])
                 for i in self.grad_inputs]
 
     def _leaves(self, xs):
@@ -297,6 +296,15 @@ class RegionProgram:
                 acc[i].narrow(spec.dim, lo, ke - lo).add_(g)
             else:
                 acc[i] = _sum_into(acc[i], g, given, late=True)
+
+
+def _dense_as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype``, contiguous (as the ops' fake outputs are), with at most one copy (a
+    sum kept in a weight's transposed layout, cast and laid out at once; ``Tensor.to`` with a
+    memory format does not lay out a transposed matrix)."""
+    if t.dtype == dtype and t.is_contiguous():
+        return t
+    return torch.empty(t.shape, dtype=dtype, device=t.device).copy_(t)
 
 
 def _dense_zeros(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:

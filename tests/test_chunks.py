@@ -138,6 +138,14 @@ def test_a_transposed_weight_gradient_is_summed_in_its_own_layout():
     assert first is got[0]
     total = runtime._sum_into(first, got[1])
     assert total is first and total.stride() == Wt.stride()
+    # returned contiguous, as the region ops' fake outputs are (a square one too: ``Tensor.to``
+    # with a memory format leaves a transposed matrix as it is)
+    square = torch.randn(8, 8).t()
+    for t, dtype in ((total, torch.float32), (square, torch.float32), (square, torch.bfloat16)):
+        out = runtime._dense_as(t, dtype)
+        assert out.is_contiguous() and out.dtype == dtype and torch.equal(out, t.to(dtype))
+    plain = torch.randn(8, 8)
+    assert runtime._dense_as(plain, torch.float32) is plain
     part = torch.randn(8, 64)[:, :32]   # (a view of part of a storage)
     assert runtime._sum_into(None, part) is not part
     assert runtime._sum_into(None, got[1], given=[got[1].t()]) is not got[1]
