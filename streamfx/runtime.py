@@ -202,7 +202,7 @@ class RegionProgram:
                 if g is not None:
                     stored[n].narrow(spec.dim, s, e - s).copy_(g)
             elif g is not None:
-                stored[n] = _sum_into(stored[n], g)
+                stored[n] = _sum_into(stored[n], g, _others(got, n))
 
     def _stored_zeros(self, inputs, i: int) -> torch.Tensor:
         x = inputs[i]
@@ -284,7 +284,7 @@ class RegionProgram:
         """Chunk [s, e)'s gradients (keys [lo, ke)) into the buffers; ``given``: the output
         gradients autograd was called with."""
         ke = e if ke is None else ke
-        for i, g in zip(self.grad_inputs, got):
+        for n, (i, g) in enumerate(zip(self.grad_inputs, got)):
             if g is None:
                 continue
             spec = self.in_specs[i]
@@ -295,7 +295,7 @@ class RegionProgram:
             elif spec.kind == "prefix":
                 acc[i].narrow(spec.dim, lo, ke - lo).add_(g)
             else:
-                acc[i] = _sum_into(acc[i], g, given, late=True)
+                acc[i] = _sum_into(acc[i], g, list(given) + _others(got, n), late=True)
 
 
 def _dense_as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -329,10 +329,17 @@ def _sum_into(buf, g: torch.Tensor, given=(), late: bool = False) -> torch.Tenso
     return g.to(dtype, copy=True, memory_format=torch.contiguous_format)
 
 
+def _others(got, n: int) -> list:
+    """The gradients of one autograd call beside its n-th: two may share a storage (one gradient
+    handed to two inputs, as it is or transposed), and a buffer kept as it is must not."""
+    return [h for j, h in enumerate(got) if j != n and h is not None]
+
+
 def _owns_its_storage(g: torch.Tensor, given=()) -> bool:
     """Whether ``g`` is the one dense tensor on its storage (the whole of it, in any order of dims:
     autograd gives a weight used transposed its gradient transposed, the layout of the weight) and
-    that storage is none of the ``given`` tensors'. Such a gradient is kept as the sum's buffer:
+    that storage is none of the ``given`` tensors' (the output gradients autograd was called with,
+    the other gradients it returned with ``g``). Such a gradient is kept as the sum's buffer:
     later chunks' gradients come in the same layout and add to it in memory order; the buffer is
     made contiguous once, when it is returned (as the ops' fake outputs are)."""
     storage = g.untyped_storage()
@@ -541,7 +548,8 @@ class LayerProgram(RegionProgram):
             wrt = [xs[i] for i in self.grad_inputs] + prefix
             got = torch.autograd.grad([p[0] for p in pairs], wrt, [p[1] for p in pairs], allow_unused=True)
         n = len(prefix)
-        self._accumulate(acc, got[:-n], s, e, lo, hi, given=[p[1] for p in pairs])
+        self._accumulate(acc, got[:-n], s, e, lo, hi,
+                         given=[p[1] for p in pairs] + [g for g in got[-n:] if g is not None])
         for buf, g, d in zip(dKV, got[-n:], self.kv_dims):
             if g is not None:
                 buf.narrow(d, lo, hi - lo).add_(g)

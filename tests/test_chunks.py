@@ -151,6 +151,28 @@ def test_a_transposed_weight_gradient_is_summed_in_its_own_layout():
     assert runtime._sum_into(None, got[1], given=[got[1].t()]) is not got[1]
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize("second", ["transposed", "same"])
+def test_gradients_of_one_call_sharing_a_storage_are_summed_apart(second):
+    """One autograd call may hand one gradient to two whole inputs (``a + b.t()``: the same
+    tensor, transposed; or the same tensor twice): the sums over chunks are kept apart, each
+    the sum of its own gradients."""
+    import types
+
+    from streamfx.passes.specs import WHOLE
+
+    prog = types.SimpleNamespace(grad_inputs=[0, 1], in_specs=[WHOLE, WHOLE])
+    acc = {0: None, 1: None}
+    parts = [torch.randn(6, 6, generator=torch.Generator().manual_seed(s)) for s in (0, 1, 2)]
+    for G in parts:
+        G = G * 1.0   # (a tensor of its own, as autograd's)
+        got = [G, G.t() if second == "transposed" else G]
+        runtime.RegionProgram._accumulate(prog, acc, got, 0, 6)
+    total = sum(parts)
+    assert torch.allclose(acc[0], total) and acc[0].data_ptr() != acc[1].data_ptr()
+    assert torch.allclose(acc[1], total.t() if second == "transposed" else total)
+
+
 def test_a_chunks_weight_gradients_are_freed_before_the_next_chunk_runs(monkeypatch):
     """While a chunk runs, the last chunk's gradients are gone, but for what the sums over the
     chunks keep (a chunk's weight gradients are weight-sized: kept into the next chunk, the LM
