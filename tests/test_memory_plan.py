@@ -365,6 +365,20 @@ def test_cli_extrapolates_each_place_of_the_step_where_the_peak_moves_with_depth
         assert deep.max_length(budget, method) == pytest.approx(r6.max_length(budget, method), rel=0.05)
 
 
+def _extrapolates_exactly(deep, whole, storage) -> tuple:
+    """``deep`` (an ``Extrapolated``) against the model traced ``whole`` at ``storage``, at three
+    lengths and the chunks the whole model runs there: the same step peak and host memory.
+    Returns the whole model's step model and {T: (peak, layer chunk, head chunk)}."""
+    exact, peaks = whole.storages.model(storage), {}
+    for T in (256, 4096, 16384):
+        c, h = whole.chunks(T)
+        got = deep._peak(*deep._models("streamfx", storage), T, c, h)
+        assert got == pytest.approx(exact.peak(T, c, h), rel=1e-3), (storage, T)
+        assert deep.host_bytes(T, storage) == exact.host_bytes(T)
+        peaks[T] = (got, c, h)
+    return exact, peaks
+
+
 @pytest.mark.heavy
 def test_cli_extrapolates_the_step_with_its_layer_inputs_off_the_device():
     """``--offload``: the 3- and 4-layer traces of offload="auto" extrapolate, storage by storage,
@@ -383,12 +397,8 @@ def test_cli_extrapolates_the_step_with_its_layer_inputs_off_the_device():
     for tier in ("cpu", "disk"):
         deep = plan.Extrapolated(r3, r4, 7, tier=tier)
         assert deep.order == [(tier, 1)]
-        exact = r7.storages.model((tier, 1))
-        for T in (256, 4096, 16384):
-            c, h = r7.chunks(T)
-            got = deep._peak(*deep._models("streamfx", (tier, 1)), T, c, h)
-            assert got == pytest.approx(exact.peak(T, c, h), rel=1e-3), (tier, T)
-            assert deep.host_bytes(T, (tier, 1)) == exact.host_bytes(T)
+        exact, peaks = _extrapolates_exactly(deep, r7, (tier, 1))
+        for T, (got, c, h) in peaks.items():
             assert got < r7.storages.model((None, 1)).peak(T, c, h) or T < 4096
         # (the case this test is about occurs: the peak at the second layer's backward, a place a
         # trace of 2 layers does not have)
@@ -412,14 +422,10 @@ def test_cli_extrapolates_the_step_with_its_layer_inputs_off_the_device():
     for tier in (None, "cpu", "disk"):
         deep = plan.Extrapolated(r3, r5, 7, tier=tier, traced=(3, 5), keep_every=2)
         assert deep.order == [(tier, 2)]
-        exact = r7.storages.model((tier, 2))
-        for T in (256, 4096, 16384):
-            c, h = r7.chunks(T)
-            got = deep._peak(*deep._models("streamfx", (tier, 2)), T, c, h)
-            assert got == pytest.approx(exact.peak(T, c, h), rel=1e-3), (tier, T)
-            assert deep.host_bytes(T, (tier, 2)) == exact.host_bytes(T)
-            if T == 16384 and tier is None:   # (4 of the 7 layer inputs kept on the device)
-                assert got < r7.storages.model((None, 1)).peak(T, c, h)
+        _, peaks = _extrapolates_exactly(deep, r7, (tier, 2))
+        if tier is None:   # (4 of the 7 layer inputs kept on the device)
+            got, c, h = peaks[16384]
+            assert got < r7.storages.model((None, 1)).peak(16384, c, h)
     assert r7.storages.model(("cpu", 2)).host_bytes(4096) == 4 * 4096 * 256 * 4
     assert plan.Extrapolated(r3, r5, 7, tier="auto", traced=(3, 5), keep_every=2).order == \
         [(None, 2), ("cpu", 2), ("disk", 2)]
