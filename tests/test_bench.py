@@ -163,6 +163,28 @@ def test_fsdp_memory_per_rank(tmp_path):
     assert "| streambp | 1 |" in fsdp.table(rows, "tiny", 64)
 
 
+@pytest.mark.fast
+def test_gpu_command_takes_a_part_budget_from_the_command_line(tmp_path, monkeypatch, capsys):
+    """``--budget PART=SECONDS`` replaces that part's planned budget (a lent machine's time
+    differs from the plan's); another part keeps the plan's; a wrong part or number is refused
+    with the parts allowed."""
+    import time
+
+    from streamfx.bench import gpu
+
+    left = {}
+    monkeypatch.setattr(gpu, "_run", lambda name, setup, state: left.setdefault(name, setup.deadline - time.monotonic()) and [])
+    assert gpu.main(["--device", "cpu", "--parts", "kernels,offload", "--budget", "offload=300",
+                     "--out", str(tmp_path)]) == 0
+    planned = {p.name: p.budget_s for p in gpu.PLAN}
+    assert planned["kernels"] - 5 < left["kernels"] <= planned["kernels"]
+    assert 295 < left["offload"] <= 300 != planned["offload"]
+    for bad in ("speeed=10", "offload=soon"):
+        with pytest.raises(SystemExit):
+            gpu.main(["--device", "cpu", "--budget", bad, "--out", str(tmp_path)])
+        assert "PART one of ['kernels', 'offload', 'memory', 'max_len', 'speed']" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_gpu_command_tiny_on_cpu(tmp_path):
     """``python -m streamfx.bench gpu --device cpu --tiny``: every part runs (the GPU command's code

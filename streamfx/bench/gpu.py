@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma list of the methods the memory, max_len and speed parts run (default: all of "
                         f"{', '.join(parts.METHODS)})")
     p.add_argument("--deadline", type=float, default=570.0, help="seconds for the whole command (default 570)")
+    p.add_argument("--budget", action="append", default=[], metavar="PART=SECONDS",
+                   help="a part's time budget in seconds instead of the plan's (repeatable), e.g. offload=70")
     p.add_argument("--mem-cap-gb", type=float, default=None,
                    help="memory cap of the longest-length search in GiB (default: the device's memory)")
     return p
@@ -81,6 +83,15 @@ def main(argv=None) -> int:
     unknown = set(chosen) - {x.name for x in PLAN}
     if unknown:
         build_parser().error(f"unknown part(s) {sorted(unknown)}; known: {[x.name for x in PLAN]}")
+    budgets = {x.name: x.budget_s for x in PLAN}
+    for item in ns.budget:
+        name, _, secs = item.partition("=")
+        try:
+            if name not in budgets:
+                raise ValueError
+            budgets[name] = float(secs)
+        except ValueError:
+            build_parser().error(f"--budget: PART=SECONDS with PART one of {[x.name for x in PLAN]}, got {item!r}")
     methods = tuple(m for m in ns.methods.split(",") if m)
     if not methods or set(methods) - set(parts.METHODS):
         build_parser().error(f"--methods: a comma list of {', '.join(parts.METHODS)}, got {ns.methods!r}")
@@ -95,10 +106,10 @@ def main(argv=None) -> int:
                "parts": {}}
     planner = Planner(setup, out) if "memory" in chosen else None
     for part in (x for x in PLAN if x.name in chosen):
-        budget = ns.deadline if ns.tiny else part.budget_s  # (tiny: the budgets are an H100's)
+        budget = ns.deadline if ns.tiny else budgets[part.name]  # (tiny: the budgets are an H100's)
         setup.deadline = min(start + ns.deadline, time.monotonic() + budget)
         began = time.monotonic()
-        print(f"streamfx bench gpu: {part.name} ({part.what}); budget {part.budget_s:.0f} s", flush=True)
+        print(f"streamfx bench gpu: {part.name} ({part.what}); budget {budget:.0f} s", flush=True)
         if part.name == "speed":  # (the large model of memory and max_len goes first)
             state.clear()
             parts._free(setup.device)
