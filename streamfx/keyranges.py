@@ -11,7 +11,9 @@ keys it needs; a chunk that needs keys after its own end is "wide" (see ``LayerP
 
 Results are cached: a mask input that is the same live tensor, unchanged (same storage,
 offset, shape, strides and version), or a small per-token input equal to the one seen before,
-gives the same key ranges without evaluating the mask again. The cache keeps no large tensor
+gives the same key ranges without evaluating the mask again. The inputs a call compares by value
+(a new step's position tensors) are compared at once, one read of the device, and the entry then
+names them, so the step's other layers and its backward match them by identity, with no read. The cache keeps no large tensor
 alive: it holds weak references to them (a freed tensor's entry never matches again).
 """
 from __future__ import annotations
@@ -51,7 +53,19 @@ class RangeCache:
         for entry in self.entries:
             if entry.result[0] != extra:
                 continue
-            if all(_same(x, i, r, j, c) for x, i, r, j, c in zip(inputs, ids, entry.refs, entry.ids, entry.copies)):
+            compare = []   # (copy, input) pairs to compare by value
+            for x, i, r, j, c in zip(inputs, ids, entry.refs, entry.ids, entry.copies):
+                if i == j and r() is not None:
+                    continue
+                if c is None or not _alike(c, x):
+                    break
+                compare.append((c, x))
+            else:
+                if compare and not _values_equal(compare):
+                    continue
+                # the entry now names these inputs: the next call with the same live tensors (the
+                # other layers of the step, the backward) matches without reading their values
+                entry.refs, entry.ids = [weakref.ref(x) for x in inputs], ids
                 self.hits += 1
                 return entry.result[1]
         self.misses += 1
@@ -64,15 +78,17 @@ class RangeCache:
         del self.entries[self.size:]
 
 
-def _same(x, x_id, ref, entry_id, copy) -> bool:
-    """Input ``x`` is the entry's input: the same live tensor unchanged, or equal in value."""
-    if x_id == entry_id and ref() is not None:
-        return True
-    return copy is not None and _equal(copy, x)
+def _alike(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
 
 
-def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device and bool(torch.equal(a, b))
+def _values_equal(pairs: list) -> bool:
+    """Whether each pair of tensors is equal in value, read with one device-to-host transfer per
+    device (on a GPU each read waits for the device: one read per call, not one per input)."""
+    by_device: dict = {}
+    for a, b in pairs:
+        by_device.setdefault(a.device, []).append((a == b).all())
+    return all(bool(torch.stack(flags).all()) for flags in by_device.values())
 
 
 def reach(block: torch.Tensor, rows: tuple, kind: str, fill_finite: bool, key_dim: int,

@@ -109,6 +109,32 @@ def test_key_range_cache_is_keyed_on_identity_version_and_value(monkeypatch):
     assert cache.get([big, small], ("x",)) is None
 
 
+@pytest.mark.fast
+def test_key_range_cache_reads_new_equal_inputs_once_then_matches_them_by_identity(monkeypatch):
+    """A new step hands every layer the same new position tensors, equal to the last step's. On a
+    GPU each value comparison waits for the device, so the first call compares all of them at
+    once (one comparison call, every input in it), and the entry then names the new tensors: the
+    step's other calls match by identity without comparing. A value that differs still misses,
+    and an in-place edit of a tensor the entry names is compared by value again."""
+    from streamfx import keyranges
+
+    compared = []
+    real = keyranges._values_equal
+    monkeypatch.setattr(keyranges, "_values_equal", lambda pairs: compared.append(len(pairs)) or real(pairs))
+    cache = keyranges.RangeCache()
+    old = [torch.arange(6).view(1, 6), torch.arange(6).view(6, 1), torch.tensor(-1e9)]
+    cache.put(old, ("T",), "ranges")
+    new = [t.clone() for t in old]
+    for _ in range(5):   # (the step's layers, forward and backward)
+        assert cache.get(new, ("T",)) == "ranges"
+    assert compared == [3]
+    new[0].add_(0)       # (a new version: compared again, still equal)
+    assert cache.get(new, ("T",)) == "ranges" and compared == [3, 1]
+    other = [new[0], new[1], torch.tensor(-2e9)]
+    assert cache.get(other, ("T",)) is None and compared == [3, 1, 1]
+    assert cache.get(new, ("T",)) == "ranges" and compared == [3, 1, 1]   # (still named by the entry)
+
+
 def test_a_16_bit_gradient_is_summed_in_fp32_only_once_a_second_chunk_adds_to_it():
     """A whole input's (a weight's) gradient over a region's chunks: one contribution is returned
     as it is (no fp32 copy of the weight); a second promotes the sum to fp32, as exact as before."""
