@@ -185,6 +185,41 @@ def test_gpu_command_takes_a_part_budget_from_the_command_line(tmp_path, monkeyp
         assert "PART one of ['kernels', 'offload', 'memory', 'max_len', 'speed']" in capsys.readouterr().err
 
 
+@pytest.mark.fast
+def test_gpu_kernel_rows_tell_a_model_torch_compile_cannot_trace_from_a_streamfx_failure():
+    """A kernel row whose streamfx compile fails is "unavailable" only where torch.compile fails
+    without streamfx too (Hugging Face's 4-D mask under compile given to a flash-only SDPA: the
+    fake-tensor call fails in Dynamo, before any backend): ``_dynamo_alone_fails`` compiles the
+    model with ``aot_eager`` and gives the reason, or "" where it runs."""
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    from streamfx.bench import gpu_parts
+
+    @torch.library.custom_op("streamfx_test::twice_without_fake", mutates_args=())
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    class Out:
+        def __init__(self, loss):
+            self.loss = loss
+
+    class Model(torch.nn.Module):
+        def __init__(self, custom):
+            super().__init__()
+            self.w, self.custom = torch.nn.Parameter(torch.ones(3)), custom
+
+        def forward(self, input_ids=None, labels=None, use_cache=False):
+            x = self.w * input_ids.float().sum()
+            return Out((twice(x) if self.custom else x * 2).sum())
+
+    ids = torch.ones(2, 3)
+    assert gpu_parts._dynamo_alone_fails(Model(False), ids, None, SDPBackend.MATH) == ""
+    reason = gpu_parts._dynamo_alone_fails(Model(True), ids, None, SDPBackend.MATH)
+    assert reason.startswith("torch.compile without streamfx fails too") and "fake tensor" in reason, reason
+    torch._dynamo.reset()
+
+
 @pytest.mark.slow
 def test_gpu_command_tiny_on_cpu(tmp_path):
     """``python -m streamfx.bench gpu --device cpu --tiny``: every part runs (the GPU command's code

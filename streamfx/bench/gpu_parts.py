@@ -276,8 +276,12 @@ def kernels(setup: Setup) -> list[dict]:
                     with sdpa_kernel(backends[name]):
                         row.update(_streamed_grads(model, ids, labels, setup))
                 except Exception as exc:  # noqa: BLE001 - a kernel this device or dtype lacks, or a failure
-                    # (unavailable: eager could not run the kernel either; else streamfx's error)
-                    row.update(status="unavailable" if note else "error", reason=note + describe_exception(exc))
+                    # unavailable: eager could not run the kernel either, or torch.compile cannot
+                    # trace the model with it whatever the backend; else streamfx's error
+                    torch._dynamo.reset()
+                    alone = "" if note else _dynamo_alone_fails(model, ids, labels, backends[name])
+                    row.update(status="unavailable" if note or alone else "error",
+                               reason=note + alone + describe_exception(exc))
                     torch._dynamo.reset()
                     continue
                 row["reason"] = note + row.get("reason", "")
@@ -287,6 +291,21 @@ def kernels(setup: Setup) -> list[dict]:
         del base
     _free(setup.device)
     return rows
+
+
+def _dynamo_alone_fails(model, ids, labels, backend) -> str:
+    """Why torch.compile fails on this model with this kernel without streamfx (Dynamo and
+    AOTAutograd with no code generation, ``backend="aot_eager"``), or "" where it runs."""
+    import torch
+    from torch.nn.attention import sdpa_kernel
+
+    try:
+        with sdpa_kernel(backend):
+            m = copy.deepcopy(model)
+            torch.compile(m, backend="aot_eager")(input_ids=ids, labels=labels, use_cache=False).loss.backward()
+    except Exception as exc:  # noqa: BLE001 - reported in the row
+        return f"torch.compile without streamfx fails too (backend aot_eager: {describe_exception(exc)[:120]}); "
+    return ""
 
 
 def _grads(model, ids, labels) -> dict:
