@@ -305,6 +305,16 @@ def build_meta_model(config: dict, dtype: torch.dtype, layers: int):
 
     config = dict(config, num_hidden_layers=layers, use_cache=False)
     config.pop("architectures", None)
+    kinds = config.get("layer_types")
+    if isinstance(kinds, list) and kinds:
+        # (a config saved by transformers 5 names each layer's attention; its length must be the
+        # layer count the model is built with)
+        if len(set(kinds)) > 1:
+            raise StreamBPError(f"the planner traces a few layers and extrapolates, which assumes identical "
+                                f"layers; this config's layer_types mixes {sorted(set(kinds))}. Plan a config "
+                                f"whose layers share one attention type, or measure the model itself "
+                                f"(streamfx.plan_memory on the model)")
+        config["layer_types"] = kinds[:1] * layers
     cfg = transformers.AutoConfig.for_model(**config)
     cfg._attn_implementation = "sdpa"
     with torch.device("meta"):

@@ -256,6 +256,23 @@ def test_traced_layer_counts_leave_the_models_last_group():
                 assert a == L, (L, k, a)
 
 
+@pytest.mark.fast
+def test_a_config_naming_each_layers_attention_builds_at_any_traced_layer_count():
+    """A config.json saved by transformers 5 lists each layer's attention (``layer_types``); the
+    planner builds the model with fewer layers than the config, so the list is cut to match (one
+    attention type); a config that mixes types is refused with the cause (the extrapolation
+    assumes identical layers), not an internal error."""
+    from streamfx import plan
+
+    cfg = dict(_tiny_config(), layer_types=["full_attention"] * 4)
+    for layers in (2, 3, 5):
+        model = plan.build_meta_model(cfg, torch.float32, layers)
+        assert len(model.model.layers) == layers and model.config.layer_types == ["full_attention"] * layers
+    mixed = dict(cfg, layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=8)
+    with pytest.raises(streamfx.StreamBPError, match="identical layers.*sliding_attention"):
+        plan.build_meta_model(mixed, torch.float32, 3)
+
+
 @pytest.mark.heavy
 def test_cli_prints_longest_sequences(tmp_path, capsys):
     from streamfx import plan
