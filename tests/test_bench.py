@@ -288,6 +288,9 @@ def test_gpu_profile_on_cpu(tmp_path):
     streamfx_rows = [r for r in rows if r[0].strip() == "streamfx"]
     assert all(r[4].strip() == "0+0" and int(r[5].split("/")[0]) > 0 for r in streamfx_rows[1:]), streamfx_rows
     assert md.count("Python (cProfile)") == 4 and md.count("ops (torch.profiler)") == 4
+    # the ops split by their inputs' shapes: a table per step, with the shapes in it
+    assert md.count("by self_cpu_time_total, per input shapes") == 4 and "Input Shapes" in md
+    assert "aten::mm" in md.split("per input shapes")[1] and "[[" in md.split("per input shapes")[1]
 
 
 @pytest.mark.fast

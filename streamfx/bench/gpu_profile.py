@@ -4,7 +4,8 @@ preset's shape cut to a few layers (a Qwen3-8B layer at a fraction of its compil
 For each method and length: the first step (the compile) and its seconds, one measured step
 (``gpu_parts.measured_step``: seconds, peaks, graphs compiled, chunked region calls), then the same
 step under ``cProfile`` (Python's view: the functions the step's wall time is spent in, waits on
-the device included) and under ``torch.profiler`` (the ops by their own device and CPU time). It
+the device included) and under ``torch.profiler`` (the ops by their own device and CPU time, then
+split by their inputs' shapes: which copies and which products the time goes to). It
 writes ``OUT/profile.md`` after every step, so a command stopped from outside keeps what it
 measured. ``--device cpu --preset tiny`` runs the same code on CPU.
 """
@@ -25,18 +26,22 @@ def _profile_tables(step, ids, labels, device: str, rows: int) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=acts) as prof:
+    with profile(activities=acts, record_shapes=True) as prof:
         step(ids, labels)
         parts._sync(device)
-    avg = prof.key_averages()
     out = []
     keys = (["self_cuda_time_total"] if device == "cuda" else []) + ["self_cpu_time_total", "cpu_time_total"]
-    for key in keys:
+    # the last view: the ops split by their inputs' shapes (which copies, which products), by the
+    # time the device (or, on a CPU, the op itself) spends in them
+    views = [(key, False) for key in keys] + [(keys[0], True)]
+    for key, by_shape in views:
         try:
-            table = avg.table(sort_by=key, row_limit=rows, max_name_column_width=70)
+            avg = prof.key_averages(group_by_input_shape=by_shape)
+            table = avg.table(sort_by=key, row_limit=rows, max_name_column_width=70,
+                              max_shapes_column_width=90)
         except Exception as exc:  # noqa: BLE001 - a sort key this torch names otherwise
             table = f"({type(exc).__name__}: {exc})"
-        out.append(f"by {key}:\n\n```\n{table}\n```\n")
+        out.append(f"by {key}{', per input shapes' if by_shape else ''}:\n\n```\n{table}\n```\n")
     return "\n".join(out)
 
 
