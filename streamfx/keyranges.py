@@ -13,8 +13,9 @@ Results are cached: a mask input that is the same live tensor, unchanged (same s
 offset, shape, strides and version), or a small per-token input equal to the one seen before,
 gives the same key ranges without evaluating the mask again. The inputs a call compares by value
 (a new step's position tensors) are compared at once, one read of the device, and the entry then
-names them, so the step's other layers and its backward match them by identity, with no read. The cache keeps no large tensor
-alive: it holds weak references to them (a freed tensor's entry never matches again).
+names them, so the step's other layers and its backward match them by identity, with no read.
+The cache keeps no large tensor alive: it holds weak references to them (a freed tensor's entry
+never matches again).
 """
 from __future__ import annotations
 

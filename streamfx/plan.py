@@ -306,7 +306,7 @@ def build_meta_model(config: dict, dtype: torch.dtype, layers: int):
     config = dict(config, num_hidden_layers=layers, use_cache=False)
     config.pop("architectures", None)
     kinds = config.get("layer_types")
-    if isinstance(kinds, list) and kinds:
+    if isinstance(kinds, list) and kinds and len(kinds) != layers:
         # (a config saved by transformers 5 names each layer's attention; its length must be the
         # layer count the model is built with)
         if len(set(kinds)) > 1:

@@ -261,7 +261,7 @@ def test_a_config_naming_each_layers_attention_builds_at_any_traced_layer_count(
     """A config.json saved by transformers 5 lists each layer's attention (``layer_types``); the
     planner builds the model with fewer layers than the config, so the list is cut to match (one
     attention type); a config that mixes types is refused with the cause (the extrapolation
-    assumes identical layers), not an internal error."""
+    assumes identical layers), not an internal error, unless it is built whole."""
     from streamfx import plan
 
     cfg = dict(_tiny_config(), layer_types=["full_attention"] * 4)
@@ -271,6 +271,7 @@ def test_a_config_naming_each_layers_attention_builds_at_any_traced_layer_count(
     mixed = dict(cfg, layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=8)
     with pytest.raises(streamfx.StreamBPError, match="identical layers.*sliding_attention"):
         plan.build_meta_model(mixed, torch.float32, 3)
+    assert plan.build_meta_model(mixed, torch.float32, 4).config.layer_types == mixed["layer_types"]  # (traced whole)
 
 
 @pytest.mark.heavy
