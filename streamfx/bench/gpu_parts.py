@@ -282,7 +282,6 @@ def kernels(setup: Setup) -> list[dict]:
                     alone = "" if note else _dynamo_alone_fails(model, ids, labels, backends[name])
                     row.update(status="unavailable" if note or alone else "error",
                                reason=note + alone + describe_exception(exc))
-                    torch._dynamo.reset()
                     continue
                 row["reason"] = note + row.get("reason", "")
                 row["grad_error"] = compare_grads(row.pop("grads"), ref)[0]
@@ -305,6 +304,8 @@ def _dynamo_alone_fails(model, ids, labels, backend) -> str:
             torch.compile(m, backend="aot_eager")(input_ids=ids, labels=labels, use_cache=False).loss.backward()
     except Exception as exc:  # noqa: BLE001 - reported in the row
         return f"torch.compile without streamfx fails too (backend aot_eager: {describe_exception(exc)[:120]}); "
+    finally:
+        torch._dynamo.reset()   # (the next row compiles afresh)
     return ""
 
 
