@@ -23,6 +23,8 @@ import torch.fx as fx
 from streamfx.passes.schedule import chunk_size
 
 from . import failures, keyranges
+from .passes.graphs import hint
+from .passes.specs import dim_order
 from .chunks import COUNTERS, ChunkGraph  # noqa: F401  (COUNTERS is part of the runtime's interface)
 
 _PROGRAMS: dict[int, "RegionProgram"] = {}
@@ -188,7 +190,7 @@ class RegionProgram:
             with torch.no_grad():
                 self._collect(result, [o.detach() for o in outs], s, e, T)
             del outs, xs, wrt   # (before the next chunk runs: a chunk's weight gradients are weight-sized)
-        return self._outputs(result) + [g.contiguous() if g is not None else self._stored_zeros(inputs, i)
+        return self._outputs(result) + [self.grad_in_layout(g, i, g.dtype) if g is not None else self._stored_zeros(inputs, i)
                        for per_seed in stored for i, g in zip(self.grad_inputs, per_seed)]
 
     def _store(self, stored: list, got, inputs, s: int, e: int) -> None:
@@ -206,12 +208,13 @@ class RegionProgram:
 
     def _stored_zeros(self, inputs, i: int) -> torch.Tensor:
         x = inputs[i]
-        return _dense_zeros(x, x.dtype if self.in_specs[i].kind == "chunk" else _acc_dtype(x))
+        return self.grad_empty(x, i, x.dtype if self.in_specs[i].kind == "chunk" else _acc_dtype(x)).zero_()
 
     def stored_fakes(self, inputs) -> list:
-        """Fake values of what ``forward_with_grads`` returns after the outputs (dense)."""
-        return [inputs[i].new_empty(inputs[i].shape, dtype=inputs[i].dtype if self.in_specs[i].kind == "chunk"
-                                    else _acc_dtype(inputs[i]))
+        """Fake values of what ``forward_with_grads`` returns after the outputs (dense, in each
+        input's layout)."""
+        return [self.grad_empty(inputs[i], i, inputs[i].dtype if self.in_specs[i].kind == "chunk"
+                                else _acc_dtype(inputs[i]))
                 for _ in self.seeds for i in self.grad_inputs]
 
     def scale_grads(self, grads: list, stored: list) -> list[torch.Tensor]:
@@ -229,7 +232,8 @@ class RegionProgram:
                 term = stored[k * n + m].float() * grads[j].reshape(-1)[flat].float()
                 acc = term if acc is None else acc.add_(term)
             dtype = self._in_dtypes[i]
-            result.append(acc.to(dtype) if acc is not None else _dense_zeros(stored[m], dtype))
+            result.append(self.grad_in_layout(acc, i, dtype) if acc is not None
+                          else self.grad_empty(stored[m], i, dtype).zero_())
         return result
 
     @functools.cached_property
@@ -239,6 +243,27 @@ class RegionProgram:
     @functools.cached_property
     def _out_dtypes(self):
         return [n.meta["val"].dtype for n in self.full_gm.graph.find_nodes(op="output")[0].args[0]]
+
+    @functools.cached_property
+    def grad_orders(self) -> dict:
+        """Per input in ``grad_inputs``: the order of its dims in memory (``specs.dim_order`` of its
+        traced value; None: row-major). Its gradient is returned in that layout, the layout
+        autograd's AccumulateGrad asks of a parameter's gradient: a weight the graph reads
+        transposed (``permute`` outside the region) gets its gradient transposed, so the
+        graph's view back to the parameter has the parameter's own layout and autograd keeps it
+        as it is (a row-major gradient would be laid out twice: here, then by AccumulateGrad)."""
+        vals = [n.meta.get("val") for n in self.full_gm.graph.find_nodes(op="placeholder")[:len(self.in_specs)]]
+        return {i: dim_order([hint(s) for s in vals[i].shape], [hint(s) for s in vals[i].stride()])
+                if isinstance(vals[i], torch.Tensor) else None for i in self.grad_inputs}
+
+    def grad_empty(self, x: torch.Tensor, i: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """An empty gradient of input ``x`` (input i) in its layout (``grad_orders``)."""
+        return empty_in_order(x.shape, self.grad_orders.get(i), dtype or x.dtype, x.device)
+
+    def grad_in_layout(self, g: torch.Tensor, i: int, dtype: torch.dtype) -> torch.Tensor:
+        """``g`` as input i's gradient: in ``dtype`` and in the input's layout, with at most one
+        copy (``g`` itself where it already is)."""
+        return in_order(g, self.grad_orders.get(i), dtype)
 
     def backward(self, inputs: list[torch.Tensor], grads: list) -> list[torch.Tensor]:
         COUNTERS["region_backward"] += 1
@@ -265,14 +290,14 @@ class RegionProgram:
         (a parameter's) buffer is its first chunk's gradient, when that is a dense fp32 tensor of
         its own (else a copy in its accumulation dtype), and later chunks add into it: no
         zero-filled buffer and no full-size add for the first chunk."""
-        return {i: (_dense_zeros(inputs[i], _row_grad_dtype(self.in_specs[i], inputs[i]))
+        return {i: (self.grad_empty(inputs[i], i, _row_grad_dtype(self.in_specs[i], inputs[i])).zero_()
                     if self.in_specs[i].sliced else None)
                 for i in self.grad_inputs}
 
     def _gradients(self, acc: dict, inputs) -> list:
-        """The gradients returned, dense (as their fake values say) in each input's dtype."""
-        return [_dense_as(acc[i], inputs[i].dtype) if acc[i] is not None else _dense_zeros(inputs[i])
-                for i in self.grad_inputs]
+        """The gradients returned, dense in each input's layout and dtype (as their fake values say)."""
+        return [self.grad_in_layout(acc[i], i, inputs[i].dtype) if acc[i] is not None
+                else self.grad_empty(inputs[i], i).zero_() for i in self.grad_inputs]
 
     def _leaves(self, xs):
         xs = [x.detach() for x in xs]
@@ -298,18 +323,21 @@ class RegionProgram:
                 acc[i] = _sum_into(acc[i], g, list(given) + _others(got, n), late=True)
 
 
-def _dense_as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``t`` in ``dtype``, contiguous (as the ops' fake outputs are), with at most one copy (a
-    sum kept in a weight's transposed layout, cast and laid out at once; ``Tensor.to`` with a
-    memory format does not lay out a transposed matrix)."""
-    if t.dtype == dtype and t.is_contiguous():
+def empty_in_order(shape, order: tuple | None, dtype: torch.dtype, device) -> torch.Tensor:
+    """An empty dense tensor of ``shape`` whose dims lie in memory in ``order`` (outermost first;
+    None: row-major)."""
+    if order is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.empty([shape[d] for d in order], dtype=dtype, device=device).permute(
+        [order.index(d) for d in range(len(shape))])
+
+
+def in_order(t: torch.Tensor, order: tuple | None, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` in ``dtype``, dense with its dims in ``order`` (``empty_in_order``), with at most one
+    copy (a sum kept in a weight's layout and cast at once): ``t`` itself where it already is."""
+    if t.dtype == dtype and (t.is_contiguous() if order is None else t.permute(order).is_contiguous()):
         return t
-    return torch.empty(t.shape, dtype=dtype, device=t.device).copy_(t)
-
-
-def _dense_zeros(x: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Zeros of ``x``'s shape, contiguous whatever ``x``'s strides (a weight's transposed view)."""
-    return torch.zeros(x.shape, dtype=dtype or x.dtype, device=x.device)
+    return empty_in_order(t.shape, order, dtype, t.device).copy_(t)
 
 
 def _sum_into(buf, g: torch.Tensor, given=(), late: bool = False) -> torch.Tensor:
@@ -326,7 +354,7 @@ def _sum_into(buf, g: torch.Tensor, given=(), late: bool = False) -> torch.Tenso
     dtype = g.dtype if late else _acc_dtype(g)
     if g.dtype == dtype and _owns_its_storage(g, given):
         return g
-    return g.to(dtype, copy=True, memory_format=torch.contiguous_format)
+    return g.to(dtype, copy=True)   # (in its own layout where it is dense: the input's, as a rule)
 
 
 def _others(got, n: int) -> list:
@@ -638,8 +666,8 @@ def _forward_with_grads_whole(prog: RegionProgram, inputs: list) -> list:
             target = outs[j].reshape(-1)[flat]
             got = torch.autograd.grad(target, wrt, allow_unused=True, retain_graph=True) \
                 if target.requires_grad else [None] * len(wrt)
-            stored += [g.to(z.dtype).contiguous() if g is not None else z
-                       for g, z in zip(got, (prog._stored_zeros(inputs, i) for i in prog.grad_inputs))]
+            stored += [prog.grad_in_layout(g, i, z.dtype) if g is not None else z
+                       for i, g, z in zip(prog.grad_inputs, got, (prog._stored_zeros(inputs, i) for i in prog.grad_inputs))]
     return [o.detach().clone() for o in outs] + stored
 
 
@@ -651,7 +679,8 @@ def _backward_whole(prog: RegionProgram, inputs: list, grads: list) -> list:
         pairs = [(o, g.to(o.dtype)) for o, g in zip(outs, grads) if g is not None and o.requires_grad]
         got = torch.autograd.grad([o for o, _ in pairs], [xs[i] for i in prog.grad_inputs],
                                   [g for _, g in pairs], allow_unused=True) if pairs else [None] * len(prog.grad_inputs)
-    return [g.contiguous() if g is not None else _dense_zeros(inputs[i]) for i, g in zip(prog.grad_inputs, got)]
+    return [prog.grad_in_layout(g, i, g.dtype) if g is not None else prog.grad_empty(inputs[i], i).zero_()
+            for i, g in zip(prog.grad_inputs, got)]
 
 
 @region.register_fake
@@ -689,7 +718,8 @@ def region_backward(key: int, inputs: list[torch.Tensor], grads: list[torch.Tens
 
 @region_backward.register_fake
 def _region_backward_fake(key, inputs, grads, present):
-    return [inputs[i].new_empty(inputs[i].shape) for i in _PROGRAMS[key].grad_inputs]
+    prog = _PROGRAMS[key]
+    return [prog.grad_empty(inputs[i], i) for i in prog.grad_inputs]
 
 
 @torch.library.custom_op("streamfx::region_scale", mutates_args=())
@@ -705,7 +735,7 @@ def region_scale(key: int, grads: list[torch.Tensor], present: list[bool],
 @region_scale.register_fake
 def _region_scale_fake(key, grads, present, stored):
     prog = _PROGRAMS[key]
-    return [g.new_empty(g.shape, dtype=prog._in_dtypes[i]) for g, i in zip(stored, prog.grad_inputs)]
+    return [prog.grad_empty(g, i, prog._in_dtypes[i]) for g, i in zip(stored, prog.grad_inputs)]
 
 
 def _setup(ctx, inputs, output):

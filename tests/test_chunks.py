@@ -164,14 +164,17 @@ def test_a_transposed_weight_gradient_is_summed_in_its_own_layout():
     assert first is got[0]
     total = runtime._sum_into(first, got[1])
     assert total is first and total.stride() == Wt.stride()
-    # returned contiguous, as the region ops' fake outputs are (a square one too: ``Tensor.to``
-    # with a memory format leaves a transposed matrix as it is)
+    # returned in the layout asked for (the input's, as the region ops' fake outputs are): as it
+    # is where it has it, else laid out and cast in one copy (a square one too)
     square = torch.randn(8, 8).t()
-    for t, dtype in ((total, torch.float32), (square, torch.float32), (square, torch.bfloat16)):
-        out = runtime._dense_as(t, dtype)
-        assert out.is_contiguous() and out.dtype == dtype and torch.equal(out, t.to(dtype))
+    assert runtime.in_order(total, (1, 0), torch.float32) is total
+    for t, dtype in ((total, torch.float32), (total, torch.bfloat16), (square, torch.float32), (square, torch.bfloat16)):
+        for order in (None, (1, 0)):
+            out = runtime.in_order(t, order, dtype)
+            assert out.dtype == dtype and torch.equal(out, t.to(dtype))
+            assert out.is_contiguous() if order is None else out.t().is_contiguous(), (order, out.stride())
     plain = torch.randn(8, 8)
-    assert runtime._dense_as(plain, torch.float32) is plain
+    assert runtime.in_order(plain, None, torch.float32) is plain
     part = torch.randn(8, 64)[:, :32]   # (a view of part of a storage)
     assert runtime._sum_into(None, part) is not part
     assert runtime._sum_into(None, got[1], given=[got[1].t()]) is not got[1]
@@ -234,3 +237,34 @@ def test_a_chunks_weight_gradients_are_freed_before_the_next_chunk_runs(monkeypa
     compiled(input_ids=ids, labels=ids).loss.backward()
     assert len(stale) == 4, stale
     assert stale == [0, 0, 0, 0], stale   # (no earlier chunk's gradient alive but the sums)
+
+
+@pytest.mark.parametrize("codegen,dtype,head_grad", [
+    ("eager", torch.float32, "forward"), ("eager", torch.bfloat16, "recompute"),
+    pytest.param("inductor", torch.bfloat16, "forward", marks=pytest.mark.heavy)])
+def test_parameter_gradients_reach_autograd_in_the_parameters_layout(codegen, dtype, head_grad):
+    """A linear layer's weight is read transposed (``permute`` in the graph, outside the region);
+    the region returns its gradient in that input's layout, so the graph's view back to the
+    weight has the weight's own layout and autograd's AccumulateGrad keeps the tensor as it is:
+    the gradient a parameter hook sees is the parameter's ``.grad`` (a row-major one would be
+    copied twice a step, here and by AccumulateGrad). Gradients stay exact; under Inductor the
+    compiled graph's stride checks see the layout the ops' fake values say."""
+    torch.manual_seed(0)
+    model = TinyLM(V=32, d=16, H=2, layers=2).to(dtype)
+    ref = TinyLM(V=32, d=16, H=2, layers=2).to(dtype)
+    ref.load_state_dict(model.state_dict())
+    idx = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(1))
+    seen = {}
+    for name, p in model.named_parameters():
+        p.register_hook(lambda g, name=name: seen.__setitem__(name, g.data_ptr()))
+    compiled = torch.compile(model, backend="streambp", options={
+        "codegen": codegen, "chunk_size": 5, "head_chunk_size": 5, "head_grad": head_grad, "strict": True})
+    compiled(idx, idx).backward()
+    ref(idx, idx).backward()
+    if dtype == torch.float32:
+        assert_grads_match(grads_of(ref), grads_of(model))
+    weights = {n: p for n, p in model.named_parameters() if p.dim() == 2 and n != "emb.weight"}
+    assert set(weights) == {"qkv.0.weight", "qkv.1.weight", "mlp.0.weight", "mlp.1.weight", "head.weight"}
+    for name, p in weights.items():
+        assert p.grad.is_contiguous() and p.grad.dtype == dtype, name
+        assert seen[name] == p.grad.data_ptr(), f"{name}: AccumulateGrad copied the region's gradient"
