@@ -225,15 +225,21 @@ class RegionProgram:
         n = len(self.grad_inputs)
         result = []
         for m, i in enumerate(self.grad_inputs):
-            acc = None
-            for k, (j, flat) in enumerate(self.seeds):
-                if grads[j] is None:
-                    continue
-                term = stored[k * n + m].float() * grads[j].reshape(-1)[flat].float()
-                acc = term if acc is None else acc.add_(term)
             dtype = self._in_dtypes[i]
-            result.append(self.grad_in_layout(acc, i, dtype) if acc is not None
-                          else self.grad_empty(stored[m], i, dtype).zero_())
+            # (each seed's incoming gradient as a one-element fp32 tensor: the products are fp32
+            # whatever the stored gradient's dtype, as a 0-dim one would not make them)
+            terms = [(stored[k * n + m], grads[j].reshape(-1)[flat].float().reshape(1))
+                     for k, (j, flat) in enumerate(self.seeds) if grads[j] is not None]
+            if not terms:
+                result.append(self.grad_empty(stored[m], i, dtype).zero_())
+            elif len(terms) == 1:   # (the loss alone: the product written in the input's dtype at once)
+                s, g = terms[0]
+                result.append(torch.mul(s, g, out=self.grad_empty(s, i, dtype)))
+            else:
+                acc = None
+                for s, g in terms:
+                    acc = s * g if acc is None else acc.add_(s * g)
+                result.append(self.grad_in_layout(acc, i, dtype))
         return result
 
     @functools.cached_property
