@@ -375,7 +375,8 @@ def _owns_its_storage(g: torch.Tensor, given=()) -> bool:
     that storage is none of the ``given`` tensors' (the output gradients autograd was called with,
     the other gradients it returned with ``g``). Such a gradient is kept as the sum's buffer:
     later chunks' gradients come in the same layout and add to it in memory order; the buffer is
-    made contiguous once, when it is returned (as the ops' fake outputs are)."""
+    laid out as its input once, when it is returned (``grad_in_layout``: as a weight's, the layout
+    autograd gave it, it is returned as it is)."""
     storage = g.untyped_storage()
     dense = g.permute(sorted(range(g.dim()), key=lambda d: -g.stride(d))).is_contiguous()
     return g.storage_offset() == 0 and dense \
