@@ -128,6 +128,15 @@ def dim_order(shape, stride) -> tuple | None:
     return None if inner == dims else tuple(order)
 
 
+def empty_in_order(shape, order, dtype, device):
+    """An empty dense tensor of ``shape`` whose dims lie in memory in ``order`` (outermost first;
+    None: row-major)."""
+    if order is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.empty([shape[d] for d in order], dtype=dtype, device=device).permute(
+        [order.index(d) for d in range(len(shape))])
+
+
 def dense(x, order: tuple | None):
     """``x`` as a dense tensor whose dims lie in ``order`` (row-major for None): ``x`` itself
     where it already is one."""

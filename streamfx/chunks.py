@@ -29,7 +29,7 @@ from torch._functorch import config as functorch_config
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from .passes.graphs import hint
-from .passes.specs import dense, dim_order
+from .passes.specs import dense, dim_order, empty_in_order
 
 COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chunks_backward": 0,
             "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0, "mask_found_causal": 0,
@@ -256,16 +256,11 @@ def fake_inputs(slots, sizes=(), grads=(), hints: dict | None = None):
             shape = [size(d) for d in slot.shape]
             if slot.layout == "seq_major":
                 kd = slot.shape.index("k")
-                order = [kd] + [j for j in range(len(shape)) if j != kd]
-                t = torch.empty([shape[j] for j in order], dtype=slot.dtype, device=slot.device)
-                t = t.permute([order.index(j) for j in range(len(shape))])
+                t = empty_in_order(shape, [kd] + [j for j in range(len(shape)) if j != kd], slot.dtype, slot.device)
             elif slot.stride is not None:
                 t = torch.empty_strided(shape, slot.stride, dtype=slot.dtype, device=slot.device)
-            elif slot.order is not None:
-                t = torch.empty([shape[j] for j in slot.order], dtype=slot.dtype, device=slot.device)
-                t = t.permute([slot.order.index(j) for j in range(len(shape))])
             else:
-                t = torch.empty(shape, dtype=slot.dtype, device=slot.device)
+                t = empty_in_order(shape, slot.order, slot.dtype, slot.device)
             fakes.append(t.requires_grad_(i in grads and slot.dtype.is_floating_point))
     fakes += [roles[key][1] if isinstance(key, str) else size(key) for key in sizes]
     return mode, fakes

@@ -24,7 +24,7 @@ from streamfx.passes.schedule import chunk_size
 
 from . import failures, keyranges
 from .passes.graphs import hint
-from .passes.specs import dim_order
+from .passes.specs import dim_order, empty_in_order
 from .chunks import COUNTERS, ChunkGraph  # noqa: F401  (COUNTERS is part of the runtime's interface)
 
 _PROGRAMS: dict[int, "RegionProgram"] = {}
@@ -329,15 +329,6 @@ class RegionProgram:
                 acc[i] = _sum_into(acc[i], g, list(given) + _others(got, n), late=True)
 
 
-def empty_in_order(shape, order: tuple | None, dtype: torch.dtype, device) -> torch.Tensor:
-    """An empty dense tensor of ``shape`` whose dims lie in memory in ``order`` (outermost first;
-    None: row-major)."""
-    if order is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    return torch.empty([shape[d] for d in order], dtype=dtype, device=device).permute(
-        [order.index(d) for d in range(len(shape))])
-
-
 def in_order(t: torch.Tensor, order: tuple | None, dtype: torch.dtype) -> torch.Tensor:
     """``t`` in ``dtype``, dense with its dims in ``order`` (``empty_in_order``), with at most one
     copy (a sum kept in a weight's layout and cast at once): ``t`` itself where it already is."""
@@ -610,9 +601,7 @@ def seq_major_empty(t: torch.Tensor, d: int, length: int) -> torch.Tensor:
     compiled chunk graph reads every prefix in place."""
     shape = list(t.shape)
     shape[d] = length
-    order = [d] + [k for k in range(t.dim()) if k != d]
-    buf = t.new_empty([shape[k] for k in order])
-    return buf.permute([order.index(k) for k in range(t.dim())])
+    return empty_in_order(shape, [d] + [k for k in range(t.dim()) if k != d], t.dtype, t.device)
 
 
 def autograd_inside_op():
