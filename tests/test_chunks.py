@@ -59,6 +59,7 @@ def test_layers_share_their_chunk_graphs(codegen):
     assert (counts[0][1] > 0) == (codegen == "inductor"), counts
 
 
+@pytest.mark.heavy   # (two Inductor compiles of the chunk graphs)
 def test_a_chunk_graph_compiled_before_loads_from_the_caches(tmp_path, monkeypatch):
     """A chunk graph compiled once (by this process or an earlier one: the caches are on disk)
     is not traced again: its second compile is a hit of AOTAutograd's cache, with exact

@@ -112,7 +112,8 @@ def test_hf_zoo_every_length_and_batch(name):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("name", ["nanogpt", pytest.param("tiny_llama", marks=pytest.mark.heavy), "tiny_llama_logit_shift"])
+@pytest.mark.parametrize("name", ["nanogpt", pytest.param("tiny_llama", marks=pytest.mark.heavy),
+                                  pytest.param("tiny_llama_logit_shift", marks=pytest.mark.heavy)])
 def test_plain_zoo_every_length_and_batch(name):
     """A loss on ``logits[:, :-1]`` too: its head computes on a slice of a symbolic length."""
     calls = Calls(name)

@@ -32,7 +32,7 @@ def _run(B, length, chunk, options=None, **model_kw):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("count", ["scatter", "one_hot"])
+@pytest.mark.parametrize("count", ["scatter", pytest.param("one_hot", marks=pytest.mark.heavy)])
 def test_counted_groups_stream_every_layer(count):
     _run(2, T, 5, count=count)
 

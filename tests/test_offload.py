@@ -89,7 +89,7 @@ def test_disk_offload_is_exact_and_leaves_no_files(case, tmp_path, monkeypatch):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.heavy), 3])
 def test_keep_every_is_exact(k, monkeypatch):
     deep(monkeypatch)
     model, make_inputs = zoo.llama_tied()
@@ -259,7 +259,7 @@ def fail_on(monkeypatch, method, call):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("phase", ["forward", "backward"])
+@pytest.mark.parametrize("phase", [pytest.param("forward", marks=pytest.mark.heavy), "backward"])
 def test_failure_mid_step_leaves_no_files(phase, tmp_path, monkeypatch):
     """An error in the third layer's forward, or the second layer's backward, reaches the caller
     as itself; once it is handled and the step's tensors are gone, no file is left."""
