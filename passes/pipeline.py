@@ -17,7 +17,7 @@ import torch.fx as fx
 from streamfx import offload
 from streamfx.errors import CannotStream
 from . import attention as attn, hoist, masks, verify
-from .graphs import (ancestors, is_tangent, is_tensor, normalize_dim, outputs as graph_outputs,
+from .graphs import (ancestors, is_tangent, is_tensor, node_inputs, normalize_dim, outputs as graph_outputs,
                      primals, val, written_input)
 from .plan import plan_head, plan_layer
 from .record import NodeRecord, tag
@@ -258,10 +258,25 @@ def _floating(x) -> bool:
 
 def _coverage(a: Analysis) -> None:
     """Refusals for what would otherwise run unstreamed without a word: attention outside every
-    layer region, a loss outside the head, token mixing with no attention to stream around."""
+    layer region, a loss outside the head, token mixing with no attention to stream around, a
+    graph with no sequence found whose gradient passes an op without a rule."""
     if a.sites and a.sd.seq_atom is None:
         a.refusals.append(("graph", CannotStream("a sequence of one token: there is nothing to stream")))
         return
+    if a.sd.seq_atom is None:
+        # nothing to find the sequence by (an attention streamfx recognises, a token embedding, a
+        # per-token loss), as in a graph piece holding only layers: an op without a rule that
+        # carries a gradient may be the layers' token mixing (an attention kernel streamfx does
+        # not know, such as flex_attention or a custom op), so the graph is said to run unstreamed
+        unknown = [n for n in a.fwd_nodes if n.op == "call_function" and n in a.sd.unknown
+                   and n in a.requires_grad and any(_floating(x) for x in node_inputs(n))]
+        if unknown:
+            a.refusals.append(("graph", CannotStream(
+                "no sequence found in this graph (no attention streamfx recognises, no token embedding, no "
+                "per-token loss), and it computes a gradient through an op streamfx has no rule for, which "
+                "may mix tokens (an attention kernel it does not stream, such as flex_attention or a custom "
+                "attention op): the graph runs unstreamed; use attn_implementation='sdpa' (or 'eager') for "
+                "the layers to stream", unknown[0])))
     in_layers = {s.index for r in a.regions if r.kind == "layer" for s in r.attention}
     for s in a.sites:
         if s.index not in in_layers:

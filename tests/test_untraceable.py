@@ -2,6 +2,7 @@
 the cause of an unstreamed graph, which runs eagerly and exactly (``streamfx.untraceable``)."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 import streamfx
 import zoo
@@ -80,3 +81,63 @@ def test_moe_on_transformers_before_5_24_names_grouped_mm_fallback():
     assert_grads_match(run.ref_grads, run.grads)
     assert any("transformers::grouped_mm_fallback reads a tensor's values" in w and "transformers >= 5.24" in w
                for w in run.warnings), run.warnings
+
+
+@torch.library.custom_op("streamfx_test::prefix_attention", mutates_args=())
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention as a kernel streamfx has no rule for (as flex_attention, or an attention
+    op of another package): [B, T, d] each."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@prefix_attention.register_fake
+def _prefix_attention_fake(q, k, v):
+    return torch.empty_like(q)
+
+
+def _prefix_attention_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _prefix_attention_backward(ctx, grad):
+    q, k, v = (x.detach().requires_grad_() for x in ctx.saved_tensors)
+    with torch.enable_grad():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return torch.autograd.grad(out, (q, k, v), grad)
+
+
+prefix_attention.register_autograd(_prefix_attention_backward, setup_context=_prefix_attention_setup)
+
+
+class Layers(torch.nn.Module):
+    """Decoder layers without embedding or loss (a graph piece between two graph breaks), their
+    attention an op without a rule."""
+
+    def __init__(self, d=16, n=2):
+        super().__init__()
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(d, 3 * d) for _ in range(n))
+        self.out = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(n))
+
+    def forward(self, h):
+        for qkv, out in zip(self.qkv, self.out):
+            h = h + out(prefix_attention(*qkv(h).chunk(3, dim=-1)))
+        return h
+
+
+@pytest.mark.fast
+def test_layers_whose_attention_has_no_rule_are_not_silently_unstreamed():
+    """A graph of layers alone (no token embedding, no per-token loss, no attention streamfx
+    recognises: nothing to find the sequence by) whose gradient goes through an op without a rule
+    says so, naming the op and its line, and runs exactly; strict raises."""
+    torch.manual_seed(0)
+    model, h = Layers(), torch.randn(2, 12, 16)
+    ref = torch.autograd.grad(model(h).square().mean(), list(model.parameters()))
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match=r"no sequence found in this graph.*streamfx_test.prefix_attention at .*test_untraceable.py"):
+        out = torch.compile(model, backend="streambp", options={"codegen": "eager"})(h)
+    got = torch.autograd.grad(out.square().mean(), list(model.parameters()))
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
+    torch._dynamo.reset()
+    with pytest.raises(streamfx.StreamBPError, match=r"no sequence found in this graph"):
+        torch.compile(model, backend="streambp", options={"codegen": "eager", "strict": True})(h)
