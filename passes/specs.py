@@ -128,6 +128,12 @@ def dim_order(shape, stride) -> tuple | None:
     return None if inner == dims else tuple(order)
 
 
+def leading(d: int, rank: int) -> list:
+    """The dim order with ``d`` outermost and the other dims row-major after it (a sequence-major
+    K/V buffer's, whose every prefix along ``d`` is dense)."""
+    return [d] + [k for k in range(rank) if k != d]
+
+
 def empty_in_order(shape, order, dtype, device):
     """An empty dense tensor of ``shape`` whose dims lie in memory in ``order`` (outermost first;
     None: row-major)."""

@@ -29,7 +29,7 @@ from torch._functorch import config as functorch_config
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from .passes.graphs import hint
-from .passes.specs import dense, dim_order, empty_in_order
+from .passes.specs import dense, dim_order, empty_in_order, leading
 
 COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chunks_backward": 0,
             "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0, "mask_found_causal": 0,
@@ -256,7 +256,7 @@ def fake_inputs(slots, sizes=(), grads=(), hints: dict | None = None):
             shape = [size(d) for d in slot.shape]
             if slot.layout == "seq_major":
                 kd = slot.shape.index("k")
-                t = empty_in_order(shape, [kd] + [j for j in range(len(shape)) if j != kd], slot.dtype, slot.device)
+                t = empty_in_order(shape, leading(kd, len(shape)), slot.dtype, slot.device)
             elif slot.stride is not None:
                 t = torch.empty_strided(shape, slot.stride, dtype=slot.dtype, device=slot.device)
             else:

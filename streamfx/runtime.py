@@ -24,7 +24,7 @@ from streamfx.passes.schedule import chunk_size
 
 from . import failures, keyranges
 from .passes.graphs import hint
-from .passes.specs import dim_order, empty_in_order
+from .passes.specs import dim_order, empty_in_order, leading
 from .chunks import COUNTERS, ChunkGraph  # noqa: F401  (COUNTERS is part of the runtime's interface)
 
 _PROGRAMS: dict[int, "RegionProgram"] = {}
@@ -601,7 +601,7 @@ def seq_major_empty(t: torch.Tensor, d: int, length: int) -> torch.Tensor:
     compiled chunk graph reads every prefix in place."""
     shape = list(t.shape)
     shape[d] = length
-    return empty_in_order(shape, [d] + [k for k in range(t.dim()) if k != d], t.dtype, t.device)
+    return empty_in_order(shape, leading(d, t.dim()), t.dtype, t.device)
 
 
 def autograd_inside_op():
