@@ -344,24 +344,37 @@ class OnDisk:
     the side stream and the worker writes it once the copy is done. Read-ahead runs on the
     worker (and, on a GPU, copies to the device there)."""
 
-    def __init__(self, t, directory: str):
+    def __init__(self, t, base: str | None):
         self.shape, self.dtype, self.device = tuple(t.shape), t.dtype, t.device
         self.copies = copies_for(t.device)
-        fd, self.path = tempfile.mkstemp(prefix="input-", suffix=".bin", dir=directory)
-        os.close(fd)
-        if t.device.type == "cpu":
-            self.written = None
-            _write(self.path, t)
-        else:
-            host, event = self.copies.to_host(t)
-            self.written = worker().submit(self._write_after, host, event)
-        self.reading, self.gone = None, False
+        self.written = self.reading = None
+        self.gone = False
+        self.base, self.path = base, _new_file(base)
+        try:
+            if t.device.type == "cpu":
+                _write(self.path, t)
+            else:
+                host, event = self.copies.to_host(t)
+                self.written = worker().submit(self._write_after, host, event)
+        except BaseException:
+            self._remove()
+            raise
 
     def _write_after(self, host, event):
-        self.copies.host_wait(event)
-        _write(self.path, host)
-        if self.gone:  # released while the write was pending (see ``release``)
-            _unlink(self.path)
+        try:
+            self.copies.host_wait(event)
+            _write(self.path, host)
+        finally:
+            if self.gone:  # released while the write was pending (see ``release``)
+                self._remove()
+
+    def _remove(self) -> None:
+        """The file goes, and with this process's last file the directory that held it (once)."""
+        _unlink(self.path)
+        with _DIRS_LOCK:
+            base, self.base = self.base, _REMOVED
+        if base is not _REMOVED:
+            _file_removed(base)
 
     def _read(self):
         if self.written is not None:
@@ -384,7 +397,9 @@ class OnDisk:
         if not threading.current_thread().name.startswith(_WORKER_NAME):  # (a collection on the worker)
             concurrent.futures.wait([f for f in (self.written, self.reading) if f is not None])
         self.reading = None
-        _unlink(self.path)
+        if self.written is None or self.written.done():
+            self._remove()
+        # (else this is a collection on the worker, before its pending write: that write removes it)
 
 
 def _unlink(path: str) -> None:
@@ -409,20 +424,43 @@ def _read(path: str, shape, dtype, pin: bool = False) -> torch.Tensor:
     return buf.view(dtype).reshape(shape)
 
 
-_DIRS: dict = {}
+_DIRS: dict = {}   # base -> [this process's directory under it, files in it]
 _DIRS_LOCK = threading.Lock()
+_REMOVED = object()
 
 
-def directory(base: str | None) -> str:
-    """This process's directory of offloaded inputs under ``base`` (made on first use, removed
-    at exit)."""
+def _new_file(base: str | None) -> str:
+    """A new empty file in this process's directory of offloaded inputs under ``base``: the
+    directory is made with the first file and removed with the last (a process that ends
+    without running exit handlers, e.g. a ``multiprocessing`` child, leaves nothing behind)."""
     with _DIRS_LOCK:
         if base not in _DIRS:
             if base is not None:
                 os.makedirs(base, exist_ok=True)
-            _DIRS[base] = tempfile.mkdtemp(prefix=f"streamfx-offload-{os.getpid()}-", dir=base)
-            atexit.register(shutil.rmtree, _DIRS[base], True)
-        return _DIRS[base]
+            _DIRS[base] = [tempfile.mkdtemp(prefix=f"streamfx-offload-{os.getpid()}-", dir=base), 0]
+        d = _DIRS[base]
+        fd, path = tempfile.mkstemp(prefix="input-", suffix=".bin", dir=d[0])
+        os.close(fd)
+        d[1] += 1
+        return path
+
+
+@atexit.register
+def _remove_directories() -> None:
+    for path, _ in list(_DIRS.values()):
+        shutil.rmtree(path, True)
+
+
+def _file_removed(base: str | None) -> None:
+    with _DIRS_LOCK:
+        d = _DIRS[base]
+        d[1] -= 1
+        if d[1] == 0:
+            del _DIRS[base]
+            try:
+                os.rmdir(d[0])
+            except OSError:   # (something else put a file there)
+                pass
 
 
 # ---- entries --------------------------------------------------------------------------------
@@ -501,7 +539,7 @@ class Store:
             for i in plan.offloaded:
                 x = inputs[i]
                 if plan.tier == "disk":
-                    entry.saved[i] = OnDisk(x, directory(plan.directory))
+                    entry.saved[i] = OnDisk(x, plan.directory)
                 else:
                     entry.saved[i] = OnHost(x)
                 COUNTERS["inputs_offloaded"] += 1

@@ -4,6 +4,7 @@ Gradients equal eager autograd's with the options on; the inputs really leave AO
 tensors (the store's counters) and come back in the backward (read back, or rebuilt by the layers
 before them); files live exactly as long as the step's autograd graph, also when it fails."""
 import copy
+import errno
 import gc
 import os
 import warnings
@@ -25,6 +26,11 @@ def files_under(path) -> list:
     return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
 
 
+def left_under(path) -> list:
+    """Files and directories under ``path`` (a step leaves neither, not even an empty directory)."""
+    return [os.path.join(d, f) for d, ds, fs in os.walk(path) for f in ds + fs]
+
+
 def deep(monkeypatch, layers=L):
     monkeypatch.setattr(zoo, "LAYERS", layers)
 
@@ -37,7 +43,7 @@ def check(run, tmp_path=None, *, offloaded=0, dropped=0):
     assert c["inputs_dropped"] == dropped and c["inputs_rebuilt"] == dropped, c
     assert not offload.STORE.live, "every entry is released with the step's autograd graph"
     if tmp_path is not None:
-        assert not files_under(tmp_path), files_under(tmp_path)
+        assert not left_under(tmp_path), left_under(tmp_path)
 
 
 def step_matches_eager(ref, mine, compiled, inputs) -> None:
@@ -176,7 +182,7 @@ def test_dropout_is_replayed(options, tmp_path):
     assert_grads_match(grads[0], grads[1], rtol=1e-6)
     with torch.no_grad():
         assert (model.eval()(*inputs.args, **inputs.kwargs).loss - losses[0]).abs() > 1e-4
-    assert not files_under(tmp_path)
+    assert not left_under(tmp_path)
 
 
 # ---- the store's order and lifetimes ---------------------------------------------------------------
@@ -237,12 +243,12 @@ def test_entries_live_with_the_autograd_graph(tmp_path, monkeypatch):
     loss = compiled(*inputs.args, **inputs.kwargs).loss
     assert len(files_under(tmp_path)) == 3
     loss.backward()
-    assert not files_under(tmp_path) and not offload.STORE.live
+    assert not left_under(tmp_path) and not offload.STORE.live
     loss = compiled(*inputs.args, **inputs.kwargs).loss
     assert len(files_under(tmp_path)) == 3
     del loss
     gc.collect()
-    assert not files_under(tmp_path) and not offload.STORE.live
+    assert not left_under(tmp_path) and not offload.STORE.live
 
 
 def fail_on(monkeypatch, method, call):
@@ -279,7 +285,35 @@ def test_failure_mid_step_leaves_no_files(phase, tmp_path, monkeypatch):
         else:
             raise AssertionError("the injected error did not reach the caller")
     gc.collect()
-    assert not files_under(tmp_path) and not offload.STORE.live
+    assert not left_under(tmp_path) and not offload.STORE.live
+
+
+@pytest.mark.fast
+def test_a_failed_write_reaches_the_caller_and_leaves_no_files(tmp_path, monkeypatch):
+    """The disk filling up while the third layer's input is written: the OSError reaches the
+    caller as itself, and the files already written, the partial one and their directory go."""
+    deep(monkeypatch)
+    model, make_inputs = zoo.qwen3_sdpa()
+    inputs = make_inputs("b1")
+    compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "chunk_size": 5,
+                                                                  "offload": "disk", "offload_dir": str(tmp_path)})
+    written, original = [], offload._write
+
+    def write(path, t):
+        written.append(path)
+        if len(written) == 3:
+            with open(path, "wb") as f:
+                f.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        original(path, t)
+
+    monkeypatch.setattr(offload, "_write", write)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(OSError, match="No space left"):
+            compiled(*inputs.args, **inputs.kwargs)
+    gc.collect()
+    assert len(written) == 3 and not left_under(tmp_path) and not offload.STORE.live
 
 
 # ---- graphs of one layer, explain ----------------------------------------------------------------
@@ -307,7 +341,7 @@ def test_layers_compiled_alone(tmp_path, monkeypatch):
     assert_grads_match(grads_of(ref), grads, rtol=1e-5)
     assert ran["inputs_offloaded"] >= 3 and ran["inputs_dropped"] == 0, ran
     assert any("keep_every" in str(w.message) and "one layer" in str(w.message) for w in caught)
-    assert not files_under(tmp_path)
+    assert not left_under(tmp_path)
 
 
 @pytest.mark.fast
@@ -347,7 +381,7 @@ def test_later_lengths_through_the_symbolic_compile(tmp_path, monkeypatch):
     for case in ("right_pad", "odd13", zoo.Case("t20", 2, 20, pad="left")):
         inputs = make_inputs(case)
         step_matches_eager(ref, mine, compiled, inputs)
-        assert not files_under(tmp_path)
+        assert not left_under(tmp_path)
     ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
     assert ran["inputs_rebuilt"] == 3 and ran["inputs_offloaded"] == 6, ran
 
@@ -380,7 +414,7 @@ def test_a_memory_budget_moves_layer_inputs_off_the_device_only_where_the_step_n
         ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
         other = "inputs_offloaded" if stored == "inputs_kept" else "inputs_kept"
         assert ran[stored] == 6 and ran[other] == 0 and ran["inputs_rebuilt"] == 0, ran
-        assert not offload.STORE.live and not files_under(tmp_path)
+        assert not offload.STORE.live and not left_under(tmp_path)
 
     explained = streamfx.explain(model, *long.args, **long.kwargs, options={**options, "memory_budget": budget})
     text = "\n".join(explained.memory_lines() + [sp.options.describe() for sp in explained.storage])
