@@ -69,12 +69,14 @@ class Analysis:
 
 
 def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | None = None,
-        dump=None) -> tuple[fx.GraphModule, Analysis]:
+        dump=None, planned=None) -> tuple[fx.GraphModule, Analysis]:
     """The whole pipeline. Returns the joint graph to partition (streamed, or the input one where
     nothing streams) and the analysis of the graph the rewrite started from, with its plans,
     refusals, programs and dropped outputs. ``constants``: real values of the inputs that are
     parameters or buffers. ``dump(step, gm, analysis, programs=())`` is called after each step
-    that changed a graph."""
+    that changed a graph. ``planned(dropped)``: called before the rewrite with the forward
+    outputs the plans drop (``planned_drops``); it may raise to stop here (the backend then
+    traces the graph again with those outputs detached, and the rewrite runs once)."""
     dump = dump or (lambda *args, **kwargs: None)
     a = analyze(joint.graph, num_fwd_outputs, constants)
     decide(a, config)
@@ -85,6 +87,8 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
         dump("moved", joint, a)
     if not a.plans:
         return joint, a
+    if planned is not None:
+        planned(planned_drops(joint.graph, num_fwd_outputs, a.plans))
     try:
         streamed = stream_joint(joint, num_fwd_outputs, a.fwd_nodes, a.plans, config.codegen,
                                 storage=offload.Options.of(config))
@@ -98,6 +102,15 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
     a.programs, a.dropped, a.stores = streamed.programs, streamed.dropped, streamed.stores
     dump("streamed", streamed.joint, None, programs=streamed.programs)
     return streamed.joint, a
+
+
+def planned_drops(graph: fx.Graph, num_fwd_outputs: int, plans) -> set:
+    """Indices of the forward outputs the plans drop (returned as None: the unsliced logits), as
+    the rewrite finds them (``rewrite.stream_joint``)."""
+    from .rewrite import _alias_root
+
+    fwd_outs = graph_outputs(graph)[:num_fwd_outputs]
+    return {i for i, o in enumerate(fwd_outs) if any(_alias_root(o) in p.dropped for p in plans)}
 
 
 def split_joint(graph: fx.Graph, num_fwd_outputs: int):

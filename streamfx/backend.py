@@ -21,7 +21,7 @@ from . import frames, untraceable
 from .errors import CannotStream, StreamBPError, failure
 from . import logging_calls
 from .passes import stops, unit_axes, units, verify
-from .session import DetachOutputs, Session
+from .session import DetachOutputs, KeepOutputs, Session
 
 logging_calls.install()  # (loaded as a backend: before Dynamo traces the first model)
 
@@ -80,25 +80,44 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
             "forward again and would not call that backward); move the Function out of the compiled code "
             "(torch.compiler.disable on the function that applies it) so that the rest streams", custom))
         session.unstreamed = True
+    original = gm
     try:
         try:
             return _compile(gm, example_inputs, config, session)
         except DetachOutputs as restart:
-            session.detached = restart.indices
-            return _compile(detach_outputs(gm, restart.indices), example_inputs, config, session)
-    except (StreamBPError, DetachOutputs, RestartAnalysis):  # (Dynamo's restart is control flow, not a failure)
+            # (the plans drop these outputs: traced again with them detached, before the rewrite ran)
+            original = _snapshot(gm)
+            session.detached, session.restarted = restart.indices, True
+            try:
+                return _compile(detach_outputs(gm, restart.indices), example_inputs, config, session)
+            except (DetachOutputs, KeepOutputs) as err:
+                # the detached graph did not stream as planned: the graph as captured, unstreamed
+                if isinstance(err, DetachOutputs):
+                    session.refuse("graph", CannotStream(f"the streamed graph drops outputs {err.indices}, "
+                                                         f"its plans {restart.indices}"))
+                session.detached, session.restarted, session.dropped_user_outputs = [], False, []
+                session.unstreamed = True
+                return _compile(original, example_inputs, config, session)
+    except (StreamBPError, DetachOutputs, KeepOutputs, RestartAnalysis):  # (Dynamo's restart is control flow)
         raise
     except Exception as err:  # noqa: BLE001 - compiling the streamed graph failed: compile it unstreamed
         cause = untraceable.refusal(gm, err)
         if cause is not None:  # no compile can hold this graph: it runs as Dynamo captured it
             session.refuse("graph", cause)
-            return gm.forward
+            return original.forward
         if session.unstreamed or verify.enabled():
             raise
         session.refuse("graph", failure(err, "compiling the streamed graph"))
         session.unstreamed = True
-        session.dropped_user_outputs = []
-        return _compile(gm, example_inputs, config, session)
+        session.detached, session.restarted, session.dropped_user_outputs = [], False, []
+        return _compile(original, example_inputs, config, session)
+
+
+def _snapshot(gm):
+    """The Dynamo graph as it is now, before the backend edits it (sharing its attributes)."""
+    copy = torch.fx.GraphModule(gm, gm.graph.__deepcopy__({}), class_name=type(gm).__name__)
+    copy.meta = dict(gm.meta)
+    return copy
 
 
 def detach_outputs(gm, indices):

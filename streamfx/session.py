@@ -29,6 +29,12 @@ class DetachOutputs(Exception):
         self.indices = indices
 
 
+class KeepOutputs(Exception):
+    """Raised at partition time when a graph traced again with user outputs detached
+    (``DetachOutputs``) does not drop them after all (its rewrite failed): the backend compiles
+    the graph as Dynamo captured it, unstreamed, so that those outputs keep their gradients."""
+
+
 class Session:
     """State shared by the backend call, the partition hook and the output wrapper."""
 
@@ -40,6 +46,7 @@ class Session:
         self.real_inputs: list = []
         self.graph_id = None
         self.detached: list[int] = []
+        self.restarted = False     # traced again with ``detached`` detached (``DetachOutputs``)
         self.warned: set = set()   # refusals warned for this graph (a retrace warns nothing twice)
         self.unstreamed = False    # compile without the passes (after a failure of a streamed compile)
         self.ddp_piece = False     # a piece of a graph that DDPOptimizer cut at gradient buckets
@@ -69,14 +76,22 @@ class Session:
             return base_partition(joint, joint_inputs, **kwargs)
         original, users = joint, _user_outputs(joint, nfwd, self.n_user_outputs)
         baseline = _copy(joint) if self.keep_graphs else None
+
+        def planned(dropped_fwd):   # outputs the plans drop: traced again without their gradients first
+            dropped = sorted(users.get(i, -1) for i in dropped_fwd)
+            if -1 not in dropped and set(dropped) - set(self.detached):
+                raise DetachOutputs(dropped)
+
         try:
-            joint, analysis = pipeline.run(joint, nfwd, self.config, self._constants(joint), self._dumper())
-        except (StreamBPError, DetachOutputs, RestartAnalysis):  # (Dynamo's restart: control flow)
+            joint, analysis = pipeline.run(joint, nfwd, self.config, self._constants(joint), self._dumper(),
+                                           planned=planned)
+        except (StreamBPError, DetachOutputs, KeepOutputs, RestartAnalysis):  # (Dynamo's restart: control flow)
             raise
         except Exception as err:  # noqa: BLE001 - a pass bug must not reach the user: run unstreamed
             if verify.enabled():
                 raise
             self.refuse("graph", failure(err, "the streaming passes"))
+            self._kept_detached()
             return base_partition(joint, joint_inputs, **kwargs)
         if self.ddp_piece:
             analysis.refusals = _ddp_refusals(analysis)
@@ -92,10 +107,12 @@ class Session:
                 self.refuse("graph", CannotStream("a streamed region drops a forward output that is not "
                                                   "one of the graph's own outputs"))
                 self.unstreamed = True
+                self._kept_detached()
                 return base_partition(original, joint_inputs, **kwargs)
             self.dropped_user_outputs = dropped
             if set(dropped) - set(self.detached):
                 raise DetachOutputs(dropped)
+        self._kept_detached()
         self.reports.append(analysis)
         result = base_partition(joint, joint_inputs, **kwargs)
         if analysis.programs:
@@ -105,6 +122,12 @@ class Session:
             analysis.baseline = base_partition(baseline, joint_inputs, **kwargs) if baseline is not None else None
             attach(analysis, self.config)
         return result
+
+    def _kept_detached(self) -> None:
+        """A graph traced again with outputs detached that does not drop them: the graph as
+        Dynamo captured it instead (``KeepOutputs``)."""
+        if self.restarted and set(self.detached) - set(self.dropped_user_outputs):
+            raise KeepOutputs(self.detached)
 
     def _dumper(self):
         """Writes each changed graph to ``<dump_dir>/graph<id>.<n>-<step>``; None without a dump dir."""

@@ -240,3 +240,65 @@ def test_a_gradient_of_rounding_noise_is_judged_against_the_float64_step():
     assert_grads_match(pair(3e-9), {"zero": torch.full((4, 4), 1.2e-8), "big": big.float()})
     with pytest.raises(AssertionError, match="gradients differ"):
         assert_grads_match(pair(3e-9), {"zero": torch.full((4, 4), 1e-3), "big": big.float()})
+
+
+# ---- the logits output: detached before the rewrite, kept where the rewrite fails ---------------
+def _counting(monkeypatch, module, name):
+    calls, original = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or original(*a, **k))
+    return calls
+
+
+@pytest.mark.fast
+def test_the_dropped_logits_are_detached_before_the_rewrite_runs(monkeypatch):
+    """A head that drops the logits: the graph is traced again with them detached as soon as the
+    plans say so, and the rewrite (chunk graphs built and checked) runs once, on that trace."""
+    import importlib
+
+    from streamfx.passes import pipeline
+
+    backend = importlib.import_module("streamfx.backend")
+    traces = _counting(monkeypatch, backend, "_compile")
+    rewrites = _counting(monkeypatch, pipeline, "stream_joint")
+    model, make_inputs = zoo.qwen3_sdpa()
+    inputs = make_inputs("right_pad")
+    run = run_eager_and_compiled(model, inputs, {"codegen": "eager", "head_chunk_size": HEAD_CHUNK})
+    assert (len(traces), len(rewrites)) == (2, 1)
+    assert inputs.logits_of(run.out) is None
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert_streamed(run)
+
+
+@pytest.mark.fast
+def test_a_detached_retrace_whose_rewrite_fails_keeps_the_logits_gradient(monkeypatch):
+    """The rewrite of the retraced graph fails: the graph runs as captured, unstreamed and warned,
+    and the logits it returns keep their gradient (a loss that reads them is exact)."""
+    import copy
+    import warnings
+
+    from streamfx.errors import CannotStream
+    from streamfx.passes import pipeline
+
+    def failing(*args, **kwargs):
+        raise CannotStream("injected rewrite failure")
+
+    monkeypatch.setattr(pipeline, "stream_joint", failing)
+    model, make_inputs = zoo.qwen3_sdpa()
+    inputs = make_inputs("right_pad")
+    ref, mine = model, copy.deepcopy(model)
+    compiled = torch.compile(mine, backend="streambp", options={"codegen": "eager"})
+    torch._dynamo.reset()
+    losses = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for m in (ref, compiled):
+            out = m(*inputs.args, **inputs.kwargs)
+            assert out.logits is not None and out.logits.requires_grad
+            loss = out.loss + out.logits.float().pow(2).mean()
+            loss.backward()
+            losses.append(loss.detach())
+    assert any("injected rewrite failure" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    grads = {k.replace("_orig_mod.", ""): p.grad for k, p in compiled.named_parameters()}
+    assert_grads_match({k: p.grad for k, p in ref.named_parameters()}, grads)
