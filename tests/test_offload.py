@@ -292,7 +292,7 @@ def test_failure_mid_step_leaves_no_files(phase, tmp_path, monkeypatch):
 def test_a_failed_write_reaches_the_caller_and_leaves_no_files(tmp_path, monkeypatch):
     """The disk filling up while the third layer's input is written: the OSError reaches the
     caller as itself, and the files already written, the partial one and their directory go."""
-    deep(monkeypatch)
+    deep(monkeypatch, 3)
     model, make_inputs = zoo.qwen3_sdpa()
     inputs = make_inputs("b1")
     compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "chunk_size": 5,
