@@ -22,7 +22,7 @@ from .graphs import (ancestors, is_tangent, is_tensor, node_inputs, normalize_di
 from .plan import plan_head, plan_layer
 from .record import NodeRecord, tag
 from .regions import find_regions
-from .rewrite import stream_joint
+from .rewrite import dropped_outputs, stream_joint
 from .seq_dims import SEQ_REDUCTION, UNKNOWN_MIXING, infer_axes
 from .sources import seed_sequence
 from .units import projects
@@ -75,7 +75,7 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
     refusals, programs and dropped outputs. ``constants``: real values of the inputs that are
     parameters or buffers. ``dump(step, gm, analysis, programs=())`` is called after each step
     that changed a graph. ``planned(dropped)``: called before the rewrite with the forward
-    outputs the plans drop (``planned_drops``); it may raise to stop here (the backend then
+    outputs the plans drop (``rewrite.dropped_outputs``, the rewrite's own rule); it may raise to stop here (the backend then
     traces the graph again with those outputs detached, and the rewrite runs once)."""
     dump = dump or (lambda *args, **kwargs: None)
     a = analyze(joint.graph, num_fwd_outputs, constants)
@@ -88,7 +88,7 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
     if not a.plans:
         return joint, a
     if planned is not None:
-        planned(planned_drops(joint.graph, num_fwd_outputs, a.plans))
+        planned(dropped_outputs(graph_outputs(joint.graph)[:num_fwd_outputs], a.plans))
     try:
         streamed = stream_joint(joint, num_fwd_outputs, a.fwd_nodes, a.plans, config.codegen,
                                 storage=offload.Options.of(config))
@@ -102,15 +102,6 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
     a.programs, a.dropped, a.stores = streamed.programs, streamed.dropped, streamed.stores
     dump("streamed", streamed.joint, None, programs=streamed.programs)
     return streamed.joint, a
-
-
-def planned_drops(graph: fx.Graph, num_fwd_outputs: int, plans) -> set:
-    """Indices of the forward outputs the plans drop (returned as None: the unsliced logits), as
-    the rewrite finds them (``rewrite.stream_joint``)."""
-    from .rewrite import _alias_root
-
-    fwd_outs = graph_outputs(graph)[:num_fwd_outputs]
-    return {i for i, o in enumerate(fwd_outs) if any(_alias_root(o) in p.dropped for p in plans)}
 
 
 def split_joint(graph: fx.Graph, num_fwd_outputs: int):

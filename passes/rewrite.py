@@ -413,7 +413,7 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     offload.PLANS.update(stores)
 
     fwd = _forward_with_regions(fwd_nodes, ps, fwd_outs, programs, stores)
-    dropped = {i for i, o in enumerate(fwd_outs) if any(_alias_root(o) in p.dropped for p, _ in programs)}
+    dropped = dropped_outputs(fwd_outs, [p for p, _ in programs])
 
     def joint_fn(primals, tangents):
         with torch.enable_grad():
@@ -472,6 +472,11 @@ def _tag_forward_backward(graph: fx.Graph) -> None:
             break
         started = started or (n.op != "placeholder" and any(is_tangent(x) for x in n.all_input_nodes))
         n.meta["partitioner_tag"] = "is_backward" if started or is_tangent(n) else "is_forward"
+
+
+def dropped_outputs(fwd_outs, plans) -> set:
+    """Indices of the forward outputs ``plans`` drop (returned as None: the unsliced logits)."""
+    return {i for i, o in enumerate(fwd_outs) if any(_alias_root(o) in p.dropped for p in plans)}
 
 
 def _alias_root(node):

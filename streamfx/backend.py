@@ -86,7 +86,7 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
             return _compile(gm, example_inputs, config, session)
         except DetachOutputs as restart:
             # (the plans drop these outputs: traced again with them detached, before the rewrite ran)
-            original = _snapshot(gm)
+            original = snapshot(gm)
             session.detached, session.restarted = restart.indices, True
             try:
                 return _compile(detach_outputs(gm, restart.indices), example_inputs, config, session)
@@ -95,8 +95,7 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
                 if isinstance(err, DetachOutputs):
                     session.refuse("graph", CannotStream(f"the streamed graph drops outputs {err.indices}, "
                                                          f"its plans {restart.indices}"))
-                session.detached, session.restarted, session.dropped_user_outputs = [], False, []
-                session.unstreamed = True
+                session.run_unstreamed()
                 return _compile(original, example_inputs, config, session)
     except (StreamBPError, DetachOutputs, KeepOutputs, RestartAnalysis):  # (Dynamo's restart is control flow)
         raise
@@ -108,12 +107,11 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
         if session.unstreamed or verify.enabled():
             raise
         session.refuse("graph", failure(err, "compiling the streamed graph"))
-        session.unstreamed = True
-        session.detached, session.restarted, session.dropped_user_outputs = [], False, []
+        session.run_unstreamed()
         return _compile(original, example_inputs, config, session)
 
 
-def _snapshot(gm):
+def snapshot(gm):
     """The Dynamo graph as it is now, before the backend edits it (sharing its attributes)."""
     copy = torch.fx.GraphModule(gm, gm.graph.__deepcopy__({}), class_name=type(gm).__name__)
     copy.meta = dict(gm.meta)

@@ -98,7 +98,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
     holds for a model whose loss is computed in the graph. A graph with an output detached that
     the step keeps is traced again as it is."""
     from . import runtime
-    from .backend import compile_graph, detach_outputs
+    from .backend import compile_graph, detach_outputs, snapshot
     from .session import Session
 
     config = dataclasses.replace(StreamConfig.from_options(options), codegen="eager")
@@ -118,7 +118,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
             given = _outputs_beside_the_loss(gm)
         else:
             given = detach[len(detached)] if len(detached) < len(detach) else ()
-        n, original = len(collected), _snapshot(gm) if given else gm
+        n, original = len(collected), snapshot(gm) if given else gm
         fn, session = trace(gm, example_inputs, given)
         if set(given) - set(session.dropped_user_outputs):  # (an output it keeps: traced as it is)
             del collected[n:]
@@ -155,13 +155,6 @@ def _outputs_beside_the_loss(gm) -> tuple:
     if not any(vals[i].dim() == 0 for i in floating):
         return ()
     return tuple(i for i in floating if vals[i].dim() > 0)
-
-
-def _snapshot(gm):
-    """The Dynamo graph as it is now, before the backend edits it (sharing its attributes)."""
-    copy = torch.fx.GraphModule(gm, gm.graph.__deepcopy__({}), class_name=type(gm).__name__)
-    copy.meta = dict(gm.meta)
-    return copy
 
 
 def _length_symbolic(args, kwargs) -> dict:

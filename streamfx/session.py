@@ -123,6 +123,12 @@ class Session:
             attach(analysis, self.config)
         return result
 
+    def run_unstreamed(self) -> None:
+        """The next compile of this graph is the graph as Dynamo captured it, without the passes
+        (nothing detached, nothing dropped)."""
+        self.detached, self.restarted, self.dropped_user_outputs = [], False, []
+        self.unstreamed = True
+
     def _kept_detached(self) -> None:
         """A graph traced again with outputs detached that does not drop them: the graph as
         Dynamo captured it instead (``KeepOutputs``)."""
