@@ -271,19 +271,25 @@ def test_the_dropped_logits_are_detached_before_the_rewrite_runs(monkeypatch):
 
 
 @pytest.mark.fast
-def test_a_detached_retrace_whose_rewrite_fails_keeps_the_logits_gradient(monkeypatch):
-    """The rewrite of the retraced graph fails: the graph runs as captured, unstreamed and warned,
-    and the logits it returns keep their gradient (a loss that reads them is exact)."""
+@pytest.mark.parametrize("where", ["rewrite", pytest.param("compile", marks=pytest.mark.heavy)])
+def test_a_detached_retrace_whose_rewrite_fails_keeps_the_logits_gradient(where, monkeypatch):
+    """The retraced graph's rewrite fails (a refusal), or its compile after the rewrite (an
+    error): the graph runs as captured, unstreamed and warned, and the logits it returns keep
+    their gradient (a loss that reads them is exact)."""
     import copy
     import warnings
 
+    from streamfx import membudget
     from streamfx.errors import CannotStream
     from streamfx.passes import pipeline
 
     def failing(*args, **kwargs):
-        raise CannotStream("injected rewrite failure")
+        if where == "rewrite":
+            raise CannotStream("injected rewrite failure")
+        raise RuntimeError("injected rewrite failure")
 
-    monkeypatch.setattr(pipeline, "stream_joint", failing)
+    monkeypatch.setattr(*((pipeline, "stream_joint") if where == "rewrite" else (membudget, "attach")), failing)
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")   # (the user's contract: under verify a compile error is raised)
     model, make_inputs = zoo.qwen3_sdpa()
     inputs = make_inputs("right_pad")
     ref, mine = model, copy.deepcopy(model)
