@@ -75,8 +75,9 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
     refusals, programs and dropped outputs. ``constants``: real values of the inputs that are
     parameters or buffers. ``dump(step, gm, analysis, programs=())`` is called after each step
     that changed a graph. ``planned(dropped)``: called before the rewrite with the forward
-    outputs the plans drop (``rewrite.dropped_outputs``, the rewrite's own rule); it may raise to stop here (the backend then
-    traces the graph again with those outputs detached, and the rewrite runs once)."""
+    outputs the plans drop (``rewrite.dropped_outputs``, the rewrite's own rule; none where nothing
+    streams); it may raise to stop here (the backend then traces the graph again with those
+    outputs detached, and the rewrite runs once)."""
     dump = dump or (lambda *args, **kwargs: None)
     a = analyze(joint.graph, num_fwd_outputs, constants)
     decide(a, config)
@@ -85,10 +86,10 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
     joint, a = move_slices(joint, a, config, constants)
     if a.moved:
         dump("moved", joint, a)
-    if not a.plans:
-        return joint, a
     if planned is not None:
         planned(dropped_outputs(graph_outputs(joint.graph)[:num_fwd_outputs], a.plans))
+    if not a.plans:
+        return joint, a
     try:
         streamed = stream_joint(joint, num_fwd_outputs, a.fwd_nodes, a.plans, config.codegen,
                                 storage=offload.Options.of(config))

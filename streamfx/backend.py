@@ -21,6 +21,7 @@ from . import frames, untraceable
 from .errors import CannotStream, StreamBPError, failure
 from . import logging_calls
 from .passes import stops, unit_axes, units, verify
+from .passes.graphs import ancestors
 from .session import DetachOutputs, KeepOutputs, Session
 
 logging_calls.install()  # (loaded as a backend: before Dynamo traces the first model)
@@ -66,7 +67,9 @@ class _Partitioner(CustomPartitionerFn):
         return self
 
 
-def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None):
+def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None, detach=None):
+    """``gm`` compiled streamed where it streams, exactly as captured where not (warned). ``detach``:
+    the user outputs traced detached from the start (None: ``likely_dropped``'s guess)."""
     session = session or Session(config)
     frames.check_callers(config.strict)  # a caller that Dynamo skipped runs eagerly around this graph
     stops.mark(gm)
@@ -82,21 +85,27 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
         session.unstreamed = True
     original = gm
     try:
+        first = () if session.unstreamed else likely_dropped(gm, config) if detach is None else tuple(detach)
+        if first:
+            # (traced with them detached at once: the plans decide, and a wrong guess costs a trace)
+            original = snapshot(gm)
+            try:
+                return _compile_detached(gm, first, example_inputs, config, session)
+            except (DetachOutputs, KeepOutputs) as err:  # the plans drop other outputs, or streaming failed
+                planned = err.indices if isinstance(err, DetachOutputs) else err.planned
+                if planned is None:
+                    session.run_unstreamed()
+                    return _compile(original, example_inputs, config, session)
+                session.detach(())
+                if planned:
+                    return _retrace_detached(snapshot(original), planned, original, example_inputs, config, session)
+                gm = snapshot(original)
         try:
             return _compile(gm, example_inputs, config, session)
         except DetachOutputs as restart:
             # (the plans drop these outputs: traced again with them detached, before the rewrite ran)
-            original = snapshot(gm)
-            session.detached, session.restarted = restart.indices, True
-            try:
-                return _compile(detach_outputs(gm, restart.indices), example_inputs, config, session)
-            except (DetachOutputs, KeepOutputs) as err:
-                # the detached graph did not stream as planned: the graph as captured, unstreamed
-                if isinstance(err, DetachOutputs):
-                    session.refuse("graph", CannotStream(f"the streamed graph drops outputs {err.indices}, "
-                                                         f"its plans {restart.indices}"))
-                session.run_unstreamed()
-                return _compile(original, example_inputs, config, session)
+            original = snapshot(gm) if original is gm else original
+            return _retrace_detached(gm, restart.indices, original, example_inputs, config, session)
     except (StreamBPError, DetachOutputs, KeepOutputs, RestartAnalysis):  # (Dynamo's restart is control flow)
         raise
     except Exception as err:  # noqa: BLE001 - compiling the streamed graph failed: compile it unstreamed
@@ -109,6 +118,49 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
         session.refuse("graph", failure(err, "compiling the streamed graph"))
         session.run_unstreamed()
         return _compile(original, example_inputs, config, session)
+
+
+def _compile_detached(gm, indices, example_inputs, config, session):
+    session.detach(indices)
+    return _compile(detach_outputs(gm, indices), example_inputs, config, session)
+
+
+def _retrace_detached(gm, indices, original, example_inputs, config, session):
+    """``gm`` traced again with the outputs the plans drop detached; where that trace does not
+    stream as planned, ``original`` (the graph as captured) unstreamed."""
+    try:
+        return _compile_detached(gm, indices, example_inputs, config, session)
+    except (DetachOutputs, KeepOutputs) as err:
+        planned = err.indices if isinstance(err, DetachOutputs) else err.planned
+        if planned is not None:
+            session.refuse("graph", CannotStream(f"traced again with outputs {list(indices)} detached, its plans "
+                                                 f"drop {planned}"))
+        session.run_unstreamed()
+        return _compile(original, example_inputs, config, session)
+
+
+def likely_dropped(gm, config: StreamConfig) -> tuple:
+    """The user outputs of a Dynamo graph that its streamed step will likely drop, traced detached
+    from the start (the plans decide: a wrong guess costs a trace, never a result). The
+    floating-point outputs of one or more dims that need a gradient and that a scalar output
+    needing one (the loss) is computed from, the last of each chain: a causal LM's logits beside
+    its loss, not the hidden states they are computed from. None with ``return_logits``."""
+    if config.return_logits:
+        return ()
+    out = gm.graph.find_nodes(op="output")[0].args[0]
+    nodes = list(out) if isinstance(out, (tuple, list)) else [out]
+
+    def needs_grad(x, scalar):
+        v = x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
+        return isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad and (v.dim() == 0) == scalar
+
+    losses = [x for x in nodes if needs_grad(x, True)]
+    if not losses:
+        return ()
+    upstream = ancestors(losses)
+    wide = {x for x in nodes if needs_grad(x, False) and x in upstream}
+    below = set().union(*(ancestors(x.all_input_nodes) for x in wide)) if wide else set()
+    return tuple(i for i, x in enumerate(nodes) if x in wide and x not in below)
 
 
 def snapshot(gm):

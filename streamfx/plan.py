@@ -86,19 +86,18 @@ def plan_memory(model, *args, options=None, optimizer=None, **kwargs) -> MemoryR
     return _plan_memory(model, args, kwargs, options, optimizer)
 
 
-def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None = (),
+def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None = None,
                  device: str | None = None) -> MemoryReport:
     """``plan_memory``; ``device``: the device the step will run on (default: the inputs'), which
     sizes the model (the allocator's rounding, where a copy of an offloaded input lives);
     ``detach``: per compiled graph (in order), the user outputs the streamed
     step drops (``report.detached`` of a model of the same outputs, such as the same model with
     another layer count), detached before the trace: the backend then traces the graph once
-    instead of tracing it again without their gradients. None: every floating-point output of
-    one or more dims beside a scalar one (a causal LM's logits beside its loss), the guess that
-    holds for a model whose loss is computed in the graph. A graph with an output detached that
-    the step keeps is traced again as it is."""
+    instead of tracing it again without their gradients. None: the backend's guess
+    (``backend.likely_dropped``). A graph with an output detached that the step keeps is traced
+    again as it is."""
     from . import runtime
-    from .backend import compile_graph, detach_outputs, snapshot
+    from .backend import compile_graph
     from .session import Session
 
     config = dataclasses.replace(StreamConfig.from_options(options), codegen="eager")
@@ -106,23 +105,11 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
     collected: list = []
     detached: list = []
 
-    def trace(gm, example_inputs, given=()):
+    def capture(gm, example_inputs):
+        given = None if detach is None else detach[len(detached)] if len(detached) < len(detach) else ()
         session = Session(traced, collected)
         session.keep_graphs = True
-        session.detached = list(given)
-        fn = compile_graph(detach_outputs(gm, given) if given else gm, example_inputs, traced, session)
-        return fn, session
-
-    def capture(gm, example_inputs):
-        if detach is None:
-            given = _outputs_beside_the_loss(gm)
-        else:
-            given = detach[len(detached)] if len(detached) < len(detach) else ()
-        n, original = len(collected), snapshot(gm) if given else gm
-        fn, session = trace(gm, example_inputs, given)
-        if set(given) - set(session.dropped_user_outputs):  # (an output it keeps: traced as it is)
-            del collected[n:]
-            fn, session = trace(original, example_inputs)
+        fn = compile_graph(gm, example_inputs, traced, session, detach=given)
         detached.append(tuple(session.detached))
         return fn
 
@@ -144,17 +131,6 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
     return MemoryReport(step, baselines, params, optimizer_bytes(model, optimizer), T,
                         config.chunk_size, config.head_chunk_size, budget, head, tuple(detached),
                         Storages(step, a, device, codegen))
-
-
-def _outputs_beside_the_loss(gm) -> tuple:
-    """The indices of a Dynamo graph's floating-point outputs of one or more dims, when another
-    output is a scalar (the loss): those a streamed step drops when nothing reads them."""
-    out = gm.graph.find_nodes(op="output")[0]
-    vals = [x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None for x in out.args[0]]
-    floating = [i for i, v in enumerate(vals) if isinstance(v, torch.Tensor) and v.is_floating_point()]
-    if not any(vals[i].dim() == 0 for i in floating):
-        return ()
-    return tuple(i for i in floating if vals[i].dim() > 0)
 
 
 def _length_symbolic(args, kwargs) -> dict:

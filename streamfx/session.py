@@ -30,9 +30,15 @@ class DetachOutputs(Exception):
 
 
 class KeepOutputs(Exception):
-    """Raised at partition time when a graph traced again with user outputs detached
-    (``DetachOutputs``) does not drop them after all (its rewrite failed): the backend compiles
-    the graph as Dynamo captured it, unstreamed, so that those outputs keep their gradients."""
+    """Raised at partition time when a graph traced with user outputs detached (guessed,
+    ``backend.likely_dropped``, or after ``DetachOutputs``) does not drop them all (its plans keep
+    one, or its rewrite failed): the backend compiles the graph as Dynamo captured it, so that
+    those outputs keep their gradients. ``planned``: the outputs the plans drop, where they
+    were made (the backend traces again with those detached); None where streaming failed."""
+
+    def __init__(self, indices, planned=None):
+        super().__init__(indices)
+        self.indices, self.planned = indices, planned
 
 
 class Session:
@@ -46,7 +52,7 @@ class Session:
         self.real_inputs: list = []
         self.graph_id = None
         self.detached: list[int] = []
-        self.restarted = False     # traced again with ``detached`` detached (``DetachOutputs``)
+        self.restarted = False     # traced with ``detached`` detached (a guess, or ``DetachOutputs``)
         self.warned: set = set()   # refusals warned for this graph (a retrace warns nothing twice)
         self.unstreamed = False    # compile without the passes (after a failure of a streamed compile)
         self.ddp_piece = False     # a piece of a graph that DDPOptimizer cut at gradient buckets
@@ -79,8 +85,12 @@ class Session:
 
         def planned(dropped_fwd):   # outputs the plans drop: traced again without their gradients first
             dropped = sorted(users.get(i, -1) for i in dropped_fwd)
-            if -1 not in dropped and set(dropped) - set(self.detached):
+            if -1 in dropped:
+                return
+            if set(dropped) - set(self.detached):
                 raise DetachOutputs(dropped)
+            if set(self.detached) - set(dropped):   # (detached on a guess the plans do not bear out)
+                raise KeepOutputs(self.detached, planned=dropped)
 
         try:
             joint, analysis = pipeline.run(joint, nfwd, self.config, self._constants(joint), self._dumper(),
@@ -123,14 +133,19 @@ class Session:
             attach(analysis, self.config)
         return result
 
+    def detach(self, indices) -> None:
+        """The next compile of this graph is traced with these user outputs detached (none: as
+        captured); its plans must drop them (``KeepOutputs``)."""
+        self.detached, self.restarted, self.dropped_user_outputs = list(indices), bool(indices), []
+
     def run_unstreamed(self) -> None:
         """The next compile of this graph is the graph as Dynamo captured it, without the passes
         (nothing detached, nothing dropped)."""
-        self.detached, self.restarted, self.dropped_user_outputs = [], False, []
+        self.detach(())
         self.unstreamed = True
 
     def _kept_detached(self) -> None:
-        """A graph traced again with outputs detached that does not drop them: the graph as
+        """A graph traced with outputs detached that does not drop them all: the graph as
         Dynamo captured it instead (``KeepOutputs``)."""
         if self.restarted and set(self.detached) - set(self.dropped_user_outputs):
             raise KeepOutputs(self.detached)

@@ -250,24 +250,88 @@ def _counting(monkeypatch, module, name):
 
 
 @pytest.mark.fast
-def test_the_dropped_logits_are_detached_before_the_rewrite_runs(monkeypatch):
-    """A head that drops the logits: the graph is traced again with them detached as soon as the
-    plans say so, and the rewrite (chunk graphs built and checked) runs once, on that trace."""
+@pytest.mark.parametrize("guess", [True, False], ids=["guessed", "planned"])
+def test_the_dropped_logits_are_detached_before_the_rewrite_runs(guess, monkeypatch):
+    """A head that drops the logits: the graph is traced with them detached from the start (the
+    backend's guess: the output beside the loss it is computed from), or, without the guess, traced
+    again with them detached as soon as the plans say so; the rewrite (chunk graphs built and
+    checked) runs once, on the detached trace."""
     import importlib
 
     from streamfx.passes import pipeline
 
     backend = importlib.import_module("streamfx.backend")
+    if not guess:
+        monkeypatch.setattr(backend, "likely_dropped", lambda gm, config: ())
     traces = _counting(monkeypatch, backend, "_compile")
     rewrites = _counting(monkeypatch, pipeline, "stream_joint")
     model, make_inputs = zoo.qwen3_sdpa()
     inputs = make_inputs("right_pad")
     run = run_eager_and_compiled(model, inputs, {"codegen": "eager", "head_chunk_size": HEAD_CHUNK})
-    assert (len(traces), len(rewrites)) == (2, 1)
+    assert (len(traces), len(rewrites)) == ((1, 1) if guess else (2, 1))
     assert inputs.logits_of(run.out) is None
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
     assert_streamed(run)
+
+
+class _LogProbs(torch.nn.Module):
+    """A causal LM returning its loss beside per-token log-probabilities (a head output the
+    streamed step keeps: it is no wider per token than the hidden state), and its logits too
+    with ``logits``."""
+
+    def __init__(self, lm, logits: bool):
+        super().__init__()
+        self.lm, self.logits = lm, logits
+
+    def forward(self, input_ids, labels):
+        logits = self.lm(input_ids=input_ids).logits[:, :-1]
+        target = labels[:, 1:]
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        logp = logp * (target != -100)
+        loss = -logp.sum() / (target != -100).sum()
+        return (loss, logits, logp) if self.logits else (loss, logp)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("logits", [False, True], ids=["logprobs", "logits_and_logprobs"])
+def test_a_guess_the_plans_do_not_bear_out_costs_one_trace_and_keeps_the_gradients(logits, monkeypatch):
+    """The backend guesses the per-token log-probs beside the loss as dropped; the plans keep them
+    (and drop the logits where returned): traced once more before any rewrite ran, as the plans
+    say, and the log-probs the loss reads outside the graph keep their gradient."""
+    import copy
+    import importlib
+
+    from streamfx.passes import pipeline
+    from streamfx.runtime import _PROGRAMS
+
+    backend = importlib.import_module("streamfx.backend")
+    traces = _counting(monkeypatch, backend, "_compile")
+    rewrites = _counting(monkeypatch, pipeline, "stream_joint")
+    lm, make_inputs = zoo.qwen3_sdpa()
+    model = _LogProbs(lm, logits)
+    kwargs = make_inputs("right_pad").kwargs
+    kwargs = dict(input_ids=kwargs["input_ids"], labels=kwargs["labels"])
+
+    def loss_of(out):   # the log-probs read outside the compiled graph too
+        return out[0] + 0.5 * out[-1].pow(2).mean()
+
+    ref = copy.deepcopy(model)
+    ref_loss = loss_of(ref(**kwargs))
+    ref_loss.backward()
+    compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "head_chunk_size": HEAD_CHUNK})
+    before = set(_PROGRAMS)
+    out = compiled(**kwargs)
+    assert out[-1].requires_grad
+    if logits:
+        assert out[1] is None
+    loss = loss_of(out)
+    loss.backward()
+    assert (len(traces), len(rewrites)) == (2, 1)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    grads = {k.replace("_orig_mod.", ""): p.grad for k, p in compiled.named_parameters()}
+    assert_grads_match({k: p.grad for k, p in ref.named_parameters()}, grads)
+    assert [p.name for k, p in _PROGRAMS.items() if k not in before].count("head") == 1
 
 
 @pytest.mark.fast
