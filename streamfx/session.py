@@ -122,8 +122,8 @@ class Session:
             self.dropped_user_outputs = dropped
             if set(dropped) - set(self.detached):
                 raise DetachOutputs(dropped)
+        self.reports.append(analysis)   # (its refusals too where the graph then compiles as captured)
         self._kept_detached()
-        self.reports.append(analysis)
         result = base_partition(joint, joint_inputs, **kwargs)
         if analysis.programs:
             from .membudget import attach

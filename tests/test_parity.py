@@ -14,6 +14,7 @@ cases (the head tests in test_head_streaming.py add more cases on nanoGPT, Qwen3
 import pytest
 import torch
 
+import streamfx
 import zoo
 from conftest import (assert_grads_match, assert_head_not_streamed, assert_streamed,
                       run_eager_and_compiled)
@@ -372,3 +373,6 @@ def test_a_detached_retrace_whose_rewrite_fails_keeps_the_logits_gradient(where,
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
     grads = {k.replace("_orig_mod.", ""): p.grad for k, p in compiled.named_parameters()}
     assert_grads_match({k: p.grad for k, p in ref.named_parameters()}, grads)
+    if where == "rewrite":   # explain says why, though the graph then compiled as captured
+        report = streamfx.explain(model, *inputs.args, **inputs.kwargs)
+        assert any("injected rewrite failure" in why for _, why in report.not_streamed), report.not_streamed
