@@ -313,3 +313,16 @@ def test_speed_table_medians_and_ratios():
            "outside regions 0.30 |" in text, text
     assert "| p | 64 | ckpt | 1.000 | 3 | - | - | 1 | - |" in text, text
     assert "| p | 64 | ckpt-compiled | failed: boom |" in text, text
+
+
+@pytest.mark.fast
+def test_speed_command_refuses_an_unknown_preset_or_method_before_running_anything(tmp_path, capsys):
+    """``bench.speed`` names the allowed presets and methods and starts no process for a typo."""
+    from streamfx.bench import speed
+
+    for argv, allowed in ((["--preset", "layers"], "'qwen3-layers'"), (["--methods", "streambp,chkpt"], "'ckpt'")):
+        with pytest.raises(SystemExit):
+            speed.main(argv + ["--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert "unknown" in err and allowed in err, err
+    assert not (tmp_path / "out").exists()

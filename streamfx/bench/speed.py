@@ -172,6 +172,11 @@ def main(argv=None) -> int:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         p.error(f"unknown method(s) {unknown}; known: {list(METHODS)}")
+    from .presets import PRESETS
+
+    presets = [x for x in ns.preset.split(",") if x]
+    if [x for x in presets if x not in PRESETS]:
+        p.error(f"unknown preset(s) {[x for x in presets if x not in PRESETS]}; known: {sorted(PRESETS)}")
     options = json.loads(ns.options)
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -181,7 +186,7 @@ def main(argv=None) -> int:
     # there, and a chunk graph whose kernel fails to load runs uncompiled (and is timed so)
     env = dict(os.environ)
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str((out / "inductor-cache").resolve()))
-    for preset in ns.preset.split(","):
+    for preset in presets:
         for T in [int(t) for t in ns.seq.split(",")]:
             for r in range(ns.pairs):
                 order = methods[r % len(methods):] + methods[:r % len(methods)]
