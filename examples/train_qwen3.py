@@ -75,7 +75,8 @@ def main() -> None:
     short = args.seq // 16
     plan = streamfx.plan_memory(build(), input_ids=ids[:, :short], labels=labels[:, :short], options=options)
     streamed, streamed_tensors = measure_step(model, lambda: compiled(input_ids=ids, labels=labels).loss.backward())
-    reference.gradient_checkpointing_enable()
+    # (Hugging Face's checkpointing: activation_checkpointing_enable in recent transformers)
+    (getattr(reference, "activation_checkpointing_enable", None) or reference.gradient_checkpointing_enable)()
     ckpt, ckpt_tensors = measure_step(reference, lambda: reference(input_ids=ids, labels=labels).loss.backward())
     mib = 2 ** 20
     print(f"step peak at T={args.seq}: streamfx measured {streamed / mib:.1f} MiB ({streamed_tensors / mib:.1f} "

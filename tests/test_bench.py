@@ -326,3 +326,23 @@ def test_speed_command_refuses_an_unknown_preset_or_method_before_running_anythi
         err = capsys.readouterr().err
         assert "unknown" in err and allowed in err, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.fast
+def test_hf_checkpointing_switches_every_layer_without_a_deprecation_warning():
+    """The benchmarks' checkpointing baseline: every decoder layer checkpointed, through the name
+    the installed transformers has (no FutureWarning from a deprecated alias), and off again."""
+    import warnings
+
+    import zoo
+    from streamfx.bench.methods import hf_checkpointing
+
+    model, _ = zoo.qwen3_sdpa()
+    layers = [m for m in model.modules() if hasattr(m, "gradient_checkpointing")]
+    assert layers
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        hf_checkpointing(model)
+        assert all(m.gradient_checkpointing for m in layers)
+        hf_checkpointing(model, on=False)
+        assert not any(m.gradient_checkpointing for m in layers)

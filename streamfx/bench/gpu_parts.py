@@ -183,9 +183,9 @@ def stepper(method: str, model, setup: Setup):
 
 
 def _checkpointing(model, on: bool) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        model.gradient_checkpointing_enable() if on else model.gradient_checkpointing_disable()
+    from .methods import hf_checkpointing
+
+    hf_checkpointing(model, on)
 
 
 def _sync(device):

@@ -83,7 +83,7 @@ def measure(spec: str, seqs, options: dict | None = None, device: str = "cpu",
             method: str = "streamfx") -> list:
     """Per length in ``seqs`` (run in a fresh process): one warm-up step, then the measured one.
     ``method``: the model under ``torch.compile(backend="streambp")``, or eager with Hugging
-    Face's gradient checkpointing (``gradient_checkpointing_enable()``). The model is built and
+    Face's gradient checkpointing (``activation_checkpointing_enable()``). The model is built and
     compiled once (built for the longest length); each length's inputs have their sequence dim
     marked dynamic, so that one compile serves every length (as it does for a trainer's later
     lengths)."""
@@ -100,7 +100,9 @@ def measure(spec: str, seqs, options: dict | None = None, device: str = "cpu",
     if method == "streamfx":
         compiled = torch.compile(model, backend="streambp", options=options or {})
     else:
-        model.gradient_checkpointing_enable()
+        from .methods import hf_checkpointing
+
+        hf_checkpointing(model)
         compiled = model
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     out = []

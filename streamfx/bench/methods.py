@@ -16,8 +16,15 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
+
+
+def hf_checkpointing(model, on: bool = True) -> None:
+    """Hugging Face's activation checkpointing on (or off) ``model``: its
+    ``activation_checkpointing_enable`` where the installed transformers has it, else
+    ``gradient_checkpointing_enable`` (that method's name before; a deprecated alias since)."""
+    name = "activation_checkpointing" if hasattr(model, "activation_checkpointing_enable") else "gradient_checkpointing"
+    getattr(model, f"{name}_{'enable' if on else 'disable'}")()
 
 @dataclasses.dataclass(frozen=True)
 class Method:
@@ -29,7 +36,7 @@ class Method:
 
 METHODS: dict[str, Method] = {m.name: m for m in [
     Method("eager", "PyTorch eager, every activation kept"),
-    Method("ckpt", "eager + HF model.gradient_checkpointing_enable() (one checkpoint per layer)"),
+    Method("ckpt", "eager + HF activation checkpointing (one checkpoint per layer)"),
     Method("inductor", "torch.compile(model) with default Inductor"),
     Method("auto_chunker", "torch.compile(model) with torch._inductor.config.auto_chunker.enable"),
     Method("membudget0", "torch.compile(model) with torch._functorch.config.activation_memory_budget = 0"),
@@ -148,9 +155,7 @@ def prepare(name: str, model, device: str, streambp_options: dict | None = None,
     if name == "eager":
         return step_of(target)
     if name == "ckpt":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            model.gradient_checkpointing_enable()
+        hf_checkpointing(model)
         return step_of(target)
     if name == "inductor":
         return step_of(torch.compile(target))
@@ -186,9 +191,7 @@ def prepare(name: str, model, device: str, streambp_options: dict | None = None,
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3
 
         apply_liger_kernel_to_qwen3(model=model, fused_linear_cross_entropy=True, cross_entropy=False)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            model.gradient_checkpointing_enable()
+        hf_checkpointing(model)
         return _hf_step(model)
     raise ValueError(f"unknown method {name!r}")
 

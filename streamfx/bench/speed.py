@@ -20,7 +20,7 @@ process runs.
 Methods:
   streambp        torch.compile(model, backend="streambp", options=--options)
   streambp-recompute  the same with head_grad="recompute" (the head's backward reruns its chunks)
-  ckpt            HF gradient checkpointing (model.gradient_checkpointing_enable()), eager
+  ckpt            HF activation checkpointing (activation_checkpointing_enable()), eager
   ckpt-compiled   the same under torch.compile(model) (Inductor)
   ckpt-offload    HF activation checkpointing with its inputs offloaded to the host
                   (activation_checkpointing_enable(offload=True), where transformers has it)
@@ -54,7 +54,9 @@ def _prepare(method: str, model, options: dict):
                 options = {**options, "head_grad": "recompute"}
             return torch.compile(model, backend=_streambp_backend(), options=options)
         if method in ("ckpt", "ckpt-compiled"):
-            model.gradient_checkpointing_enable()
+            from .methods import hf_checkpointing
+
+            hf_checkpointing(model)
             return torch.compile(model) if method == "ckpt-compiled" else model
         if method == "ckpt-offload":
             if not hasattr(model, "activation_checkpointing_enable"):
