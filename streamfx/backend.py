@@ -92,13 +92,12 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
             try:
                 return _compile_detached(gm, first, example_inputs, config, session)
             except (DetachOutputs, KeepOutputs) as err:  # the plans drop other outputs, or streaming failed
-                planned = err.indices if isinstance(err, DetachOutputs) else err.planned
-                if planned is None:
+                if err.planned is None:
                     session.run_unstreamed()
                     return _compile(original, example_inputs, config, session)
                 session.detach(())
-                if planned:
-                    return _retrace_detached(snapshot(original), planned, original, example_inputs, config, session)
+                if err.planned:
+                    return _retrace_detached(snapshot(original), err.planned, original, example_inputs, config, session)
                 gm = snapshot(original)
         try:
             return _compile(gm, example_inputs, config, session)
@@ -131,10 +130,9 @@ def _retrace_detached(gm, indices, original, example_inputs, config, session):
     try:
         return _compile_detached(gm, indices, example_inputs, config, session)
     except (DetachOutputs, KeepOutputs) as err:
-        planned = err.indices if isinstance(err, DetachOutputs) else err.planned
-        if planned is not None:
+        if err.planned is not None:
             session.refuse("graph", CannotStream(f"traced again with outputs {list(indices)} detached, its plans "
-                                                 f"drop {planned}"))
+                                                 f"drop {err.planned}"))
         session.run_unstreamed()
         return _compile(original, example_inputs, config, session)
 

@@ -26,7 +26,7 @@ class DetachOutputs(Exception):
 
     def __init__(self, indices):
         super().__init__(indices)
-        self.indices = indices
+        self.indices = self.planned = indices   # (``planned``: as ``KeepOutputs`` names it)
 
 
 class KeepOutputs(Exception):
@@ -51,8 +51,7 @@ class Session:
         self.n_user_outputs = 0
         self.real_inputs: list = []
         self.graph_id = None
-        self.detached: list[int] = []
-        self.restarted = False     # traced with ``detached`` detached (a guess, or ``DetachOutputs``)
+        self.detached: list[int] = []   # traced with these detached (a guess, or ``DetachOutputs``)
         self.warned: set = set()   # refusals warned for this graph (a retrace warns nothing twice)
         self.unstreamed = False    # compile without the passes (after a failure of a streamed compile)
         self.ddp_piece = False     # a piece of a graph that DDPOptimizer cut at gradient buckets
@@ -119,9 +118,7 @@ class Session:
                 self.unstreamed = True
                 self._kept_detached()
                 return base_partition(original, joint_inputs, **kwargs)
-            self.dropped_user_outputs = dropped
-            if set(dropped) - set(self.detached):
-                raise DetachOutputs(dropped)
+            self.dropped_user_outputs = dropped   # (no more than ``planned`` allowed: the same rule)
         self.reports.append(analysis)   # (its refusals too where the graph then compiles as captured)
         self._kept_detached()
         result = base_partition(joint, joint_inputs, **kwargs)
@@ -136,7 +133,7 @@ class Session:
     def detach(self, indices) -> None:
         """The next compile of this graph is traced with these user outputs detached (none: as
         captured); its plans must drop them (``KeepOutputs``)."""
-        self.detached, self.restarted, self.dropped_user_outputs = list(indices), bool(indices), []
+        self.detached, self.dropped_user_outputs = list(indices), []
 
     def run_unstreamed(self) -> None:
         """The next compile of this graph is the graph as Dynamo captured it, without the passes
@@ -147,7 +144,7 @@ class Session:
     def _kept_detached(self) -> None:
         """A graph traced with outputs detached that does not drop them all: the graph as
         Dynamo captured it instead (``KeepOutputs``)."""
-        if self.restarted and set(self.detached) - set(self.dropped_user_outputs):
+        if set(self.detached) - set(self.dropped_user_outputs):
             raise KeepOutputs(self.detached)
 
     def _dumper(self):

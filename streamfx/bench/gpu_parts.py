@@ -20,6 +20,7 @@ import time
 import warnings
 
 from . import presets as presets_mod
+from .methods import hf_checkpointing
 from .worker import _malloc_trim, _proc_status_bytes, _reset_hwm, compare_grads, describe_exception, is_oom
 
 METHODS = ("streamfx", "ckpt", "ckpt+compile")
@@ -157,7 +158,7 @@ def per_method(model) -> dict:
     guards on (hooks, attributes) and recompile every method."""
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     twin = copy.deepcopy(model, memo=dict(tensors))
-    _checkpointing(twin, True)
+    hf_checkpointing(twin)
     return {"streamfx": model, "ckpt": twin, "ckpt+compile": twin}
 
 
@@ -180,12 +181,6 @@ def stepper(method: str, model, setup: Setup):
 
     step.clear = lambda: model.zero_grad(set_to_none=True)   # (the last step's gradients freed)
     return step
-
-
-def _checkpointing(model, on: bool) -> None:
-    from .methods import hf_checkpointing
-
-    hf_checkpointing(model, on)
 
 
 def _sync(device):

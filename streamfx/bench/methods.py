@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 
 
-
 def hf_checkpointing(model, on: bool = True) -> None:
     """Hugging Face's activation checkpointing on (or off) ``model``: its
     ``activation_checkpointing_enable`` where the installed transformers has it, else
     ``gradient_checkpointing_enable`` (that method's name before; a deprecated alias since)."""
     name = "activation_checkpointing" if hasattr(model, "activation_checkpointing_enable") else "gradient_checkpointing"
     getattr(model, f"{name}_{'enable' if on else 'disable'}")()
+
 
 @dataclasses.dataclass(frozen=True)
 class Method:

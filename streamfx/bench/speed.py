@@ -177,8 +177,9 @@ def main(argv=None) -> int:
     from .presets import PRESETS
 
     presets = [x for x in ns.preset.split(",") if x]
-    if [x for x in presets if x not in PRESETS]:
-        p.error(f"unknown preset(s) {[x for x in presets if x not in PRESETS]}; known: {sorted(PRESETS)}")
+    unknown = [x for x in presets if x not in PRESETS]
+    if unknown:
+        p.error(f"unknown preset(s) {unknown}; known: {sorted(PRESETS)}")
     options = json.loads(ns.options)
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
