@@ -240,7 +240,7 @@ def test_automatic_chunk_size_follows_the_length():
     for B, T in [(2, 70), (2, 300), (3, 130)]:
         ran = calls.call(calls.make_inputs(zoo.Case("t", B, T)))
         schedules.append(ran["chunks_backward"])
-    # layers: ceil(T / auto_chunk(T)) chunks each (auto: T/4 in [64, 512]); the head: one chunk
+    # layers: ceil(T / auto_chunk(T)) chunks each (auto: T/4, at least 64); the head: one chunk
     from streamfx.passes.schedule import auto_chunk
     assert schedules == [zoo.LAYERS * -(-T // auto_chunk(T)) + 1 for T in (70, 300, 130)]
 

@@ -83,3 +83,17 @@ def test_inference_and_no_tangent_graphs_pass_through(codegen):
     m(x).sum().backward()
     for g, p in zip(grads, m.parameters()):
         torch.testing.assert_close(g, p.grad)
+
+
+def test_automatic_layer_chunk_grows_with_the_length_and_bounds_chunk_by_length():
+    """The automatic layer chunk: a quarter of T from 64 tokens up to 2,048 (larger chunks run
+    faster), with chunk x T at most 2**25 from 512 tokens up, so that the terms of a chunk that
+    grow with T (a padded batch's mask block, unfused attention's scores) cost a long sequence
+    no more memory per token than chunks of 512."""
+    from streamfx.passes.schedule import auto_chunk
+
+    assert [auto_chunk(T) for T in (16, 100, 1024, 2048, 4096, 8192, 16384)] == [16, 64, 256, 512, 1024, 2048, 2048]
+    for T in (16384, 20000, 32768, 65536, 1 << 20):
+        c = auto_chunk(T)
+        assert c >= 512 and (c * T <= 1 << 25 or c == 512), (T, c)
+    assert auto_chunk(32768) == 1024 and auto_chunk(1 << 20) == 512
