@@ -77,7 +77,8 @@ class RegionPlan:
             c = self.chunk_at(self.length)
             schedule = f"{-(-self.length // c)} chunk(s) of {c} tokens (T={self.length})"
         else:
-            c = f"{self.chunk_size} tokens" if self.chunk_size else "an automatic size (T/4 in [64, 2048], at most 2**25/T from 512 up)"
+            c = (f"{self.chunk_size} tokens" if self.chunk_size
+                 else "an automatic size (T/4 in [64, 2048], at most 2**25/T from 512 up)")
             schedule = (f"chunks of {c} (T={self.length}, symbolic: the schedule is computed per call; "
                         f"depends on {self.symbols()})")
         if not names:

@@ -14,13 +14,13 @@ def auto_chunk(T: int) -> int:
     chunk (the key prefix's mask, the merge of the attention blocks, the Python around each
     call). On the CPU bench's layers preset (fp32, a trainer's attention mask), chunks of 512 ran
     a step in 1.21x and 1.13x gradient checkpointing's time at T=4096 and T=16384, chunks of
-    2,048 in 0.94x and 0.90x. Smaller chunks use less memory, which is why the paper uses T/3 and why the chunk
-    is bounded: its working set is a constant (its own activations, about c x the layer's widest
-    per-token tensors), plus terms of c x T (a padded batch's mask block, the scores of attention
-    that is not fused) that grow with the length; bounding c x T by 2**25 (2,048 tokens up to
-    T = 16,384, 1,024 at 32,768, 512 from 65,536) keeps a long sequence's memory per token where
-    chunks of 512 keep it. A memory budget (``membudget``) sizes chunks from the step's own
-    memory model instead."""
+    2,048 in 0.94x and 0.90x. Smaller chunks use less memory, which is why the paper uses T/3
+    and why the chunk is bounded: its working set is a constant (its own activations, about c x
+    the layer's widest per-token tensors), plus terms of c x T (a padded batch's mask block, the
+    scores of attention that is not fused) that grow with the length; bounding c x T by 2**25
+    (2,048 tokens up to T = 16,384, 1,024 at 32,768, 512 from 65,536) keeps a long sequence's
+    memory per token where chunks of 512 keep it. A memory budget (``membudget``) sizes chunks
+    from the step's own memory model instead."""
     cap = max(AUTO_CHUNK_FLOOR, min(AUTO_CHUNK_MAX, AUTO_CHUNK_PAIRS // max(T, 1)))
     return min(T, max(AUTO_CHUNK_MIN, min(cap, -(-T // 4))))
 
