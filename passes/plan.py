@@ -16,7 +16,7 @@ from . import unit_axes
 from .graphs import ALIASES, ancestors, in_order, per_token, same
 from .kv import kv_outputs
 from .positions import rebuild_positions
-from .schedule import auto_head_chunk, chunk_size
+from .schedule import AUTO_CHUNK_RULE, auto_head_chunk, chunk_size
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
 from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
 from .specs import SUM, WHOLE, Spec
@@ -77,8 +77,7 @@ class RegionPlan:
             c = self.chunk_at(self.length)
             schedule = f"{-(-self.length // c)} chunk(s) of {c} tokens (T={self.length})"
         else:
-            c = (f"{self.chunk_size} tokens" if self.chunk_size
-                 else "an automatic size (T/4 in [64, 2048], at most 2**25/T from 512 up)")
+            c = f"{self.chunk_size} tokens" if self.chunk_size else f"an automatic size ({AUTO_CHUNK_RULE})"
             schedule = (f"chunks of {c} (T={self.length}, symbolic: the schedule is computed per call; "
                         f"depends on {self.symbols()})")
         if not names:

@@ -4,6 +4,8 @@ AUTO_CHUNK_MIN, AUTO_CHUNK_MAX = 64, 2048
 AUTO_CHUNK_PAIRS = 1 << 25   # query-key pairs of one chunk against the whole sequence, at most
 AUTO_CHUNK_FLOOR = 512       # ... unless that leaves fewer tokens than this
 MIN_CHUNK = 16   # the smallest chunk a memory budget may choose
+AUTO_CHUNK_RULE = (f"T/4 in [{AUTO_CHUNK_MIN}, {AUTO_CHUNK_MAX}], at most 2**{AUTO_CHUNK_PAIRS.bit_length() - 1}/T "
+                   f"from {AUTO_CHUNK_FLOOR} up")   # ``auto_chunk`` in words, for what the plans describe
 
 
 def auto_chunk(T: int) -> int:
