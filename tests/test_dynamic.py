@@ -245,6 +245,21 @@ def test_automatic_chunk_size_follows_the_length():
     assert schedules == [zoo.LAYERS * -(-T // auto_chunk(T)) + 1 for T in (70, 300, 130)]
 
 
+def test_automatic_chunks_above_512_tokens_are_exact():
+    """Past T = 2048 the automatic layer chunk exceeds 512 tokens (T/4 rounded up: 1,025 at
+    T = 4099, the last chunk one token shorter): loss and every gradient match eager."""
+    def long_llama():
+        torch.manual_seed(0)
+        return zoo.TinyLlama(max_pos=4160).train(), zoo._plain_inputs(zoo.VOCAB)
+
+    from streamfx.passes.schedule import auto_chunk
+    T = 4099
+    assert auto_chunk(T) == 1025
+    calls = Calls(long_llama, chunk_size=None, head_chunk_size=None)
+    ran = calls.call(calls.make_inputs(zoo.Case("t", 1, T)))
+    assert ran["chunks_backward"] == zoo.LAYERS * 4 + 1   # per layer 3 x 1,025 + 1,024 tokens; the head: one
+
+
 # ---- data: masks hold for any data, in any order ---------------------------------------------------
 def packed(calls, B, T, starts, seed=0):
     """Documents packed into each row: position ids restart at each start (no attention mask)."""
