@@ -38,7 +38,17 @@ def test_counted_groups_stream_every_layer(count):
 
 
 def test_counted_groups_under_inductor():
-    run = _run(2, T, 5, {"codegen": "inductor"})
+    """Compiled by Inductor from scratch: no chunk graph checked or compiled before (so the graphs
+    compiled are the ones whose shape check left its unbacked sizes' bindings on their nodes), no
+    FX graph or AOTAutograd cache entry to load from (so Inductor propagates them again)."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    from streamfx import runtime
+
+    runtime.clear_caches()
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        run = _run(2, T, 5, {"codegen": "inductor"})
     assert run.counters["chunk_compiles"] > 0, run.counters
 
 
