@@ -17,7 +17,6 @@ shape check of a chunk graph (``check``) is cached on the same structure, slots 
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import warnings
@@ -287,24 +286,8 @@ def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool) -> Calla
     # (a loss's one-hot gradient made pointwise, ``onehot``)
     with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
             torch.set_grad_enabled(train), inductor_config.patch(onehot.compile_config()), \
-            functorch_config.patch(force_non_lazy_backward_lowering=True), _without_unbacked_bindings(gm):
+            functorch_config.patch(force_non_lazy_backward_lowering=True):
         return compile_fx(gm, fakes)
-
-
-@contextlib.contextmanager
-def _without_unbacked_bindings(gm: fx.GraphModule):
-    """The graph's nodes without the unbacked-symbol bindings an earlier propagation left on them
-    (``check``, in a shape environment of its own): Inductor's passes propagate the graph again in
-    the compile's fresh environment and rebind each node's data-dependent sizes (``.tolist()`` of
-    tokens per expert) to the symbols its bindings name, which would be the other environment's;
-    a fresh ``u0`` named like the stale one is taken for a memoised value and fails the compile.
-    Restored after the compile (the memory model reads the propagated values)."""
-    saved = {n: n.meta.pop("unbacked_bindings") for n in gm.graph.nodes if "unbacked_bindings" in n.meta}
-    try:
-        yield
-    finally:
-        for n, b in saved.items():
-            n.meta.setdefault("unbacked_bindings", b)
 
 
 def check(graph: ChunkGraph) -> None:
@@ -325,3 +308,8 @@ def check(graph: ChunkGraph) -> None:
         raise _CHECKED[key]
     for n, v in zip(graph.gm.graph.nodes, _CHECKED[key]):   # the values at chunk shapes, as propagated
         n.meta["val"] = v
+        # no unbacked-size bindings (``.tolist()`` of tokens per expert) of the check's own shape
+        # environment, as ``build_graph`` leaves none of the joint graph's: Inductor propagates
+        # the graph again in its compile's fresh environment and rebinds to the names a binding
+        # gives, where a fresh ``u0`` named like a stale one fails as a memoised value
+        n.meta.pop("unbacked_bindings", None)
