@@ -39,8 +39,9 @@ def test_counted_groups_stream_every_layer(count):
 
 def test_counted_groups_under_inductor():
     """Compiled by Inductor from scratch: no chunk graph checked or compiled before (so the graphs
-    compiled are the ones whose shape check left its unbacked sizes' bindings on their nodes), no
-    FX graph or AOTAutograd cache entry to load from (so Inductor propagates them again)."""
+    compiled are the ones whose shape check ran, propagating the unbacked sizes in its own shape
+    environment), no FX graph or AOTAutograd cache entry to load from (so Inductor propagates
+    them again, in its own)."""
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
 
