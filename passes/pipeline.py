@@ -10,6 +10,7 @@ Each step that changes a graph dumps it (``dump``) and, under ``STREAMFX_VERIFY=
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 import torch.fx as fx
@@ -92,13 +93,16 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
         return joint, a
     try:
         streamed = stream_joint(joint, num_fwd_outputs, a.fwd_nodes, a.plans, config.codegen,
-                                storage=offload.Options.of(config))
+                                storage=offload.Options.of(config), attention=config.attention)
     except CannotStream as err:
         a.refusals.append(("all", err))
         a.plans = []
         return joint, a
     for _, program in streamed.programs:  # a chunk that fails at run time raises under strict
         program.strict = config.strict
+        if getattr(program, "keep_refused", None):
+            warnings.warn(f"streamfx: attention='keep' keeps nothing of region '{program.name}': "
+                          f"{program.keep_refused}; its backward recomputes the attention", stacklevel=2)
     a.plans = [p for p, _ in streamed.programs]
     a.programs, a.dropped, a.stores = streamed.programs, streamed.dropped, streamed.stores
     dump("streamed", streamed.joint, None, programs=streamed.programs)

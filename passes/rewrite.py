@@ -21,12 +21,13 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from streamfx import blocks, chunks, offload  # noqa: F401  (blocks registers streamfx::causal_blocks)
 from streamfx.chunks import ChunkGraph, Slot
 from streamfx.errors import CannotStream
-from streamfx.runtime import LayerProgram, MaskCheck, RegionProgram
+from streamfx.runtime import Keep, LayerProgram, MaskCheck, RegionProgram
 from . import kernels, reach, verify
-from .graphs import (ALIASES, COPIES, bind, is_tangent, order, outputs as graph_outputs, primals,
+from .graphs import (ALIASES, COPIES, bind, hint, is_tangent, order, outputs as graph_outputs, primals,
                      tangents, unpadded, written_input)
 from .record import made_by
 from .sizes import Sizes
+from .specs import dim_order
 
 aten = torch.ops.aten
 STEP = "stream"
@@ -41,12 +42,13 @@ def region_program(plan, codegen: str) -> RegionProgram:
 
 
 def chunk_graph(name, inputs, specs, nodes, outputs, sd, extra=(), extra_dims=(), key_side=frozenset(),
-                edit=None, whole=False, zeros=frozenset()) -> ChunkGraph:
+                edit=None, whole=False, zeros=frozenset(), more_slots=()) -> ChunkGraph:
     """A region's graph for one chunk (``build_graph``), its placeholders' slots, checked at
     symbolic chunk shapes. ``extra``: the keys and values (sequence-major prefixes, key dims
     ``extra_dims``); ``edit(gm)`` changes the graph before it is checked; ``whole``: the
     region for the whole sequence (not checked: it is the joint's own graph); ``zeros``: nodes
-    read as a zero scalar of their dtype (the scores, where the graph applies masks to them)."""
+    read as a zero scalar of their dtype (the scores, where the graph applies masks to them);
+    ``more_slots``: the slots of tensor placeholders ``edit`` adds after the keys and values."""
     gm, sizes = build_graph(inputs, specs, nodes, outputs, sd, extra=extra, key_side=key_side, whole=whole,
                             zeros=zeros)
     if edit is not None:
@@ -54,6 +56,7 @@ def chunk_graph(name, inputs, specs, nodes, outputs, sd, extra=(), extra_dims=()
     roles = [{d: ("q" if whole else r) for d, r in spec.seq_dims()} for spec in specs]
     slots = [_slot(x, r, sd) for x, r in zip(inputs, roles)]
     slots += [_slot(x, {d: "k"}, sd, layout="seq_major") for x, d in zip(extra, extra_dims)]
+    slots += list(more_slots)
     try:
         graph = ChunkGraph(name, gm, tuple(slots), tuple(sizes))
         if not whole:
@@ -185,10 +188,12 @@ def _canonical_names(g: fx.Graph) -> None:
             n.target = n.name
 
 
-def layer_program(plan, codegen: str) -> LayerProgram:
+def layer_program(plan, codegen: str, attention: str = "recompute") -> LayerProgram:
     """K/V graph (keys and values of a chunk), query graph (a chunk's output from its queries and
     the keys/values it reads; fused causal attention aligned to the bottom right of them) and
-    the mask graph (which keys each chunk must read, see ``reach``)."""
+    the mask graph (which keys each chunk must read, see ``reach``). ``attention="keep"``: also
+    the variants that keep each attention's output and log-sum-exp from the forward for the
+    backward (``keep_attention``)."""
     sd = plan.sd
     full = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, sd, whole=True)
     kv_out = plan.kv_outputs
@@ -206,9 +211,9 @@ def layer_program(plan, codegen: str) -> LayerProgram:
         gm.graph.eliminate_dead_code()
         gm.recompile()
 
-    def query_graph(edit):
+    def query_graph(edit, more_slots=()):
         return chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, sd, extra=kv_out,
-                           extra_dims=kv_dims, key_side=plan.key_side, edit=edit)
+                           extra_dims=kv_dims, key_side=plan.key_side, edit=edit, more_slots=more_slots)
 
     q = query_graph(attention_edits)
     mask = causal = None
@@ -223,8 +228,118 @@ def layer_program(plan, codegen: str) -> LayerProgram:
                 causal = query_graph(lambda gm: attention_edits(gm, drop_masks=True))
             except CannotStream:
                 causal = None
-    return LayerProgram(plan.name, q, full, plan.in_specs, plan.out_specs, plan.chunk_size,
+    prog = LayerProgram(plan.name, q, full, plan.in_specs, plan.out_specs, plan.chunk_size,
                         plan.grad_inputs, codegen, kv=kv, kv_dims=kv_dims, mask=mask, causal=causal)
+    if attention == "keep":
+        variants = {"chunk": lambda gm: attention_edits(gm)}
+        if causal is not None:
+            variants["causal"] = lambda gm: attention_edits(gm, drop_masks=True)
+        prog.keep, prog.keep_refused = keep_attention(plan, query_graph, variants, len(plan.inputs) + len(kv_out))
+    return prog
+
+
+def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
+    """(``runtime.Keep``, None), or (None, why not): the query graph variants (``variants``: name
+    -> its attention edit) whose every fused attention runs as ``streamfx::causal_blocks`` get
+    two more: one whose forward also returns each attention's output and merged log-sum-exp, and
+    one whose attention reads them (``streamfx::kept_blocks``: the kernel's backward from them,
+    no forward again). A call that runs another variant (masks not exactly causal) recomputes.
+    ``n_tensors``: the query graph's tensor placeholders (inputs, then keys and values)."""
+    sites = sorted((s for s in plan.sites if s.kind.startswith("sdpa")), key=lambda s: plan.nodes.index(s.output))
+    if not sites:
+        return None, "it has no fused attention"
+    kerns = [kernels.of(s.output) for s in sites]
+    bad = [k.name for k in kerns if k is None or not k.blocks]
+    if bad:
+        able = ", ".join(k.name for k in kernels.KERNELS.values() if k.blocks)
+        return None, (f"its attention runs on the {bad[0]} kernel; keeping needs one whose backward reads "
+                      f"the forward's output and log-sum-exp in blocks ({able})")
+    slots = []
+    for site in sites:
+        q, v = site.query.meta["val"], site.value.meta["val"]
+        qs, vs = _slot(site.query, {q.dim() - 2: "q"}, plan.sd), _slot(site.value, {}, plan.sd)
+        out = site.output.meta["val"][0]
+        order = dim_order([hint(n) for n in out.shape], [hint(n) for n in out.stride()])
+        slots.append(Slot((*qs.shape[:-1], vs.shape[-1]), q.dtype, str(q.device), order=order))
+        slots.append(Slot(qs.shape[:-1], torch.float32, str(q.device)))
+    fwd, bwd = {}, {}
+    for name, edit in variants.items():
+        def keeping(gm, edit=edit):
+            edit(gm)
+            _output_attention(gm, _blocks_calls(gm, len(sites)))
+
+        def kept(gm, edit=edit):
+            edit(gm)
+            _read_kept_attention(gm, _blocks_calls(gm, len(sites)), n_tensors)
+
+        try:
+            fwd[name] = query_graph(keeping)
+            bwd[name] = query_graph(kept, more_slots=slots)
+        except CannotStream:
+            fwd.pop(name, None)
+    if not bwd:
+        return None, ("its chunks' attention does not run as causal blocks (a mask that is not exactly causal "
+                      "stays in it, or the attention has dropout)")
+    def whole(gm):
+        calls = [n for n in gm.graph.nodes if kernels.of(n) is not None]
+        if [kernels.of(n) for n in calls] != kerns:
+            raise CannotStream("the whole layer's attention calls are not its sites'")
+        _output_attention(gm, calls)
+
+    try:
+        full = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, plan.sd, whole=True,
+                           edit=whole)
+    except CannotStream as err:
+        return None, str(err)
+    return Keep(fwd, bwd, full, tuple(slots), tuple(k.name for k in kerns)), None
+
+
+def _blocks_calls(gm, n: int) -> list:
+    """The chunk graph's ``causal_blocks`` calls, if every one of its ``n`` attention calls is one."""
+    calls = gm.graph.find_nodes(op="call_function", target=torch.ops.streamfx.causal_blocks.default)
+    if len(calls) != n or any(kernels.of(x) is not None for x in gm.graph.nodes):
+        raise CannotStream("not every fused attention of the chunk runs as causal blocks")
+    return calls
+
+
+def _getitem(g: fx.Graph, call: fx.Node, i: int) -> fx.Node:
+    """Output ``i`` of a call that returns several (its getitem node, made where there is none)."""
+    for u in call.users:
+        if u.target is operator.getitem and u.args[1] == i:
+            return u
+    with g.inserting_after(call):
+        return g.call_function(operator.getitem, (call, i))
+
+
+def _output_attention(gm: fx.GraphModule, calls) -> None:
+    """Each attention call's output and log-sum-exp (raw, as the op returns it) as more outputs."""
+    g = gm.graph
+    out = g.find_nodes(op="output")[0]
+    more = [_getitem(g, c, i) for c in calls for i in (0, 1)]
+    out.args = (tuple(out.args[0]) + tuple(more),)
+    gm.recompile()
+
+
+def _read_kept_attention(gm: fx.GraphModule, calls, n_tensors: int) -> None:
+    """Each ``causal_blocks`` call replaced by ``kept_blocks`` reading its output and
+    log-sum-exp from two new placeholders (after the ``n_tensors`` tensor placeholders)."""
+    g = gm.graph
+    phs = g.find_nodes(op="placeholder")
+    anchor = phs[n_tensors] if len(phs) > n_tensors else next(n for n in g.nodes if n.op != "placeholder")
+    for i, call in enumerate(calls):
+        with g.inserting_before(anchor):
+            out, lse = g.placeholder(f"kept_{i}_out"), g.placeholder(f"kept_{i}_lse")
+        kernel, q, k, v, scale = call.args
+        with g.inserting_before(call):
+            new = g.call_function(torch.ops.streamfx.kept_blocks.default, (kernel, q, k, v, out, lse, scale))
+        for u in list(call.users):
+            if u.args[1] != 0:
+                raise CannotStream("the attention's log-sum-exp is read inside the chunk")
+            u.replace_all_uses_with(new)
+            g.erase_node(u)
+        g.erase_node(call)
+    g.eliminate_dead_code()
+    gm.recompile()
 
 
 def _chunk_attention(gm: fx.GraphModule, node: fx.Node, site, drop_mask: bool = False) -> None:
@@ -394,7 +509,7 @@ class Streamed:
 
 
 def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, codegen: str,
-                 storage=None) -> Streamed:
+                 storage=None, attention: str = "recompute") -> Streamed:
     """A new joint graph in which every planned region runs as a streamed region op.
     ``storage`` (``streamfx.offload.Options``): layer inputs offloaded or rebuilt; those layers
     run as ``streamfx::region_stored`` (see ``streamfx.offload``)."""
@@ -406,7 +521,7 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     tangent_outputs = _tangent_outputs(joint, ts, num_fwd_outputs)
 
     # everything that can fail happens here, before any new graph exists
-    programs = [_program(plan, codegen) for plan in plans]
+    programs = [_program(plan, codegen, attention if storage is None else "recompute") for plan in plans]
     for _, prog in programs:
         prog.register()
     stores = offload.plans(programs, storage) if storage is not None else {}
@@ -450,16 +565,16 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     return Streamed(new_joint, programs, dropped, [stores[prog.key] for _, prog in programs if prog.key in stores])
 
 
-def _program(plan, codegen: str):
+def _program(plan, codegen: str, attention: str = "recompute"):
     """(plan, runtime program) of one region; a layer whose masks do not rebuild per chunk falls
     back to its plan with the masks as token-by-token inputs."""
     if plan.kind == "layer":
         try:
-            return plan, layer_program(plan, codegen)
+            return plan, layer_program(plan, codegen, attention)
         except CannotStream:
             if plan.unpulled is None:
                 raise
-            return plan.unpulled, layer_program(plan.unpulled, codegen)
+            return plan.unpulled, layer_program(plan.unpulled, codegen, attention)
     return plan, region_program(plan, codegen)
 
 

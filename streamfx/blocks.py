@@ -115,6 +115,36 @@ def _backward(ctx, dout, dlse):
 causal_blocks.register_autograd(_backward, setup_context=_setup)
 
 
+@torch.library.custom_op("streamfx::kept_blocks", mutates_args=())
+def kept_blocks(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                lse: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """``causal_blocks``' output where its forward ran already: ``out`` and ``lse`` (the merged
+    log-sum-exp, [B, H, L] fp32) were kept from it (``attention="keep"``). Returns ``out`` (a
+    copy: an op's output aliases none of its inputs); its backward is ``causal_blocks``' own, from
+    the kept ``out`` and ``lse``, so nothing of the attention's forward runs again."""
+    return out.clone()
+
+
+@kept_blocks.register_fake
+def _kept_blocks_fake(kernel, q, k, v, out, lse, scale):
+    return torch.empty_like(out)
+
+
+def _kept_setup(ctx, inputs, output):
+    kernel, q, k, v, out, lse, scale = inputs
+    ctx.kernel, ctx.scale = kernel, scale
+    ctx.save_for_backward(q, k, v, out, lse)
+
+
+def _kept_backward(ctx, dout):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = causal_blocks_backward(ctx.kernel, dout.contiguous(), q, k, v, out, lse, ctx.scale)
+    return None, dq, dk, dv, None, None, None
+
+
+kept_blocks.register_autograd(_kept_backward, setup_context=_kept_setup)
+
+
 # What the ops allocate inside beyond their outputs, for the memory model (``memory.WORKSPACE``),
 # phase by phase as the code above runs, with each block's kernel workspace from the kernel table.
 def _sizes(q, k, v):

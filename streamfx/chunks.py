@@ -33,7 +33,9 @@ from .passes.specs import dense, dim_order, empty_in_order, leading
 
 COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chunks_backward": 0,
             "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0, "mask_found_causal": 0,
-            "region_fallbacks": 0, "unit_backward": 0}  # (a Function's own backward, run for a chunk or a whole tensor)
+            "region_fallbacks": 0,
+            "unit_backward": 0,     # (a Function's own backward, run for a chunk or a whole tensor)
+            "attention_kept": 0}    # (a layer chunk's backward that read its attention kept from the forward)
 _COMPILED: dict[tuple, Callable] = {}
 _CHECKED: dict[tuple, list | Exception] = {}
 _GENERATION = [0]   # bumped by ``forget``: what a chunk graph remembers of _COMPILED is stale

@@ -11,6 +11,7 @@ CODEGENS = ("inductor", "eager")
 KV_BOUNDARIES = ("auto", "latent", "heads")
 HEAD_GRADS = ("auto", "forward", "recompute")
 OFFLOADS = (None, "auto", "cpu", "disk")
+ATTENTIONS = ("recompute", "keep")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +47,16 @@ class StreamConfig:
     keep_every:      keep every k-th layer input of consecutive layers in one graph and rebuild the
                      others in the backward by a streamed forward from the kept one (1: keep all;
                      None: keep all, or chosen per call under offload="auto").
+    attention:       what a streamed layer's backward does for its fused causal attention:
+                     "recompute", run its forward again per chunk (as checkpointing does);
+                     "keep", read its output and log-sum-exp kept from the forward (the kernel's
+                     backward from them: the attention's forward runs once per step, for the
+                     output and log-sum-exp of every layer kept in memory, about as many bytes
+                     per token as the layer input again). Calls whose masks are not exactly
+                     causal (padding, packed documents, a sliding window) recompute, their kept
+                     buffers unused; a layer whose attention cannot run as blocks of a kernel
+                     that reads them (see passes/kernels.py) keeps nothing, with a warning.
+                     Not with offload, keep_every or memory_budget.
     memory_budget:   the memory a training step may reach, parameters, gradients and what is
                      held before the step included: bytes (an int), a string ("70GiB",
                      "512MiB", "80GB") or a fraction of the device's memory (a float in (0, 1]).
@@ -67,6 +78,7 @@ class StreamConfig:
     offload_dir: str | None = None
     keep_every: int | None = None
     memory_budget: int | float | str | None = None
+    attention: str = "recompute"
 
     def __post_init__(self) -> None:
         for key in ("chunk_size", "head_chunk_size"):
@@ -95,6 +107,15 @@ class StreamConfig:
         if self.offload == "auto" and self.keep_every is not None:
             raise StreamBPError(f"option 'keep_every' must be None with offload='auto' (which chooses it per call), "
                                 f"got {self.keep_every!r}")
+        if self.attention not in ATTENTIONS:
+            raise StreamBPError(f"option 'attention' must be one of {ATTENTIONS}, got {self.attention!r}")
+        if self.attention == "keep":
+            clash = [f"{k}={getattr(self, k)!r}" for k in ("offload", "keep_every", "memory_budget")
+                     if getattr(self, k) not in (None, 1)]
+            if clash:
+                raise StreamBPError(f"option attention='keep' keeps every layer's attention output for its backward, "
+                                    f"which the layer-input storage and memory budget options do not plan for; "
+                                    f"drop {', '.join(clash)} or use attention='recompute'")
         for key in ("strict", "return_logits"):
             if not isinstance(getattr(self, key), bool):
                 raise StreamBPError(f"option {key!r} must be True or False, got {getattr(self, key)!r}")

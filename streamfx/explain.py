@@ -223,6 +223,12 @@ def build_report(analyses) -> Report:
         for p in a.plans:
             saved += [_saved_name(p, x, spec) for x, spec in zip(p.inputs, p.in_specs) if spec.sliced]
             peak += _chunk_peak(p)
+        for _, prog in a.programs:
+            if getattr(prog, "keep", None) is not None:
+                saved.append(f"{prog.name}: its attention's output and log-sum-exp (attention='keep')")
+            elif getattr(prog, "keep_refused", None):
+                caveats.append((prog.name, f"attention='keep' keeps nothing: {prog.keep_refused}; "
+                                           f"its backward recomputes the attention"))
         fallbacks += [(prog.name, f"{phase}: {cause}") for _, prog in a.programs for phase, cause in prog.fallbacks]
         storage += getattr(a, "stores", [])
     return Report([a.seq_len for a in analyses], sites, regions, plans, refusals, classes, saved, peak, analyses,

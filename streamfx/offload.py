@@ -625,7 +625,7 @@ def region_stored_backward(key: int, kept: list[torch.Tensor], handle: torch.Ten
     xs = entry.inputs(list(kept), consume=True)
     COUNTERS["inputs_loaded"] += len(entry.plan.offloaded)
     STORE.prefetch_before(entry)
-    return torch.ops.streamfx.region_backward.default(key, xs, grads, present)
+    return torch.ops.streamfx.region_backward.default(key, xs, grads, present, [])
 
 
 @region_stored_backward.register_fake
@@ -637,7 +637,7 @@ def _region_stored_backward_fake(key, kept, handle, grads, present):
     for i, p in enumerate(prog.full_gm.graph.find_nodes(op="placeholder")[:len(prog.in_specs)]):
         v = p.meta["val"]
         xs.append(torch.empty(v.shape, dtype=v.dtype, device=v.device) if i in plan.stored else next(it))
-    return _region_backward_fake(key, xs, grads, present)  # (the op returns region_backward's gradients)
+    return _region_backward_fake(key, xs, grads, present, [])  # (the op returns region_backward's gradients)
 
 
 def _setup(ctx, inputs, output):

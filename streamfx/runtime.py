@@ -414,6 +414,46 @@ class MaskCheck:
 
 
 @dataclasses.dataclass
+class Keep:
+    """What a layer keeps of its attention from the forward for the backward (``attention="keep"``,
+    built by ``passes.rewrite.keep_attention``): per fused attention its output (the kernel's
+    layout) and merged log-sum-exp ([B, H, T] fp32), whole-length buffers the region op returns
+    after its outputs. The backward's chunks then run the kernel's backward from them instead of
+    its forward again. ``fwd``/``bwd``: per query graph variant ("chunk", "causal") that has them,
+    the graph that also returns them and the graph that reads them (placeholders after the keys
+    and values); a call that runs another variant leaves its buffers unused and recomputes.
+    ``full``: the whole region with each attention's output and raw log-sum-exp as more outputs
+    (their shapes, and a forward run whole). ``slots``: out, lse per attention, at chunk shape."""
+    fwd: dict
+    bwd: dict
+    full: ChunkGraph
+    slots: tuple
+    kernels: tuple            # per attention: its kernel's name (the whole graph's raw lse layout)
+
+    def dims(self) -> list:
+        """The sequence dim of each kept tensor."""
+        return [next(d for d, n in enumerate(s.shape) if isinstance(n, str)) for s in self.slots]
+
+    def empty(self, shapes: list, device) -> list:
+        """Whole-length buffers of the given shapes, laid out as the slots say (the fake and the
+        real values of the region op's outputs alike)."""
+        return [empty_in_order(shape, slot.order, slot.dtype, device) for shape, slot in zip(shapes, self.slots)]
+
+    def whole(self, extra: list) -> list:
+        """The whole graph's extra outputs (output, raw lse per attention) as the kept tensors."""
+        from .passes import kernels
+        got = []
+        for i, name in enumerate(self.kernels):
+            out, lse = extra[2 * i], extra[2 * i + 1]
+            got += [out, kernels.BY_NAME[name].lse_view(lse, out.shape[-2]).float()]
+        return got
+
+    def shapes_like(self, kept_chunk: list, T: int) -> list:
+        """The whole-length shapes of kept tensors given one chunk's."""
+        return [tuple(T if d == dim else n for d, n in enumerate(t.shape)) for t, dim in zip(kept_chunk, self.dims())]
+
+
+@dataclasses.dataclass
 class LayerProgram(RegionProgram):
     """A transformer layer: ``kv`` gives a chunk's keys and values (or what they are computed
     from, MLA's latent), ``chunk`` a chunk's output from its queries and the keys/values
@@ -438,6 +478,8 @@ class LayerProgram(RegionProgram):
     causal: ChunkGraph | None = None  # the query graph with its fused attention's masks dropped
                                       # (the kernel's own causal attention), for a call whose
                                       # masks are all exactly causal
+    keep: Keep | None = None          # attention outputs kept for the backward (attention="keep")
+    keep_refused: str | None = None   # why attention="keep" keeps nothing here
 
     @property
     def kv_gm(self) -> fx.GraphModule:
@@ -497,12 +539,17 @@ class LayerProgram(RegionProgram):
         """Rows [lo, ke) of the K/V buffers: views of the sequence-major buffers, no copy."""
         return [b.narrow(d, lo, ke - lo) for b, d in zip(bufs, self.kv_dims)]
 
+    def variant(self, graph: ChunkGraph) -> str:
+        return "causal" if graph is self.causal else "chunk"
+
     def forward(self, inputs):
         COUNTERS["region_forward"] += 1
         bounds, T = self.bounds(inputs), self.length(inputs)
         ranges = self.key_ranges(inputs, bounds)
-        fn, fn_kv = self.fn(self.query_graph(inputs, bounds), train=False), self.fn(self.kv, train=False)
-        result = [None] * len(self.out_specs)
+        graph = self.query_graph(inputs, bounds)
+        keeping = self.keep.fwd.get(self.variant(graph)) if self.keep is not None else None
+        fn, fn_kv = self.fn(keeping or graph, train=False), self.fn(self.kv, train=False)
+        result, kept, n = [None] * len(self.out_specs), None, len(self.out_specs)
         kv, done, KV, xs = self.keys_values(inputs, fn_kv), 0, None, None
 
         def written_up_to(end):
@@ -519,11 +566,33 @@ class LayerProgram(RegionProgram):
                     outs = fn(*chunk, *self.prefix(KV, lo, hi))
                     for j, spec in enumerate(self.out_specs):
                         _put_rows(result, j, outs[j], spec, s, e, T)
+                    if keeping is not None:
+                        got = outs[n:]
+                        if kept is None:
+                            kept = self.keep.empty(self.keep.shapes_like(got, T), got[0].device)
+                        for buf, t, d in zip(kept, got, self.keep.dims()):
+                            buf.narrow(d, s, e - s).copy_(t)
                     del outs, chunk   # (before the next chunk runs)
             written_up_to(T)  # (a generator left unfinished would hold its buffers)
-        return result
+        if self.keep is None:
+            return result
+        if kept is None:   # (this call's masks are not exactly causal: its backward recomputes)
+            kept = self.keep.empty(self._kept_shapes(inputs, T), inputs[0].device)
+        return result + kept
 
-    def backward(self, inputs, grads):
+    def _kept_shapes(self, inputs, T) -> list:
+        """The whole-length shapes of the kept tensors at these inputs, from the kept slots' sizes
+        (the symbols of the inputs' slots)."""
+        env = {}
+        for slot, x in zip(self.chunk.slots, inputs):
+            for d, size in enumerate(slot.shape):
+                if not isinstance(size, (int, str)) and size.is_Symbol:
+                    env[size] = x.shape[d]
+        return [tuple(T if isinstance(n, str) else (n if isinstance(n, int) else int(n.subs(env))) for n in slot.shape)
+                for slot in self.keep.slots]
+
+    def backward(self, inputs, grads, kept=()):
+        """``kept``: what the forward kept of the attention (``Keep``), if it kept it."""
         COUNTERS["region_backward"] += 1
         with torch.no_grad():
             for _, _, _, KV in self.keys_values(inputs, self.fn(self.kv, train=False)):
@@ -532,7 +601,12 @@ class LayerProgram(RegionProgram):
         acc = self._grad_buffers(inputs)
         bounds, T = self.bounds(inputs), self.length(inputs)
         ranges = self.key_ranges(inputs, bounds)
-        fn_kv, fn = self.fn(self.kv), self.fn(self.query_graph(inputs, bounds))
+        graph = self.query_graph(inputs, bounds)
+        reads_kept = self.keep.bwd.get(self.variant(graph)) if self.keep is not None and kept else None
+        if reads_kept is None:
+            kept = ()
+        fn_kv, fn = self.fn(self.kv), self.fn(reads_kept or graph)
+        dims = self.keep.dims() if kept else ()
         # wide chunks first: their dK/dV reach rows after them
         for (s, e), (lo, hi) in zip(bounds, ranges):
             if hi > e:
@@ -541,7 +615,10 @@ class LayerProgram(RegionProgram):
             COUNTERS["chunks_backward"] += 1
             sliced = None
             if hi <= e:
-                sliced = self._query_backward(fn, inputs, grads, KV, dKV, acc, s, e, lo, hi)
+                rows = [b.narrow(d, s, e - s) for b, d in zip(kept, dims)]
+                sliced = self._query_backward(fn, inputs, grads, KV, dKV, acc, s, e, lo, hi, rows)
+                if rows:
+                    COUNTERS["attention_kept"] += 1
             # rows [s, e) of dK/dV are final: push them through the K/V producers now
             with failures.chunk("backward", s, e, T), autograd_inside_op(), torch.enable_grad():
                 xs = self._leaves(sliced if sliced is not None else self.chunk_inputs(inputs, s, e))
@@ -558,15 +635,16 @@ class LayerProgram(RegionProgram):
             del xs, kvs, pairs, got, sliced   # (before the next chunk runs)
         return self._gradients(acc, inputs)
 
-    def _query_backward(self, fn, inputs, grads, KV, dKV, acc, s, e, lo, hi):
+    def _query_backward(self, fn, inputs, grads, KV, dKV, acc, s, e, lo, hi, kept_rows=()):
         """Recompute chunk [s, e) against keys [lo, hi), backward it; accumulate the parameter
-        and chunk input gradients and dK/dV over [lo, hi). Returns the chunk's sliced inputs."""
+        and chunk input gradients and dK/dV over [lo, hi). Returns the chunk's sliced inputs.
+        ``kept_rows``: the chunk's rows of the kept attention tensors (``fn`` reads them)."""
         T = self.length(inputs)
         with failures.chunk("backward", s, e, T), autograd_inside_op(), torch.enable_grad():
             sliced = self.chunk_inputs(inputs, s, e, lo, hi)
             xs = self._leaves(sliced)
             prefix = [t.detach().requires_grad_(True) for t in self.prefix(KV, lo, hi)]
-            outs = fn(*xs, *prefix)
+            outs = fn(*xs, *prefix, *kept_rows)
             pairs = [(o, spec.rows(g, s, e, T).reshape(o.shape)) for o, g, spec in zip(outs, grads, self.out_specs)
                      if g is not None and o.requires_grad]
             if not pairs:
@@ -585,9 +663,10 @@ class LayerProgram(RegionProgram):
         graph = graph or self.chunk
         # the query graph's last inputs are the K/V prefix: with train, they get gradients
         n = len(self.in_specs)
-        queries = graph is self.chunk or graph is self.causal
+        queries = graph is self.chunk or graph is self.causal or (
+            self.keep is not None and any(graph is g for g in (*self.keep.fwd.values(), *self.keep.bwd.values())))
         grads = list(self.grad_inputs) + (list(range(n, n + len(self.kv_dims))) if queries else [])
-        if queries and self.causal is not None:
+        if (graph is self.chunk or graph is self.causal) and self.causal is not None:
             # both query graphs compile together: a later call whose masks turn exactly causal
             # (or stop being so) runs code compiled already, as every later length does
             other = self.causal if graph is self.chunk else self.chunk
@@ -648,7 +727,26 @@ def region(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if prog.seeds is not None:
             return _forward_with_grads_whole(prog, list(inputs))
         with torch.no_grad():
+            if _keeps(prog):   # (the whole graph's attention output and log-sum-exp kept as the chunks' would be)
+                return _forward_keeping_whole(prog, list(inputs))
             return [o.clone() for o in prog.full.fn("eager", train=False)(*inputs)]
+
+
+def _keeps(prog) -> bool:
+    return getattr(prog, "keep", None) is not None
+
+
+def _forward_keeping_whole(prog, inputs: list, fake: bool = False) -> list:
+    """A keeping layer's outputs and kept tensors from its whole graph (no chunks); ``fake``:
+    their fake values (shapes only)."""
+    outs = list(prog.keep.full.fn("eager", train=False)(*inputs))
+    n = len(prog.out_specs)
+    got = prog.keep.whole(outs[n:])
+    kept = prog.keep.empty([t.shape for t in got], got[0].device)
+    if not fake:
+        for buf, t in zip(kept, got):
+            buf.copy_(t)
+    return [o.clone() if o is not None else o for o in outs[:n]] + kept
 
 
 def _forward_with_grads_whole(prog: RegionProgram, inputs: list) -> list:
@@ -683,6 +781,8 @@ def _backward_whole(prog: RegionProgram, inputs: list, grads: list) -> list:
 def _region_fake(key, inputs):
     prog = _PROGRAMS[key]
     with _fresh_unbacked_discarded(inputs):
+        if _keeps(prog):
+            return _forward_keeping_whole(prog, list(inputs), fake=True)
         outs = [o.clone() if o is not None else o for o in prog.full.fn("eager", train=False)(*inputs)]
     return outs + (prog.stored_fakes(inputs) if prog.seeds is not None else [])
 
@@ -699,13 +799,16 @@ def _fresh_unbacked_discarded(tensors):
 
 @torch.library.custom_op("streamfx::region_backward", mutates_args=())
 def region_backward(key: int, inputs: list[torch.Tensor], grads: list[torch.Tensor],
-                    present: list[bool]) -> list[torch.Tensor]:
+                    present: list[bool], kept: list[torch.Tensor]) -> list[torch.Tensor]:
     """Gradients of a streamed region's inputs (those in ``grad_inputs``), chunk by chunk in reverse.
-    ``present[j]`` is False where output j got no gradient (its entry in ``grads`` is a placeholder)."""
+    ``present[j]`` is False where output j got no gradient (its entry in ``grads`` is a placeholder);
+    ``kept``: what a layer's forward kept of its attention (``Keep``)."""
     prog = _PROGRAMS[key]
     grads = [g if p else None for g, p in zip(grads, present)]
     try:
         with _timed(prog, "backward"):
+            if kept:
+                return prog.backward(list(inputs), grads, list(kept))
             return prog.backward(list(inputs), grads)
     except Exception as err:  # noqa: BLE001 - raised as the error asks, or the region runs whole
         failures.settle(prog, err, "backward")
@@ -713,7 +816,7 @@ def region_backward(key: int, inputs: list[torch.Tensor], grads: list[torch.Tens
 
 
 @region_backward.register_fake
-def _region_backward_fake(key, inputs, grads, present):
+def _region_backward_fake(key, inputs, grads, present, kept):
     prog = _PROGRAMS[key]
     return [prog.grad_empty(inputs[i], i) for i in prog.grad_inputs]
 
@@ -738,11 +841,15 @@ def _setup(ctx, inputs, output):
     key, xs = inputs
     ctx.key = key
     prog = _PROGRAMS[key]
+    ctx.n_inputs = len(xs)
     if prog.seeds is not None:  # the backward reads the stored gradients, not the inputs
         stored = output[len(prog.out_specs):]
         ctx.mark_non_differentiable(*stored)
         ctx.save_for_backward(*stored)
-        ctx.n_inputs = len(xs)
+    elif _keeps(prog):   # the inputs, and the attention kept for the backward
+        kept = output[len(prog.out_specs):]
+        ctx.mark_non_differentiable(*kept)
+        ctx.save_for_backward(*xs, *kept)
     else:
         ctx.save_for_backward(*xs)
 
@@ -759,8 +866,8 @@ def _backward(ctx, grads):
         for i, g in zip(prog.grad_inputs, got):
             result[i] = g
         return None, result
-    xs = saved
-    got = region_backward(ctx.key, xs, gs, present)
+    xs, kept = saved[:ctx.n_inputs], saved[ctx.n_inputs:]
+    got = region_backward(ctx.key, xs, gs, present, kept)
     result = [None] * len(xs)
     for i, g in zip(prog.grad_inputs, got):
         result[i] = g

@@ -20,6 +20,8 @@ process runs.
 Methods:
   streambp        torch.compile(model, backend="streambp", options=--options)
   streambp-recompute  the same with head_grad="recompute" (the head's backward reruns its chunks)
+  streambp-keep   the same with attention="keep" (each layer's attention output and log-sum-exp kept
+                  from the forward: its backward does not run the attention's forward again)
   ckpt            HF activation checkpointing (activation_checkpointing_enable()), eager
   ckpt-compiled   the same under torch.compile(model) (Inductor)
   ckpt-offload    HF activation checkpointing with its inputs offloaded to the host
@@ -38,7 +40,7 @@ import time
 import warnings
 from pathlib import Path
 
-METHODS = ("streambp", "streambp-recompute", "ckpt", "ckpt-compiled", "ckpt-offload", "eager")
+METHODS = ("streambp", "streambp-recompute", "streambp-keep", "ckpt", "ckpt-compiled", "ckpt-offload", "eager")
 BASELINES = ("ckpt", "ckpt-compiled")
 
 
@@ -47,11 +49,13 @@ def _prepare(method: str, model, options: dict):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if method in ("streambp", "streambp-recompute"):
+        if method in ("streambp", "streambp-recompute", "streambp-keep"):
             from .methods import _streambp_backend
 
             if method == "streambp-recompute":
                 options = {**options, "head_grad": "recompute"}
+            if method == "streambp-keep":
+                options = {**options, "attention": "keep"}
             return torch.compile(model, backend=_streambp_backend(), options=options)
         if method in ("ckpt", "ckpt-compiled"):
             from .methods import hf_checkpointing

@@ -1,0 +1,190 @@
+"""``attention="keep"``: a streamed layer keeps each fused attention's output and log-sum-exp from
+the forward, and its backward runs the kernel's backward from them: the attention's forward runs
+once per step instead of twice, and the gradients are those of ``attention="recompute"`` (exact
+against eager). Calls whose masks are not exactly causal recompute; kernels whose backward cannot
+read blocks, and layers without fused attention, keep nothing and say so."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import zoo
+from conftest import assert_grads_match, grads_of, run_eager_and_compiled
+from test_failures import _failing_chunk
+from test_kernels import CASES, CHUNK, T, kernel_context, rel
+
+from streamfx import StreamBPError, blocks
+
+
+def _count_attention_forwards(monkeypatch) -> list:
+    """Every forward of ``streamfx::causal_blocks`` (a chunk's attention on a top-left kernel)."""
+    calls, merge = [], blocks._merge
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return merge(*args, **kwargs)
+
+    monkeypatch.setattr(blocks, "_merge", counted)
+    return calls
+
+
+def _run(monkeypatch, kernel, case, attention, dtype=torch.float32, codegen="eager"):
+    name, make, _ = CASES[case]
+    model, make_inputs = zoo.ZOO[name]()
+    inputs = make(make_inputs)
+    model = model.to(dtype)
+    options = {"chunk_size": CHUNK, "head_chunk_size": CHUNK, "codegen": codegen, "strict": True,
+               "attention": attention}
+    forwards = _count_attention_forwards(monkeypatch)
+    with kernel_context(kernel, codegen):
+        run = run_eager_and_compiled(model, inputs, options)
+    return run, len(forwards), model, inputs
+
+
+# (kernel, case, whether the call's masks are exactly causal: the backward reads what was kept)
+KEPT = [("cpu", "causal", True), ("cpu", "hf_causal", True), ("cpu", "left_pad", False),
+        ("efficient", "hf_causal", True), ("cudnn", "causal", True), ("efficient", "left_pad", False),
+        ("cpu", "gqa", True)]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("kernel,case,kept", [pytest.param(*k, id=f"{k[0]}-{k[1]}") for k in KEPT])
+def test_kept_attention_runs_its_forward_once_and_is_exact(monkeypatch, kernel, case, kept):
+    """Exact against eager; each chunk's attention forward runs once per step where the call's
+    masks are exactly causal (twice under ``attention="recompute"``); a padded batch's backward
+    reads nothing kept (it recomputes its masked attention)."""
+    chunks = zoo.LAYERS * -(-T // CHUNK)
+    run, forwards, _, _ = _run(monkeypatch, kernel, case, "keep")
+    assert not run.warnings, run.warnings
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
+    assert run.counters["attention_kept"] == (chunks if kept else 0), run.counters
+    # (a padded batch's chunks call the kernel with their mask, not as blocks: none counted here)
+    assert forwards == (chunks if kept else 0), forwards
+    assert all(p.keep is not None for p in run.programs if p.name.startswith("layer"))
+
+
+@pytest.mark.fast
+def test_recompute_runs_the_attention_forward_twice(monkeypatch):
+    """The control of the test above: the default recomputes each chunk's attention."""
+    chunks = zoo.LAYERS * -(-T // CHUNK)
+    run, forwards, _, _ = _run(monkeypatch, "cpu", "hf_causal", "recompute")
+    assert forwards == 2 * chunks and run.counters["attention_kept"] == 0
+    assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
+
+
+def test_kept_attention_under_inductor(monkeypatch):
+    chunks = zoo.LAYERS * -(-T // CHUNK)
+    run, forwards, _, _ = _run(monkeypatch, "cpu", "hf_causal", "keep", codegen="inductor")
+    assert not run.warnings, run.warnings
+    assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
+    assert run.counters["attention_kept"] == chunks and forwards == chunks, (run.counters, forwards)
+
+
+@pytest.mark.slow
+def test_kept_attention_bf16_within_eager_rounding(monkeypatch):
+    """bf16: no further from the float64 gradients than twice eager bf16's own error."""
+    run, _, model, inputs = _run(monkeypatch, "cpu", "hf_causal", "keep", dtype=torch.bfloat16)
+    assert run.counters["attention_kept"] > 0
+    ref64 = copy.deepcopy(model).double()
+    inputs.loss_of(ref64(*inputs.args, **inputs.kwargs)).backward()
+    exact = grads_of(ref64)
+    for n, g in run.grads.items():
+        if exact[n] is not None:
+            own, ours = rel(run.ref_grads[n], exact[n]), rel(g, exact[n])
+            assert ours <= 2 * own + 1e-6, f"{n}: streamed error {ours:.2e}, eager bf16's {own:.2e}"
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("kernel,model,why", [
+    ("flash", "tiny_llama", "flash kernel"),          # bottom-right causal: no blocks, its backward recomputes
+    ("cpu", "qwen3_eager", "no fused attention"),     # matmul + softmax attention
+])
+def test_keep_that_cannot_apply_says_why_and_stays_exact(kernel, model, why):
+    m, make_inputs = zoo.ZOO[model]()
+    inputs = make_inputs(zoo.Case("t", 2, T))
+    with kernel_context(kernel):
+        run = run_eager_and_compiled(m, inputs, {"chunk_size": CHUNK, "attention": "keep"})
+    said = [w for w in run.warnings if "attention='keep' keeps nothing" in w]
+    assert said and why in said[0] and "recomputes the attention" in said[0], run.warnings
+    assert run.counters["attention_kept"] == 0 and run.counters["chunks_backward"] > 0
+    assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
+
+
+@pytest.mark.fast
+@pytest.mark.expect_fallback
+def test_forward_run_whole_keeps_its_attention_for_the_streamed_backward(monkeypatch):
+    """A layer whose forward falls back to its whole graph (a chunk failed) keeps the whole
+    attention's output and log-sum-exp; the streamed backward reads them: exact."""
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")
+    _failing_chunk(monkeypatch, RuntimeError("a chunk that does not run"), train=False, at=1, region="layer.0")
+    model, make_inputs = zoo.tiny_llama()
+    inputs = make_inputs("odd13")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "attention": "keep"})
+    assert any("could not run chunk by chunk" in w for w in run.warnings), run.warnings
+    assert run.counters["region_fallbacks"] == 1, run.counters
+    assert run.counters["attention_kept"] == zoo.LAYERS * 3, run.counters
+    assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("options,match", [
+    ({"attention": "always"}, r"option 'attention' must be one of \('recompute', 'keep'\)"),
+    ({"attention": "keep", "offload": "cpu"}, r"drop offload='cpu'"),
+    ({"attention": "keep", "keep_every": 2}, r"drop keep_every=2"),
+    ({"attention": "keep", "memory_budget": "1GiB"}, r"drop memory_budget='1GiB'"),
+])
+def test_bad_attention_options_raise(options, match):
+    model, make_inputs = zoo.tiny_llama()
+    inputs = make_inputs("odd13")
+    compiled = torch.compile(model, backend="streambp", options=options)
+    with pytest.raises(Exception, match=match) as info:
+        compiled(*inputs.args)
+    err = info.value
+    while not isinstance(err, StreamBPError) and err.__cause__ is not None:
+        err = err.__cause__
+    assert isinstance(err, StreamBPError), type(info.value)
+
+
+@pytest.mark.fast
+def test_memory_model_counts_the_kept_attention():
+    """``explain()``'s step peak with ``attention="keep"`` holds every layer's kept output and
+    log-sum-exp until its backward, named as such."""
+    import streamfx
+
+    model, make_inputs = zoo.ZOO["qwen3_sdpa"]()
+    inputs = make_inputs(zoo.Case("t", 2, T))
+    reports = {a: streamfx.explain(model, *inputs.args, options={"chunk_size": CHUNK, "attention": a}, dynamic=False,
+                                   **inputs.kwargs) for a in ("recompute", "keep")}
+    text = str(reports["keep"])
+    assert "attention output kept for the backward" in text or "attention kept for the backward" in text, text
+    B, H, D = 2, zoo.HEADS, zoo.HEAD_DIM
+    kept = zoo.LAYERS * (B * H * T * D * 4 + B * H * T * 4)
+    grown = reports["keep"].memory()[3] - reports["recompute"].memory()[3]
+    assert 0.5 * kept <= grown <= 1.5 * kept, (grown, kept)
+
+
+def test_kept_attention_at_later_lengths_and_batch_sizes():
+    """One compile, then calls at other lengths and batch sizes (Dynamo's symbolic recompile),
+    a padded call among them (its backward recomputes): every call exact."""
+    from streamfx.runtime import COUNTERS
+
+    model, make_inputs = zoo.ZOO["qwen3_sdpa"]()
+    mine = copy.deepcopy(model)
+    compiled = torch.compile(mine, backend="streambp",
+                             options={"chunk_size": CHUNK, "attention": "keep", "strict": True, "codegen": "eager"})
+    for B, length, pad, kept in [(2, T, None, True), (2, 31, None, True), (3, 19, None, True),
+                                 (2, 22, "left", False), (1, 27, None, True)]:
+        inputs = make_inputs(zoo.Case("t", B, length, pad=pad))
+        ref = copy.deepcopy(model)
+        inputs.loss_of(ref(*inputs.args, **inputs.kwargs)).backward()
+        mine.zero_grad(set_to_none=True)
+        before = COUNTERS["attention_kept"]
+        inputs.loss_of(compiled(*inputs.args, **inputs.kwargs)).backward()
+        assert_grads_match(grads_of(ref), grads_of(mine), rtol=1e-5)
+        assert COUNTERS["attention_kept"] - before == (zoo.LAYERS * -(-length // CHUNK) if kept else 0)
