@@ -48,7 +48,7 @@ class Kernel:
     grouped_kv: bool                    # takes fewer K/V heads than query heads (query head h reads h // groups)
     mask_align: int | None = None       # its composite pads the mask's key dim to a multiple of this
     call: Callable | None = None        # (q, k, v, causal, scale) -> (out, raw lse): one block of keys, no mask
-    call_backward: Callable | None = None  # (dout, q, k, v, out, raw lse, causal, scale) -> (dq, dk, dv)
+    call_backward: Callable | None = None  # (dout, q, k, v, out, raw lse, causal, scale) -> (dq, dk, dv), no mask
     lse_view: Callable | None = None    # (raw lse, L queries) -> its [B, H, L] float32 view
     bool_mask_fill: float = float("-inf")  # what its composite gives a boolean mask's hidden positions
     workspace: Callable | None = None   # (q, k, keys, backward) -> bytes it allocates inside beyond its
@@ -57,6 +57,14 @@ class Kernel:
     def workspace_bytes(self, q, k, keys, backward: bool):
         """``workspace`` for ``keys`` keys, 0 where the table knows none."""
         return self.workspace(q, k, keys, backward) if self.workspace is not None else 0
+
+    @property
+    def keeps(self) -> bool:
+        """Whether a chunk's causal attention on it can run its backward from an output and
+        log-sum-exp kept from the forward (``attention="keep"``): as blocks, or as one call where
+        the kernel aligns causal to the bottom right itself."""
+        return self.call_backward is not None and self.lse_view is not None and (
+            self.blocks or self.alignment == "bottom-right")
 
     @property
     def blocks(self) -> bool:
@@ -86,6 +94,13 @@ def _cudnn(q, k, v, causal, scale):
 def _cudnn_backward(dout, q, k, v, out, lse, causal, scale):
     return aten._scaled_dot_product_cudnn_attention_backward(dout, q, k, v, out, lse, *_no_rng(q), None, None, None,
                                                              q.shape[-2], k.shape[-2], 0.0, causal, scale=scale)
+
+
+def _flash_backward(dout, q, k, v, out, lse, causal, scale):
+    """FlashAttention-2's backward from its forward's output and log-sum-exp ([B, H, L] fp32), for a
+    dense batch (no cumulative sequence lengths) without dropout."""
+    return aten._scaled_dot_product_flash_attention_backward(dout, q, k, v, out, lse, None, None, q.shape[-2],
+                                                             k.shape[-2], 0.0, causal, *_no_rng(q), scale=scale)[:3]
 
 
 def _cpu_flash(q, k, v, causal, scale):
@@ -163,7 +178,7 @@ def _entries():
                op("_scaled_dot_product_flash_attention_for_cpu_backward"), "attn_mask", "top-left", True,
                call=_cpu_flash, call_backward=_cpu_flash_backward, lse_view=same, workspace=_cpu_flash_workspace),
         Kernel("flash", op("_scaled_dot_product_flash_attention"), op("_scaled_dot_product_flash_attention_backward"),
-               None, "bottom-right", True, workspace=_flash_workspace),
+               None, "bottom-right", True, call_backward=_flash_backward, lse_view=same, workspace=_flash_workspace),
         Kernel("efficient", op("_scaled_dot_product_efficient_attention"),
                op("_scaled_dot_product_efficient_attention_backward"), "attn_bias", "top-left", False, mask_align=8,
                call=_efficient, call_backward=_efficient_backward, lse_view=lambda lse, n: lse[..., :n]),

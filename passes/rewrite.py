@@ -249,11 +249,11 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
     if not sites:
         return None, "it has no fused attention"
     kerns = [kernels.of(s.output) for s in sites]
-    bad = [k.name for k in kerns if k is None or not k.blocks]
+    bad = [k.name for k in kerns if k is None or not k.keeps]
     if bad:
-        able = ", ".join(k.name for k in kernels.KERNELS.values() if k.blocks)
+        able = ", ".join(k.name for k in kernels.KERNELS.values() if k.keeps)
         return None, (f"its attention runs on the {bad[0]} kernel; keeping needs one whose backward reads "
-                      f"the forward's output and log-sum-exp in blocks ({able})")
+                      f"the forward's output and log-sum-exp ({able})")
     slots = []
     for site in sites:
         q, v = site.query.meta["val"], site.value.meta["val"]
@@ -266,11 +266,11 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
     for name, edit in variants.items():
         def keeping(gm, edit=edit):
             edit(gm)
-            _output_attention(gm, _blocks_calls(gm, len(sites)))
+            _output_attention(gm, _keepable_calls(gm, len(sites)))
 
         def kept(gm, edit=edit):
             edit(gm)
-            _read_kept_attention(gm, _blocks_calls(gm, len(sites)), n_tensors)
+            _read_kept_attention(gm, _keepable_calls(gm, len(sites)), n_tensors)
 
         try:
             fwd[name] = query_graph(keeping)
@@ -278,8 +278,8 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
         except CannotStream:
             fwd.pop(name, None)
     if not bwd:
-        return None, ("its chunks' attention does not run as causal blocks (a mask that is not exactly causal "
-                      "stays in it, or the attention has dropout)")
+        return None, ("its chunks' attention is not plain causal (a mask that is not exactly causal stays in "
+                      "it, or the attention has dropout)")
     def whole(gm):
         calls = [n for n in gm.graph.nodes if kernels.of(n) is not None]
         if [kernels.of(n) for n in calls] != kerns:
@@ -294,11 +294,23 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
     return Keep(fwd, bwd, full, tuple(slots), tuple(k.name for k in kerns)), None
 
 
-def _blocks_calls(gm, n: int) -> list:
-    """The chunk graph's ``causal_blocks`` calls, if every one of its ``n`` attention calls is one."""
-    calls = gm.graph.find_nodes(op="call_function", target=torch.ops.streamfx.causal_blocks.default)
-    if len(calls) != n or any(kernels.of(x) is not None for x in gm.graph.nodes):
-        raise CannotStream("not every fused attention of the chunk runs as causal blocks")
+def _keepable_calls(gm, n: int) -> list:
+    """The chunk graph's ``n`` attention calls, if each is plain causal attention whose backward can
+    read a kept output and log-sum-exp: ``causal_blocks``, or a bottom-right kernel called with its
+    own causal flag, no mask and no dropout."""
+    calls = []
+    for x in gm.graph.nodes:
+        kern = kernels.of(x)
+        if x.target is torch.ops.streamfx.causal_blocks.default:
+            calls.append(x)
+        elif kern is not None:
+            b = bind(x)
+            if not (kern.keeps and kern.alignment == "bottom-right" and b.get("is_causal")
+                    and (kern.mask is None or b.get(kern.mask) is None) and not b.get("dropout_p")):
+                raise CannotStream(f"a chunk's attention on the {kern.name} kernel is not plain causal")
+            calls.append(x)
+    if len(calls) != n:
+        raise CannotStream(f"the chunk holds {len(calls)} attention calls for {n} sites")
     return calls
 
 
@@ -321,21 +333,29 @@ def _output_attention(gm: fx.GraphModule, calls) -> None:
 
 
 def _read_kept_attention(gm: fx.GraphModule, calls, n_tensors: int) -> None:
-    """Each ``causal_blocks`` call replaced by ``kept_blocks`` reading its output and
-    log-sum-exp from two new placeholders (after the ``n_tensors`` tensor placeholders)."""
+    """Each attention call replaced by ``kept_blocks`` (for ``causal_blocks``) or ``kept_attention``
+    (a kernel's own call) reading its output and log-sum-exp from two new placeholders (after the
+    ``n_tensors`` tensor placeholders)."""
     g = gm.graph
     phs = g.find_nodes(op="placeholder")
     anchor = phs[n_tensors] if len(phs) > n_tensors else next(n for n in g.nodes if n.op != "placeholder")
     for i, call in enumerate(calls):
         with g.inserting_before(anchor):
             out, lse = g.placeholder(f"kept_{i}_out"), g.placeholder(f"kept_{i}_lse")
-        kernel, q, k, v, scale = call.args
+        if call.target is torch.ops.streamfx.causal_blocks.default:
+            kernel, q, k, v, scale = call.args
+            op = torch.ops.streamfx.kept_blocks.default
+        else:
+            b = bind(call)
+            kernel, q, k, v, scale = kernels.of(call).name, b["query"], b["key"], b["value"], b.get("scale")
+            op = torch.ops.streamfx.kept_attention.default
         with g.inserting_before(call):
-            new = g.call_function(torch.ops.streamfx.kept_blocks.default, (kernel, q, k, v, out, lse, scale))
+            new = g.call_function(op, (kernel, q, k, v, out, lse, scale))
         for u in list(call.users):
-            if u.args[1] != 0:
+            if u.target is not operator.getitem or (u.args[1] != 0 and u.users):
                 raise CannotStream("the attention's log-sum-exp is read inside the chunk")
-            u.replace_all_uses_with(new)
+            if u.args[1] == 0:
+                u.replace_all_uses_with(new)
             g.erase_node(u)
         g.erase_node(call)
     g.eliminate_dead_code()

@@ -145,6 +145,31 @@ def _kept_backward(ctx, dout):
 kept_blocks.register_autograd(_kept_backward, setup_context=_kept_setup)
 
 
+@torch.library.custom_op("streamfx::kept_attention", mutates_args=())
+def kept_attention(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor, scale: float | None) -> torch.Tensor:
+    """A chunk's causal attention run as one call of a kernel that aligns causal to the bottom
+    right itself (flash), where its forward ran already: ``out`` and ``lse`` ([B, H, L] fp32)
+    kept from it. Returns ``out`` (a copy); its backward is the kernel's, from them."""
+    return out.clone()
+
+
+@kept_attention.register_fake
+def _kept_attention_fake(kernel, q, k, v, out, lse, scale):
+    return torch.empty_like(out)
+
+
+def _kept_attention_backward(ctx, dout):
+    q, k, v, out, lse = ctx.saved_tensors
+    kern = kernels.BY_NAME[ctx.kernel]
+    out = out if out.stride(-1) == 1 else out.contiguous()
+    dq, dk, dv = kern.call_backward(dout.contiguous(), q, k, v, out, lse.contiguous(), True, ctx.scale)[:3]
+    return None, dq, dk, dv, None, None, None
+
+
+kept_attention.register_autograd(_kept_attention_backward, setup_context=_kept_setup)
+
+
 # What the ops allocate inside beyond their outputs, for the memory model (``memory.WORKSPACE``),
 # phase by phase as the code above runs, with each block's kernel workspace from the kernel table.
 def _sizes(q, k, v):

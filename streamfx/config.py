@@ -54,8 +54,9 @@ class StreamConfig:
                      output and log-sum-exp of every layer kept in memory, about as many bytes
                      per token as the layer input again). Calls whose masks are not exactly
                      causal (padding, packed documents, a sliding window) recompute, their kept
-                     buffers unused; a layer whose attention cannot run as blocks of a kernel
-                     that reads them (see passes/kernels.py) keeps nothing, with a warning.
+                     buffers unused (warned once); a layer whose attention runs on a kernel
+                     whose backward cannot read them (see passes/kernels.py, ``Kernel.keeps``),
+                     or has no fused attention, keeps nothing, with a warning.
                      Not with offload, keep_every or memory_budget.
     memory_budget:   the memory a training step may reach, parameters, gradients and what is
                      held before the step included: bytes (an int), a string ("70GiB",

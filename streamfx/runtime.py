@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import itertools
 import time
+import warnings
 
 import torch
 import torch.fx as fx
@@ -448,6 +449,17 @@ class Keep:
             got += [out, kernels.BY_NAME[name].lse_view(lse, out.shape[-2]).float()]
         return got
 
+    def chunk(self, extra: list) -> list:
+        """A keeping query graph's extra outputs as the kept tensors: blocks give their merged
+        log-sum-exp already, a kernel's own call (bottom-right) its raw one."""
+        from .passes import kernels
+        got = list(extra)
+        for i, name in enumerate(self.kernels):
+            kern = kernels.BY_NAME[name]
+            if not kern.blocks:
+                got[2 * i + 1] = kern.lse_view(got[2 * i + 1], got[2 * i].shape[-2]).float()
+        return got
+
     def shapes_like(self, kept_chunk: list, T: int) -> list:
         """The whole-length shapes of kept tensors given one chunk's."""
         return [tuple(T if d == dim else n for d, n in enumerate(t.shape)) for t, dim in zip(kept_chunk, self.dims())]
@@ -480,6 +492,7 @@ class LayerProgram(RegionProgram):
                                       # masks are all exactly causal
     keep: Keep | None = None          # attention outputs kept for the backward (attention="keep")
     keep_refused: str | None = None   # why attention="keep" keeps nothing here
+    _said_recomputes: bool = False    # a call whose masks are not exactly causal was warned about
 
     @property
     def kv_gm(self) -> fx.GraphModule:
@@ -567,7 +580,7 @@ class LayerProgram(RegionProgram):
                     for j, spec in enumerate(self.out_specs):
                         _put_rows(result, j, outs[j], spec, s, e, T)
                     if keeping is not None:
-                        got = outs[n:]
+                        got = self.keep.chunk(outs[n:])
                         if kept is None:
                             kept = self.keep.empty(self.keep.shapes_like(got, T), got[0].device)
                         for buf, t, d in zip(kept, got, self.keep.dims()):
@@ -577,6 +590,12 @@ class LayerProgram(RegionProgram):
         if self.keep is None:
             return result
         if kept is None:   # (this call's masks are not exactly causal: its backward recomputes)
+            if not self._said_recomputes:
+                self._said_recomputes = True
+                warnings.warn(f"streamfx: attention='keep': a call of region '{self.name}' (T={T}) has masks that "
+                              f"are not exactly causal (padding, packed documents, a window shorter than the "
+                              f"sequence): its backward recomputes the attention, and what it keeps goes unused "
+                              f"(said once per region)", stacklevel=2)
             kept = self.keep.empty(self._kept_shapes(inputs, T), inputs[0].device)
         return result + kept
 

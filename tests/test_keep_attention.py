@@ -16,18 +16,43 @@ from conftest import assert_grads_match, grads_of, run_eager_and_compiled
 from test_failures import _failing_chunk
 from test_kernels import CASES, CHUNK, T, kernel_context, rel
 
-from streamfx import StreamBPError, blocks
+from streamfx import StreamBPError, blocks, emulate
 
 
 def _count_attention_forwards(monkeypatch) -> list:
-    """Every forward of ``streamfx::causal_blocks`` (a chunk's attention on a top-left kernel)."""
-    calls, merge = [], blocks._merge
+    """Every attention forward a streamed layer runs: ``streamfx::causal_blocks`` (a chunk's
+    attention on a top-left kernel, its blocks counted once), and each call of an emulated CUDA
+    kernel outside it (``streamfx.emulate``; the CPU's own kernel is not counted there)."""
+    from streamfx.runtime import LayerProgram
 
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return merge(*args, **kwargs)
+    calls, inside, merge, forward, regions = [], [], blocks._merge, emulate._forward, []
 
-    monkeypatch.setattr(blocks, "_merge", counted)
+    def in_region(method):
+        def run(self, *args, **kwargs):
+            regions.append(1)
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                regions.pop()
+        return run
+
+    def counted_merge(*args, **kwargs):
+        calls.append("blocks")
+        inside.append(1)
+        try:
+            return merge(*args, **kwargs)
+        finally:
+            inside.pop()
+
+    def counted_forward(*args, **kwargs):
+        if regions and not inside:
+            calls.append("kernel")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(blocks, "_merge", counted_merge)
+    monkeypatch.setattr(emulate, "_forward", counted_forward)
+    for name in ("forward", "backward"):
+        monkeypatch.setattr(LayerProgram, name, in_region(getattr(LayerProgram, name)))
     return calls
 
 
@@ -41,13 +66,13 @@ def _run(monkeypatch, kernel, case, attention, dtype=torch.float32, codegen="eag
     forwards = _count_attention_forwards(monkeypatch)
     with kernel_context(kernel, codegen):
         run = run_eager_and_compiled(model, inputs, options)
-    return run, len(forwards), model, inputs
+    return run, forwards, model, inputs
 
 
 # (kernel, case, whether the call's masks are exactly causal: the backward reads what was kept)
 KEPT = [("cpu", "causal", True), ("cpu", "hf_causal", True), ("cpu", "left_pad", False),
         ("efficient", "hf_causal", True), ("cudnn", "causal", True), ("efficient", "left_pad", False),
-        ("cpu", "gqa", True)]
+        ("cpu", "gqa", True), ("flash", "causal", True), ("flash", "gqa", True), ("cudnn", "gqa", True)]
 
 
 @pytest.mark.fast
@@ -57,13 +82,16 @@ def test_kept_attention_runs_its_forward_once_and_is_exact(monkeypatch, kernel, 
     masks are exactly causal (twice under ``attention="recompute"``); a padded batch's backward
     reads nothing kept (it recomputes its masked attention)."""
     chunks = zoo.LAYERS * -(-T // CHUNK)
-    run, forwards, _, _ = _run(monkeypatch, kernel, case, "keep")
-    assert not run.warnings, run.warnings
+    run, calls, _, _ = _run(monkeypatch, kernel, case, "keep")
+    forwards = len(calls)
+    said = [w for w in run.warnings if "its backward recomputes the attention" in w]
+    assert len(said) == (0 if kept else zoo.LAYERS) and len(run.warnings) == len(said), run.warnings
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
     assert run.counters["attention_kept"] == (chunks if kept else 0), run.counters
-    # (a padded batch's chunks call the kernel with their mask, not as blocks: none counted here)
-    assert forwards == (chunks if kept else 0), forwards
+    # once per chunk where kept; a padded batch's chunks (their masked kernel calls, counted where
+    # emulated) in the forward and again in the backward
+    assert forwards == (chunks if kept else 2 * chunks if kernel != "cpu" else 0), calls
     assert all(p.keep is not None for p in run.programs if p.name.startswith("layer"))
 
 
@@ -72,16 +100,18 @@ def test_recompute_runs_the_attention_forward_twice(monkeypatch):
     """The control of the test above: the default recomputes each chunk's attention."""
     chunks = zoo.LAYERS * -(-T // CHUNK)
     run, forwards, _, _ = _run(monkeypatch, "cpu", "hf_causal", "recompute")
-    assert forwards == 2 * chunks and run.counters["attention_kept"] == 0
+    assert len(forwards) == 2 * chunks and run.counters["attention_kept"] == 0
     assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
 
 
-def test_kept_attention_under_inductor(monkeypatch):
+@pytest.mark.parametrize("kernel,case", [("cpu", "hf_causal"),
+                                         pytest.param("flash", "causal", marks=pytest.mark.slow)])
+def test_kept_attention_under_inductor(monkeypatch, kernel, case):
     chunks = zoo.LAYERS * -(-T // CHUNK)
-    run, forwards, _, _ = _run(monkeypatch, "cpu", "hf_causal", "keep", codegen="inductor")
+    run, forwards, _, _ = _run(monkeypatch, kernel, case, "keep", codegen="inductor")
     assert not run.warnings, run.warnings
     assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
-    assert run.counters["attention_kept"] == chunks and forwards == chunks, (run.counters, forwards)
+    assert run.counters["attention_kept"] == chunks and len(forwards) == chunks, (run.counters, forwards)
 
 
 @pytest.mark.slow
@@ -100,15 +130,17 @@ def test_kept_attention_bf16_within_eager_rounding(monkeypatch):
 
 @pytest.mark.fast
 @pytest.mark.parametrize("kernel,model,why", [
-    ("flash", "tiny_llama", "flash kernel"),          # bottom-right causal: no blocks, its backward recomputes
     ("cpu", "qwen3_eager", "no fused attention"),     # matmul + softmax attention
+    ("cpu", "mistral_sliding", "not exactly causal"),  # window 5 < T: no call is exactly causal
 ])
 def test_keep_that_cannot_apply_says_why_and_stays_exact(kernel, model, why):
+    """A layer with no fused attention keeps nothing (said at compile time); a sliding window
+    shorter than the sequence is never exactly causal (said at the first such call)."""
     m, make_inputs = zoo.ZOO[model]()
     inputs = make_inputs(zoo.Case("t", 2, T))
     with kernel_context(kernel):
         run = run_eager_and_compiled(m, inputs, {"chunk_size": CHUNK, "attention": "keep"})
-    said = [w for w in run.warnings if "attention='keep' keeps nothing" in w]
+    said = [w for w in run.warnings if "attention='keep'" in w]
     assert said and why in said[0] and "recomputes the attention" in said[0], run.warnings
     assert run.counters["attention_kept"] == 0 and run.counters["chunks_backward"] > 0
     assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
@@ -185,6 +217,10 @@ def test_kept_attention_at_later_lengths_and_batch_sizes():
         inputs.loss_of(ref(*inputs.args, **inputs.kwargs)).backward()
         mine.zero_grad(set_to_none=True)
         before = COUNTERS["attention_kept"]
-        inputs.loss_of(compiled(*inputs.args, **inputs.kwargs)).backward()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            inputs.loss_of(compiled(*inputs.args, **inputs.kwargs)).backward()
+        said = [str(w.message) for w in caught if "attention='keep'" in str(w.message)]
+        assert len(said) == (0 if kept else zoo.LAYERS) and all(f"(T={length})" in w for w in said), said
         assert_grads_match(grads_of(ref), grads_of(mine), rtol=1e-5)
         assert COUNTERS["attention_kept"] - before == (zoo.LAYERS * -(-length // CHUNK) if kept else 0)

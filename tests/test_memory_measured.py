@@ -39,6 +39,21 @@ def test_layer_inputs_off_the_device_predicted_within_15_percent_of_measured(opt
 
 
 @pytest.mark.slow
+def test_kept_attention_predicted_within_15_percent_of_measured():
+    """attention="keep": every layer's attention output and log-sum-exp, region op outputs held
+    from the forward to the layer's backward, are in the step's peak as predicted."""
+    from streamfx.bench import memcheck
+
+    spec, T, options = "preset:qwen3-layers", 4096, {"attention": "keep"}
+    _, predicted = memcheck.predict(spec, [T], options)
+    got = memcheck.measure_in_subprocess(spec, [T], options)
+    assert "error" not in got, got["error"]
+    _, plain = memcheck.predict(spec, [T])
+    assert predicted[T] > plain[T], (predicted[T], plain[T])
+    assert abs(predicted[T] / got[T]["measured"] - 1) <= 0.15, (predicted[T], got[T]["measured"])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["preset:qwen3-layers", pytest.param("preset:qwen3-head", marks=pytest.mark.extended)])
 def test_checkpointing_prediction_within_15_percent_of_measured(spec):
     """The baseline a user compares against, predicted from the same graph: HF gradient
