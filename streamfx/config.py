@@ -51,8 +51,8 @@ class StreamConfig:
                      "recompute", run its forward again per chunk (as checkpointing does);
                      "keep", read its output and log-sum-exp kept from the forward (the kernel's
                      backward from them: the attention's forward runs once per step, for the
-                     output and log-sum-exp of every layer kept in memory, about as many bytes
-                     per token as the layer input again). Calls whose masks are not exactly
+                     output and log-sum-exp of every layer kept in memory: heads x head_dim x
+                     dtype bytes + heads x 4 bytes per token per layer). Calls whose masks are not exactly
                      causal (padding, packed documents, a sliding window) recompute, their kept
                      buffers unused (warned once); a layer whose attention runs on a kernel
                      whose backward cannot read them (see passes/kernels.py, ``Kernel.keeps``),

@@ -66,9 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiny", action="store_true", help="tiny shapes: the same code paths in a minute or two")
     p.add_argument("--parts", default=",".join(x.name for x in PLAN),
                    help=f"comma list, run in the plan's order (default: all of {', '.join(x.name for x in PLAN)})")
-    p.add_argument("--methods", default=",".join(parts.METHODS),
-                   help=f"comma list of the methods the memory, max_len and speed parts run (default: all of "
-                        f"{', '.join(parts.METHODS)})")
+    p.add_argument("--methods", default=",".join(parts.DEFAULT_METHODS),
+                   help=f"comma list of the methods the memory, max_len and speed parts run, of "
+                        f"{', '.join(parts.METHODS)} (default: {', '.join(parts.DEFAULT_METHODS)})")
     p.add_argument("--deadline", type=float, default=570.0, help="seconds for the whole command (default 570)")
     p.add_argument("--budget", action="append", default=[], metavar="PART=SECONDS",
                    help="a part's time budget in seconds instead of the plan's (repeatable), e.g. offload=70")

@@ -7,8 +7,9 @@ records what it left out. All run in this process: the longest-length search kee
 graphs across probes (one dynamic compile per method), which a process per probe would not.
 
 The compared methods (:data:`METHODS`): streamfx (``backend="streambp"``), Hugging Face gradient
-checkpointing in eager, and the same checkpointing under ``torch.compile``; every compile is
-``dynamic=True``, so no length recompiles.
+checkpointing in eager, the same checkpointing under ``torch.compile``, and streamfx with
+``attention="keep"`` (each layer's attention output and log-sum-exp kept from the forward; not in
+:data:`DEFAULT_METHODS`); every compile is ``dynamic=True``, so no length recompiles.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from . import presets as presets_mod
 from .methods import hf_checkpointing
 from .worker import _malloc_trim, _proc_status_bytes, _reset_hwm, compare_grads, describe_exception, is_oom
 
-METHODS = ("streamfx", "ckpt", "ckpt+compile")
+METHODS = ("streamfx", "ckpt", "ckpt+compile", "streamfx+keep")
+DEFAULT_METHODS = ("streamfx", "ckpt", "ckpt+compile")   # (streamfx+keep: asked for with --methods)
 KERNELS = ("flash", "efficient", "cudnn")
 
 
@@ -44,7 +46,7 @@ class Setup:
     mem_cap_bytes: int | None   # None: the device's memory
     streamfx_options: dict
     compile_backend: str        # the checkpointing row's torch.compile backend ("inductor"; tiny: "aot_eager")
-    methods: tuple = METHODS    # the methods the memory, max_len and speed parts run
+    methods: tuple = DEFAULT_METHODS    # the methods the memory, max_len and speed parts run
     offload_seq: int = 4096     # the offload part's length (the kernel preset)
     offload_chunk: int = 512
     deadline: float = float("inf")
@@ -159,7 +161,8 @@ def per_method(model) -> dict:
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
     twin = copy.deepcopy(model, memo=dict(tensors))
     hf_checkpointing(twin)
-    return {"streamfx": model, "ckpt": twin, "ckpt+compile": twin}
+    keeping = copy.deepcopy(model, memo=dict(tensors))   # (its own compile, with other options)
+    return {"streamfx": model, "ckpt": twin, "ckpt+compile": twin, "streamfx+keep": keeping}
 
 
 def stepper(method: str, model, setup: Setup):
@@ -168,8 +171,9 @@ def stepper(method: str, model, setup: Setup):
 
     from .methods import _streambp_backend
 
-    if method == "streamfx":
-        target = torch.compile(model, backend=_streambp_backend(), options=setup.streamfx_options, dynamic=True)
+    if method.startswith("streamfx"):
+        options = {**setup.streamfx_options, **({"attention": "keep"} if method == "streamfx+keep" else {})}
+        target = torch.compile(model, backend=_streambp_backend(), options=options, dynamic=True)
     else:
         target = model if method == "ckpt" else torch.compile(model, backend=setup.compile_backend, dynamic=True)
 
