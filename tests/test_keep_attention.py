@@ -1,8 +1,9 @@
 """``attention="keep"``: a streamed layer keeps each fused attention's output and log-sum-exp from
 the forward, and its backward runs the kernel's backward from them: the attention's forward runs
 once per step instead of twice, and the gradients are those of ``attention="recompute"`` (exact
-against eager). Calls whose masks are not exactly causal recompute; kernels whose backward cannot
-read blocks, and layers without fused attention, keep nothing and say so."""
+against eager). Calls whose masks are not exactly causal recompute, warned once; layers whose
+attention cannot read a kept output (no fused attention, a kernel without such a backward) keep
+nothing and say so."""
 from __future__ import annotations
 
 import copy
