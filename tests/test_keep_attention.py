@@ -225,3 +225,18 @@ def test_kept_attention_at_later_lengths_and_batch_sizes():
         assert len(said) == (0 if kept else zoo.LAYERS) and all(f"(T={length})" in w for w in said), said
         assert_grads_match(grads_of(ref), grads_of(mine), rtol=1e-5)
         assert COUNTERS["attention_kept"] - before == (zoo.LAYERS * -(-length // CHUNK) if kept else 0)
+
+
+@pytest.mark.fast
+def test_kept_attention_in_layers_compiled_alone():
+    """One graph per decoder layer (``layer.compile``, as FSDP2 and ZeRO-3 users compile): each
+    layer keeps its own attention, with its mask arriving as a graph input, exact."""
+    from test_pieces import OPTIONS, compare
+
+    model, make_inputs = zoo.qwen3()
+    ref = copy.deepcopy(model)
+    for layer in model.model.layers:
+        layer.compile(backend="streambp", options={**OPTIONS, "attention": "keep", "strict": True})
+    ran, messages = compare(ref, model, make_inputs("odd17"))
+    assert not messages, messages
+    assert ran["region_backward"] == zoo.LAYERS and ran["attention_kept"] == zoo.LAYERS * -(-17 // OPTIONS["chunk_size"])
