@@ -48,7 +48,7 @@ class Kernel:
     grouped_kv: bool                    # takes fewer K/V heads than query heads (query head h reads h // groups)
     mask_align: int | None = None       # its composite pads the mask's key dim to a multiple of this
     call: Callable | None = None        # (q, k, v, causal, scale) -> (out, raw lse): one block of keys, no mask
-    call_backward: Callable | None = None  # (dout, q, k, v, out, raw lse, causal, scale) -> (dq, dk, dv), no mask
+    call_backward: Callable | None = None  # (dout, q, k, v, out, raw lse, causal, scale, mask=None) -> (dq, dk, dv)
     lse_view: Callable | None = None    # (raw lse, L queries) -> its [B, H, L] float32 view
     bool_mask_fill: float = float("-inf")  # what its composite gives a boolean mask's hidden positions
     workspace: Callable | None = None   # (q, k, keys, backward) -> bytes it allocates inside beyond its
@@ -61,10 +61,16 @@ class Kernel:
     @property
     def keeps(self) -> bool:
         """Whether a chunk's causal attention on it can run its backward from an output and
-        log-sum-exp kept from the forward (``attention="keep"``): as blocks, or as one call where
-        the kernel aligns causal to the bottom right itself."""
+        log-sum-exp kept from the forward (``attention="keep"``): as blocks, as one call where
+        the kernel aligns causal to the bottom right itself, or as one call with the chunk's mask
+        (``keeps_masked``)."""
         return self.call_backward is not None and self.lse_view is not None and (
-            self.blocks or self.alignment == "bottom-right")
+            self.blocks or self.alignment == "bottom-right" or self.keeps_masked)
+
+    @property
+    def keeps_masked(self) -> bool:
+        """Whether its backward, called from a kept output and log-sum-exp, takes the call's mask."""
+        return self.call_backward is not None and self.lse_view is not None and self.mask is not None
 
     @property
     def blocks(self) -> bool:
@@ -82,8 +88,8 @@ def _efficient(q, k, v, causal, scale):
     return aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal, scale=scale)[:2]
 
 
-def _efficient_backward(dout, q, k, v, out, lse, causal, scale):
-    return aten._scaled_dot_product_efficient_attention_backward(dout, q, k, v, None, out, lse, *_no_rng(q), 0.0,
+def _efficient_backward(dout, q, k, v, out, lse, causal, scale, mask=None):
+    return aten._scaled_dot_product_efficient_attention_backward(dout, q, k, v, mask, out, lse, *_no_rng(q), 0.0,
                                                                  [True, True, True, False], causal, scale=scale)[:3]
 
 
@@ -91,12 +97,12 @@ def _cudnn(q, k, v, causal, scale):
     return aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)[:2]
 
 
-def _cudnn_backward(dout, q, k, v, out, lse, causal, scale):
-    return aten._scaled_dot_product_cudnn_attention_backward(dout, q, k, v, out, lse, *_no_rng(q), None, None, None,
+def _cudnn_backward(dout, q, k, v, out, lse, causal, scale, mask=None):
+    return aten._scaled_dot_product_cudnn_attention_backward(dout, q, k, v, out, lse, *_no_rng(q), mask, None, None,
                                                              q.shape[-2], k.shape[-2], 0.0, causal, scale=scale)
 
 
-def _flash_backward(dout, q, k, v, out, lse, causal, scale):
+def _flash_backward(dout, q, k, v, out, lse, causal, scale, mask=None):
     """FlashAttention-2's backward from its forward's output and log-sum-exp ([B, H, L] fp32), for a
     dense batch (no cumulative sequence lengths) without dropout."""
     return aten._scaled_dot_product_flash_attention_backward(dout, q, k, v, out, lse, None, None, q.shape[-2],
@@ -107,9 +113,9 @@ def _cpu_flash(q, k, v, causal, scale):
     return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
 
 
-def _cpu_flash_backward(dout, q, k, v, out, lse, causal, scale):
+def _cpu_flash_backward(dout, q, k, v, out, lse, causal, scale, mask=None):
     return aten._scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal,
-                                                                     scale=scale)
+                                                                     attn_mask=mask, scale=scale)
 
 
 def size_expr(n):

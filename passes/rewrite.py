@@ -240,10 +240,10 @@ def layer_program(plan, codegen: str, attention: str = "recompute") -> LayerProg
 
 def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
     """(``runtime.Keep``, None), or (None, why not): the query graph variants (``variants``: name
-    -> its attention edit) whose every fused attention runs as ``streamfx::causal_blocks`` get
-    two more: one whose forward also returns each attention's output and merged log-sum-exp, and
-    one whose attention reads them (``streamfx::kept_blocks``: the kernel's backward from them,
-    no forward again). A call that runs another variant (masks not exactly causal) recomputes.
+    -> its attention edit) whose every fused attention can read a kept output (``_keepable_calls``)
+    get two more: one whose forward also returns each attention's output and log-sum-exp, and one
+    whose attention reads them (``streamfx::kept_blocks`` / ``kept_attention``: the kernel's
+    backward from them, no forward again). A call that runs another variant recomputes.
     ``n_tensors``: the query graph's tensor placeholders (inputs, then keys and values)."""
     sites = sorted((s for s in plan.sites if s.kind.startswith("sdpa")), key=lambda s: plan.nodes.index(s.output))
     if not sites:
@@ -262,7 +262,7 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
         order = dim_order([hint(n) for n in out.shape], [hint(n) for n in out.stride()])
         slots.append(Slot((*qs.shape[:-1], vs.shape[-1]), q.dtype, str(q.device), order=order))
         slots.append(Slot(qs.shape[:-1], torch.float32, str(q.device)))
-    fwd, bwd = {}, {}
+    fwd, bwd, raw, why = {}, {}, {}, {}
     for name, edit in variants.items():
         def keeping(gm, edit=edit):
             edit(gm)
@@ -275,8 +275,12 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
         try:
             fwd[name] = query_graph(keeping)
             bwd[name] = query_graph(kept, more_slots=slots)
-        except CannotStream:
+            raw[name] = tuple(c.target is not torch.ops.streamfx.causal_blocks.default
+                              for c in _keepable_calls(fwd[name].gm, len(sites)))
+        except CannotStream as err:
             fwd.pop(name, None)
+            bwd.pop(name, None)
+            why[name] = err.describe() if hasattr(err, "describe") else str(err)
     if not bwd:
         return None, ("its chunks' attention is not plain causal (a mask that is not exactly causal stays in "
                       "it, or the attention has dropout)")
@@ -291,13 +295,13 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
                            edit=whole)
     except CannotStream as err:
         return None, str(err)
-    return Keep(fwd, bwd, full, tuple(slots), tuple(k.name for k in kerns)), None
+    return Keep(fwd, bwd, full, tuple(slots), tuple(k.name for k in kerns), raw, why), None
 
 
 def _keepable_calls(gm, n: int) -> list:
-    """The chunk graph's ``n`` attention calls, if each is plain causal attention whose backward can
-    read a kept output and log-sum-exp: ``causal_blocks``, or a bottom-right kernel called with its
-    own causal flag, no mask and no dropout."""
+    """The chunk graph's ``n`` attention calls, if the backward of each can read a kept output and
+    log-sum-exp: ``causal_blocks``, a bottom-right kernel called with its own causal flag and no
+    mask, or a kernel called with the chunk's mask whose backward takes it; no dropout."""
     calls = []
     for x in gm.graph.nodes:
         kern = kernels.of(x)
@@ -305,9 +309,11 @@ def _keepable_calls(gm, n: int) -> list:
             calls.append(x)
         elif kern is not None:
             b = bind(x)
-            if not (kern.keeps and kern.alignment == "bottom-right" and b.get("is_causal")
-                    and (kern.mask is None or b.get(kern.mask) is None) and not b.get("dropout_p")):
-                raise CannotStream(f"a chunk's attention on the {kern.name} kernel is not plain causal")
+            mask = b.get(kern.mask) if kern.mask else None
+            plain = kern.alignment == "bottom-right" and b.get("is_causal") and mask is None
+            masked = kern.keeps_masked and mask is not None and not b.get("is_causal")
+            if not (kern.keeps and (plain or masked)) or b.get("dropout_p"):
+                raise CannotStream(f"a chunk's attention on the {kern.name} kernel cannot read a kept output")
             calls.append(x)
     if len(calls) != n:
         raise CannotStream(f"the chunk holds {len(calls)} attention calls for {n} sites")
@@ -345,12 +351,14 @@ def _read_kept_attention(gm: fx.GraphModule, calls, n_tensors: int) -> None:
         if call.target is torch.ops.streamfx.causal_blocks.default:
             kernel, q, k, v, scale = call.args
             op = torch.ops.streamfx.kept_blocks.default
+            args = (kernel, q, k, v, out, lse, scale)
         else:
-            b = bind(call)
-            kernel, q, k, v, scale = kernels.of(call).name, b["query"], b["key"], b["value"], b.get("scale")
+            b, kern = bind(call), kernels.of(call)
+            args = (kern.name, b["query"], b["key"], b["value"], out, lse, b.get(kern.mask) if kern.mask else None,
+                    bool(b.get("is_causal")), b.get("scale"))
             op = torch.ops.streamfx.kept_attention.default
         with g.inserting_before(call):
-            new = g.call_function(op, (kernel, q, k, v, out, lse, scale))
+            new = g.call_function(op, args)
         for u in list(call.users):
             if u.target is not operator.getitem or (u.args[1] != 0 and u.users):
                 raise CannotStream("the attention's log-sum-exp is read inside the chunk")

@@ -147,27 +147,40 @@ kept_blocks.register_autograd(_kept_backward, setup_context=_kept_setup)
 
 @torch.library.custom_op("streamfx::kept_attention", mutates_args=())
 def kept_attention(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                   lse: torch.Tensor, scale: float | None) -> torch.Tensor:
-    """A chunk's causal attention run as one call of a kernel that aligns causal to the bottom
-    right itself (flash), where its forward ran already: ``out`` and ``lse`` ([B, H, L] fp32)
-    kept from it. Returns ``out`` (a copy); its backward is the kernel's, from them."""
+                   lse: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float | None) -> torch.Tensor:
+    """A chunk's attention run as one call of its kernel (flash's own bottom-right causal, or any
+    kernel with the chunk's mask), where its forward ran already: ``out`` and ``lse`` ([B, H, L]
+    fp32) kept from it. Returns ``out`` (a copy); its backward is the kernel's, from them (and the
+    mask)."""
     return out.clone()
 
 
 @kept_attention.register_fake
-def _kept_attention_fake(kernel, q, k, v, out, lse, scale):
+def _kept_attention_fake(kernel, q, k, v, out, lse, mask, causal, scale):
     return torch.empty_like(out)
 
 
+def _kept_attention_setup(ctx, inputs, output):
+    kernel, q, k, v, out, lse, mask, causal, scale = inputs
+    ctx.kernel, ctx.causal, ctx.scale = kernel, causal, scale
+    ctx.save_for_backward(q, k, v, out, lse, mask)
+
+
 def _kept_attention_backward(ctx, dout):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, mask = ctx.saved_tensors
+    if mask is not None and ctx.needs_input_grad[6]:
+        raise RuntimeError("streamfx: attention='keep' with an attention mask that needs a gradient "
+                           "(the kernel's backward from a kept output gives none)")
     kern = kernels.BY_NAME[ctx.kernel]
-    out = out if out.stride(-1) == 1 else out.contiguous()
-    dq, dk, dv = kern.call_backward(dout.contiguous(), q, k, v, out, lse.contiguous(), True, ctx.scale)[:3]
-    return None, dq, dk, dv, None, None, None
+    if kern.call is not None:   # (the output and lse in the layouts its forward gives)
+        out, lse = _in_kernel_layout(kern, q, k, v, ctx.causal, ctx.scale, out, lse)
+    else:
+        out, lse = (out if out.stride(-1) == 1 else out.contiguous()), lse.contiguous()
+    dq, dk, dv = kern.call_backward(dout.contiguous(), q, k, v, out, lse, ctx.causal, ctx.scale, mask)[:3]
+    return None, dq, dk, dv, None, None, None, None, None
 
 
-kept_attention.register_autograd(_kept_attention_backward, setup_context=_kept_setup)
+kept_attention.register_autograd(_kept_attention_backward, setup_context=_kept_attention_setup)
 
 
 # What the ops allocate inside beyond their outputs, for the memory model (``memory.WORKSPACE``),

@@ -52,11 +52,11 @@ class StreamConfig:
                      "keep", read its output and log-sum-exp kept from the forward (the kernel's
                      backward from them: the attention's forward runs once per step, for the
                      output and log-sum-exp of every layer kept in memory: heads x head_dim x
-                     dtype bytes + heads x 4 bytes per token per layer). Calls whose masks are not exactly
-                     causal (padding, packed documents, a sliding window) recompute, their kept
-                     buffers unused (warned once); a layer whose attention runs on a kernel
-                     whose backward cannot read them (see passes/kernels.py, ``Kernel.keeps``),
-                     or has no fused attention, keeps nothing, with a warning.
+                     dtype bytes + heads x 4 bytes per token per layer), with or without a data
+                     mask (padding, packed documents, a sliding window: the kernel's backward
+                     takes the chunk's mask). A layer whose attention runs on a kernel whose
+                     backward cannot read them (see passes/kernels.py, ``Kernel.keeps``), or has
+                     no fused attention, keeps nothing, with a warning.
                      Not with offload, keep_every or memory_budget.
     memory_budget:   the memory a training step may reach, parameters, gradients and what is
                      held before the step included: bytes (an int), a string ("70GiB",

@@ -430,6 +430,9 @@ class Keep:
     full: ChunkGraph
     slots: tuple
     kernels: tuple            # per attention: its kernel's name (the whole graph's raw lse layout)
+    raw: dict = dataclasses.field(default_factory=dict)  # per variant, per attention: whether its
+                              # keeping graph returns the kernel's raw lse (a kernel's own call), not blocks' merged one
+    why: dict = dataclasses.field(default_factory=dict)  # per variant that keeps nothing: why
 
     def dims(self) -> list:
         """The sequence dim of each kept tensor."""
@@ -449,15 +452,14 @@ class Keep:
             got += [out, kernels.BY_NAME[name].lse_view(lse, out.shape[-2]).float()]
         return got
 
-    def chunk(self, extra: list) -> list:
+    def chunk(self, extra: list, variant: str) -> list:
         """A keeping query graph's extra outputs as the kept tensors: blocks give their merged
-        log-sum-exp already, a kernel's own call (bottom-right) its raw one."""
+        log-sum-exp already, a kernel's own call its raw one."""
         from .passes import kernels
         got = list(extra)
         for i, name in enumerate(self.kernels):
-            kern = kernels.BY_NAME[name]
-            if not kern.blocks:
-                got[2 * i + 1] = kern.lse_view(got[2 * i + 1], got[2 * i].shape[-2]).float()
+            if self.raw[variant][i]:
+                got[2 * i + 1] = kernels.BY_NAME[name].lse_view(got[2 * i + 1], got[2 * i].shape[-2]).float()
         return got
 
     def shapes_like(self, kept_chunk: list, T: int) -> list:
@@ -580,7 +582,7 @@ class LayerProgram(RegionProgram):
                     for j, spec in enumerate(self.out_specs):
                         _put_rows(result, j, outs[j], spec, s, e, T)
                     if keeping is not None:
-                        got = self.keep.chunk(outs[n:])
+                        got = self.keep.chunk(outs[n:], self.variant(graph))
                         if kept is None:
                             kept = self.keep.empty(self.keep.shapes_like(got, T), got[0].device)
                         for buf, t, d in zip(kept, got, self.keep.dims()):
@@ -592,10 +594,11 @@ class LayerProgram(RegionProgram):
         if kept is None:   # (this call's masks are not exactly causal: its backward recomputes)
             if not self._said_recomputes:
                 self._said_recomputes = True
-                warnings.warn(f"streamfx: attention='keep': a call of region '{self.name}' (T={T}) has masks that "
-                              f"are not exactly causal (padding, packed documents, a window shorter than the "
-                              f"sequence): its backward recomputes the attention, and what it keeps goes unused "
-                              f"(said once per region)", stacklevel=2)
+                why = self.keep.why.get(self.variant(graph), "")
+                warnings.warn(f"streamfx: attention='keep': a call of region '{self.name}' (T={T}) runs its "
+                              f"{'masked' if graph is self.chunk else self.variant(graph)} query graph, which keeps "
+                              f"nothing ({why}): its backward recomputes the attention, and the buffers kept for "
+                              f"it go unused (said once per region)", stacklevel=2)
             kept = self.keep.empty(self._kept_shapes(inputs, T), inputs[0].device)
         return result + kept
 
