@@ -264,9 +264,11 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
         slots.append(Slot(qs.shape[:-1], torch.float32, str(q.device)))
     fwd, bwd, raw, why = {}, {}, {}, {}
     for name, edit in variants.items():
-        def keeping(gm, edit=edit):
+        def keeping(gm, edit=edit, name=name):
             edit(gm)
-            _output_attention(gm, _keepable_calls(gm, len(sites)))
+            calls = _keepable_calls(gm, len(sites))
+            raw[name] = tuple(c.target is not torch.ops.streamfx.causal_blocks.default for c in calls)
+            _output_attention(gm, calls)
 
         def kept(gm, edit=edit):
             edit(gm)
@@ -275,12 +277,10 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
         try:
             fwd[name] = query_graph(keeping)
             bwd[name] = query_graph(kept, more_slots=slots)
-            raw[name] = tuple(c.target is not torch.ops.streamfx.causal_blocks.default
-                              for c in _keepable_calls(fwd[name].gm, len(sites)))
         except CannotStream as err:
-            fwd.pop(name, None)
-            bwd.pop(name, None)
-            why[name] = err.describe() if hasattr(err, "describe") else str(err)
+            for made in (fwd, bwd, raw):
+                made.pop(name, None)
+            why[name] = err.describe()
     if not bwd:
         return None, ("its chunks' attention is not plain causal (a mask that is not exactly causal stays in "
                       "it, or the attention has dropout)")
@@ -294,7 +294,7 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
         full = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, plan.sd, whole=True,
                            edit=whole)
     except CannotStream as err:
-        return None, str(err)
+        return None, err.describe()
     return Keep(fwd, bwd, full, tuple(slots), tuple(k.name for k in kerns), raw, why), None
 
 

@@ -434,37 +434,30 @@ class Keep:
                               # keeping graph returns the kernel's raw lse (a kernel's own call), not blocks' merged one
     why: dict = dataclasses.field(default_factory=dict)  # per variant that keeps nothing: why
 
-    def dims(self) -> list:
+    @functools.cached_property
+    def dims(self) -> tuple:
         """The sequence dim of each kept tensor."""
-        return [next(d for d, n in enumerate(s.shape) if isinstance(n, str)) for s in self.slots]
+        return tuple(next(d for d, n in enumerate(s.shape) if isinstance(n, str)) for s in self.slots)
 
     def empty(self, shapes: list, device) -> list:
         """Whole-length buffers of the given shapes, laid out as the slots say (the fake and the
         real values of the region op's outputs alike)."""
         return [empty_in_order(shape, slot.order, slot.dtype, device) for shape, slot in zip(shapes, self.slots)]
 
-    def whole(self, extra: list) -> list:
-        """The whole graph's extra outputs (output, raw lse per attention) as the kept tensors."""
-        from .passes import kernels
-        got = []
-        for i, name in enumerate(self.kernels):
-            out, lse = extra[2 * i], extra[2 * i + 1]
-            got += [out, kernels.BY_NAME[name].lse_view(lse, out.shape[-2]).float()]
-        return got
-
-    def chunk(self, extra: list, variant: str) -> list:
-        """A keeping query graph's extra outputs as the kept tensors: blocks give their merged
-        log-sum-exp already, a kernel's own call its raw one."""
+    def tensors(self, extra: list, raw) -> list:
+        """A keeping graph's extra outputs (output, lse per attention) as the kept tensors: the
+        lse of an attention whose ``raw`` flag is set is the kernel's own (a kernel's call), its
+        [B, H, L] fp32 view taken; blocks give their merged one already."""
         from .passes import kernels
         got = list(extra)
-        for i, name in enumerate(self.kernels):
-            if self.raw[variant][i]:
+        for i, (name, is_raw) in enumerate(zip(self.kernels, raw)):
+            if is_raw:
                 got[2 * i + 1] = kernels.BY_NAME[name].lse_view(got[2 * i + 1], got[2 * i].shape[-2]).float()
         return got
 
     def shapes_like(self, kept_chunk: list, T: int) -> list:
         """The whole-length shapes of kept tensors given one chunk's."""
-        return [tuple(T if d == dim else n for d, n in enumerate(t.shape)) for t, dim in zip(kept_chunk, self.dims())]
+        return [tuple(T if d == dim else n for d, n in enumerate(t.shape)) for t, dim in zip(kept_chunk, self.dims)]
 
 
 @dataclasses.dataclass
@@ -582,10 +575,10 @@ class LayerProgram(RegionProgram):
                     for j, spec in enumerate(self.out_specs):
                         _put_rows(result, j, outs[j], spec, s, e, T)
                     if keeping is not None:
-                        got = self.keep.chunk(outs[n:], self.variant(graph))
+                        got = self.keep.tensors(outs[n:], self.keep.raw[self.variant(graph)])
                         if kept is None:
                             kept = self.keep.empty(self.keep.shapes_like(got, T), got[0].device)
-                        for buf, t, d in zip(kept, got, self.keep.dims()):
+                        for buf, t, d in zip(kept, got, self.keep.dims):
                             buf.narrow(d, s, e - s).copy_(t)
                     del outs, chunk   # (before the next chunk runs)
             written_up_to(T)  # (a generator left unfinished would hold its buffers)
@@ -628,7 +621,7 @@ class LayerProgram(RegionProgram):
         if reads_kept is None:
             kept = ()
         fn_kv, fn = self.fn(self.kv), self.fn(reads_kept or graph)
-        dims = self.keep.dims() if kept else ()
+        dims = self.keep.dims if kept else ()
         # wide chunks first: their dK/dV reach rows after them
         for (s, e), (lo, hi) in zip(bounds, ranges):
             if hi > e:
@@ -763,7 +756,7 @@ def _forward_keeping_whole(prog, inputs: list, fake: bool = False) -> list:
     their fake values (shapes only)."""
     outs = list(prog.keep.full.fn("eager", train=False)(*inputs))
     n = len(prog.out_specs)
-    got = prog.keep.whole(outs[n:])
+    got = prog.keep.tensors(outs[n:], [True] * len(prog.keep.kernels))   # (the whole graph's kernel calls)
     kept = prog.keep.empty([t.shape for t in got], got[0].device)
     if not fake:
         for buf, t in zip(kept, got):
