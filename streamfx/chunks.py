@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import warnings
 from typing import Callable
 
@@ -35,7 +36,10 @@ COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chu
             "chunk_compiles": 0, "chunk_compile_failures": 0, "mask_checks": 0, "mask_found_causal": 0,
             "region_fallbacks": 0,
             "unit_backward": 0,     # (a Function's own backward, run for a chunk or a whole tensor)
-            "attention_kept": 0}    # (a layer chunk's backward that read its attention kept from the forward)
+            "attention_kept": 0,    # (a layer chunk's backward that read its attention kept from the forward)
+            "vjp_compiles": 0,      # (a chunk graph's recomputation and backward compiled as one graph)
+            "vjp_fallbacks": 0}     # (... which the joint trace or Inductor did not take: the training compile runs)
+_log = logging.getLogger("streamfx")
 _COMPILED: dict[tuple, Callable] = {}
 _CHECKED: dict[tuple, list | Exception] = {}
 _GENERATION = [0]   # bumped by ``forget``: what a chunk graph remembers of _COMPILED is stale
@@ -149,6 +153,29 @@ class ChunkGraph:
                               f"could not compile it ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
                 _COMPILED[key] = self._with_sizes(self.gm)
         self._fns[(grads, train)] = (_COMPILED[key], _GENERATION[0])
+        return _COMPILED[key]
+
+    def vjp(self, codegen: str, grads: tuple) -> "Vjp | None":
+        """The graph's vector-Jacobian product as one compiled inference graph (Inductor's code
+        for the chunk's recomputation and its backward together, with nothing of the forward
+        computed that no gradient reads: a layer's last projection, whose output only its
+        backward's input is), or None where the chunk runs as the training compile and autograd
+        (eager codegen, or a graph the joint trace or compile does not take)."""
+        if codegen == "eager":
+            return None
+        grads = tuple(sorted(grads))
+        mine = self._fns.get(("vjp", grads))
+        if mine is not None and mine[1] == _GENERATION[0]:
+            return mine[0]
+        key = (self.key(), grads, "vjp")
+        if key not in _COMPILED:
+            try:
+                _COMPILED[key] = Vjp(self, grads)
+            except Exception as e:  # noqa: BLE001 - the training compile runs it instead
+                COUNTERS["vjp_fallbacks"] += 1
+                _log.debug("streamfx: %s: no joint vjp compile (%s: %s)", self.name, type(e).__name__, e)
+                _COMPILED[key] = None
+        self._fns[("vjp", grads)] = (_COMPILED[key], _GENERATION[0])
         return _COMPILED[key]
 
     def _with_sizes(self, f: Callable, fit: bool = False) -> Callable:
@@ -290,6 +317,111 @@ def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool) -> Calla
             torch.set_grad_enabled(train), inductor_config.patch(onehot.compile_config()), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
         return compile_fx(gm, fakes)
+
+
+class Vjp:
+    """A chunk graph's vector-Jacobian product: ``vjp(xs, out_grads)`` recomputes the chunk and
+    returns the gradients of its ``grads`` inputs (None where one does not depend on the outputs
+    given a gradient), or None when no output that needs a gradient got one. Traced as the
+    backward of the chunk with ``make_fx`` (the chunk's forward, ``autograd.grad`` of the outputs
+    given gradients) and compiled by Inductor as one inference graph, once per set of outputs
+    given a gradient, on the same symbolic inputs as ``compile_graph``: every chunk length, key
+    length and batch size runs one compile."""
+
+    def __init__(self, graph: ChunkGraph, grads: tuple):
+        self.graph, self.grads = graph, grads
+        self._given: dict = {}
+        mode, fakes = fake_inputs(graph.slots, graph.sizes, grads)
+        outs = _trace_outputs(graph, mode, fakes)
+        # (the outputs that need a gradient: their gradients are the tangents)
+        self.needs = tuple(i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad)
+        if self.needs:
+            self._compiled(self.needs)   # (the usual call: every output given a gradient)
+
+    def _compiled(self, given: tuple):
+        if given not in self._given:
+            COUNTERS["vjp_compiles"] += 1
+            self._given[given] = _compile_vjp(self.graph, self.grads, given)
+        return self._given[given]
+
+    def __call__(self, xs: list, out_grads: list):
+        given = tuple(i for i in self.needs if out_grads[i] is not None)
+        if not given:
+            return None
+        fn, shapes, dtypes, where, present = self._compiled(given)
+        graph = self.graph
+        for group in graph.agree:
+            if len({xs[i].shape[d] for i, d in group}) != 1:
+                raise RuntimeError(f"streamfx: inputs of {graph.name} that share an axis differ in size "
+                                   f"({[tuple(xs[i].shape) for i, _ in group]})")
+        args = [slot.fit(x) for slot, x in zip(graph.slots, xs)]
+        sizes = [args[i].shape[d] for i, d in graph.locate]
+        values = {sym: args[i].shape[d] for sym, (i, d) in where.items()}
+        tangents = [out_grads[j].reshape([n if isinstance(n, int) else int(n.xreplace(values)) for n in shape])
+                    .to(dtype).contiguous() for j, shape, dtype in zip(given, shapes, dtypes)]
+        got = iter(fn(*args, *sizes, *tangents))
+        return [next(got) if p else None for p in present], tangents
+
+
+def _trace_outputs(graph: ChunkGraph, mode, fakes) -> list:
+    from .runtime import autograd_inside_op
+
+    with mode, autograd_inside_op(), torch.enable_grad():
+        return list(graph.gm(*fakes))
+
+
+def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple):
+    """(compiled fn(*inputs, *sizes, *tangents) -> the gradients that exist, the tangents' shapes
+    in the inputs' symbols, their dtypes, {symbol: (input, dim)} to read them from, which of
+    ``grads`` has a gradient)."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from . import onehot
+    from .runtime import autograd_inside_op
+
+    mode, fakes = fake_inputs(graph.slots, graph.sizes, grads)
+    n, m = len(graph.slots), len(graph.sizes)
+    outs = _trace_outputs(graph, mode, fakes)
+    where = {}
+    for i, x in enumerate(fakes[:n]):
+        for d, size in enumerate(x.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                where.setdefault(size.node.expr, (i, d))
+    shapes = []
+    for j in given:
+        shape = tuple(int(s) if not isinstance(s, torch.SymInt) else s.node.expr for s in outs[j].shape)
+        missing = {f for s in shape if not isinstance(s, int) for f in s.free_symbols} - where.keys()
+        if missing:
+            raise ValueError(f"output {j}'s size symbols {sorted(map(str, missing))} are no input's dims")
+        shapes.append(tuple(int(s) if not isinstance(s, int) and s.is_number else s for s in shape))
+    with mode:
+        tangents = [torch.empty(outs[j].shape, dtype=outs[j].dtype, device=outs[j].device) for j in given]
+    present = []
+    gm = graph.gm
+
+    def joint(*args):
+        primals, sizes, tans = args[:n], args[n:n + m], args[n + m:]
+        with torch.enable_grad():
+            o = gm(*primals, *sizes)
+            got = torch.autograd.grad([o[j] for j in given], [primals[i] for i in grads], list(tans),
+                                      allow_unused=True)
+        present[:] = [g is not None for g in got]
+        return [g for g in got if g is not None]
+
+    _LazyGraphModule.force_recompile(gm)
+    # (the backward on the calling thread, as AOTAutograd traces its joint graph: the autograd
+    # engine runs a CUDA backward on its device thread, where the trace's dispatch state is not set)
+    with mode, autograd_inside_op(), torch.autograd.set_multithreading_enabled(False):
+        traced = make_fx(joint)(*fakes, *tangents)
+    with mode:
+        inputs = [x.detach() if isinstance(x, torch.Tensor) else x for x in fakes] + tangents
+    with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
+            torch.set_grad_enabled(False), inductor_config.patch(onehot.compile_config()), \
+            functorch_config.patch(force_non_lazy_backward_lowering=True):
+        fn = compile_fx(traced, inputs)
+    return fn, shapes, [t.dtype for t in tangents], where, tuple(present)
 
 
 def check(graph: ChunkGraph) -> None:

@@ -620,7 +620,10 @@ class LayerProgram(RegionProgram):
         reads_kept = self.keep.bwd.get(self.variant(graph)) if self.keep is not None and kept else None
         if reads_kept is None:
             kept = ()
-        fn_kv, fn = self.fn(self.kv), self.fn(reads_kept or graph)
+        query = reads_kept or graph
+        vjp_kv, vjp = self.vjp(self.kv), self.vjp(query)
+        fn_kv = self.fn(self.kv) if vjp_kv is None else None
+        fn = (vjp, self.fn(query) if vjp is None else None, self._grads_of(query))
         dims = self.keep.dims if kept else ()
         # wide chunks first: their dK/dV reach rows after them
         for (s, e), (lo, hi) in zip(bounds, ranges):
@@ -635,6 +638,15 @@ class LayerProgram(RegionProgram):
                 if rows:
                     COUNTERS["attention_kept"] += 1
             # rows [s, e) of dK/dV are final: push them through the K/V producers now
+            if vjp_kv is not None:
+                with failures.chunk("backward", s, e, T):
+                    xs = sliced if sliced is not None else self.chunk_inputs(inputs, s, e)
+                    ran = vjp_kv(xs, [g.narrow(d, s, e - s) for g, d in zip(dKV, self.kv_dims)])
+                if ran is not None:
+                    got, given = _in_grad_order(self._grads_of(self.kv), ran[0]), ran[1]
+                    self._accumulate(acc, got, s, e, given=given)
+                del xs, ran, sliced
+                continue
             with failures.chunk("backward", s, e, T), autograd_inside_op(), torch.enable_grad():
                 xs = self._leaves(sliced if sliced is not None else self.chunk_inputs(inputs, s, e))
                 kvs = fn_kv(*xs)
@@ -655,6 +667,21 @@ class LayerProgram(RegionProgram):
         and chunk input gradients and dK/dV over [lo, hi). Returns the chunk's sliced inputs.
         ``kept_rows``: the chunk's rows of the kept attention tensors (``fn`` reads them)."""
         T = self.length(inputs)
+        vjp, fn, order = fn
+        if vjp is not None:
+            with failures.chunk("backward", s, e, T):
+                sliced = self.chunk_inputs(inputs, s, e, lo, hi)
+                prefix = self.prefix(KV, lo, hi)
+                ran = vjp([*sliced, *prefix, *kept_rows],
+                          [spec.rows(g, s, e, T) if g is not None else None for g, spec in zip(grads, self.out_specs)])
+            if ran is None:
+                return sliced
+            got, n = _in_grad_order(order, ran[0]), len(prefix)
+            self._accumulate(acc, got[:-n], s, e, lo, hi, given=list(ran[1]) + [g for g in got[-n:] if g is not None])
+            for buf, g, d in zip(dKV, got[-n:], self.kv_dims):
+                if g is not None:
+                    buf.narrow(d, lo, hi - lo).add_(g)
+            return sliced
         with failures.chunk("backward", s, e, T), autograd_inside_op(), torch.enable_grad():
             sliced = self.chunk_inputs(inputs, s, e, lo, hi)
             xs = self._leaves(sliced)
@@ -674,19 +701,35 @@ class LayerProgram(RegionProgram):
                 buf.narrow(d, lo, hi - lo).add_(g)
         return sliced
 
-    def fn(self, graph: ChunkGraph | None = None, train: bool = True):
-        graph = graph or self.chunk
-        # the query graph's last inputs are the K/V prefix: with train, they get gradients
+    def _grads_of(self, graph: ChunkGraph) -> list:
+        """The inputs of a chunk graph that get a gradient: the region's, and the K/V prefix (a
+        query graph's last inputs)."""
         n = len(self.in_specs)
         queries = graph is self.chunk or graph is self.causal or (
             self.keep is not None and any(graph is g for g in (*self.keep.fwd.values(), *self.keep.bwd.values())))
-        grads = list(self.grad_inputs) + (list(range(n, n + len(self.kv_dims))) if queries else [])
+        return list(self.grad_inputs) + (list(range(n, n + len(self.kv_dims))) if queries else [])
+
+    def vjp(self, graph: ChunkGraph):
+        """The chunk graph's recomputation and backward compiled as one graph (``ChunkGraph.vjp``),
+        or None: its training compile and autograd run it."""
+        return graph.vjp(self.codegen, self._grads_of(graph))
+
+    def fn(self, graph: ChunkGraph | None = None, train: bool = True):
+        graph = graph or self.chunk
+        # the query graph's last inputs are the K/V prefix: with train, they get gradients
+        grads = self._grads_of(graph)
         if (graph is self.chunk or graph is self.causal) and self.causal is not None:
             # both query graphs compile together: a later call whose masks turn exactly causal
             # (or stop being so) runs code compiled already, as every later length does
             other = self.causal if graph is self.chunk else self.chunk
             other.fn(self.codegen, train, grads)
         return graph.fn(self.codegen, train, grads)
+
+
+def _in_grad_order(order: list, got: list) -> list:
+    """A vjp's gradients (in input order) in the order ``order`` names the inputs."""
+    by_input = dict(zip(sorted(order), got))
+    return [by_input[i] for i in order]
 
 
 def seq_major_empty(t: torch.Tensor, d: int, length: int) -> torch.Tensor:
