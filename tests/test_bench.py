@@ -253,6 +253,9 @@ def test_gpu_command_tiny_on_cpu(tmp_path):
     # each method's first step (the compile) is timed beside its first length, and did not fail
     assert [r["seq"] for r in parts["memory"]["rows"] if r.get("first_seconds") is not None] == [32] * 3
     assert not any("first step" in (r.get("reason") or "") for r in parts["memory"]["rows"])
+    # a layer's backward chunks ran as one compiled graph each, none fell back to the training compile
+    assert all(r["vjp"].endswith("/0") for name in ("memory", "speed") for r in parts[name]["rows"]
+               if r.get("vjp")), [r.get("vjp") for r in parts["memory"]["rows"] + parts["speed"]["rows"]]
     # after the warm-up step nothing compiles again, at any length (dynamic shapes)
     assert all(r["compiled"] == "0+0" for r in parts["memory"]["rows"]), parts["memory"]["rows"]
     plan = parts["plan"]["rows"]

@@ -237,7 +237,7 @@ COLUMNS = {
     "memory": [("method", "method"), ("seq", "T"), ("status", "status"), ("allocated", "peak allocated GiB"),
                ("before", "allocated before GiB"), ("reserved", "peak reserved GiB"), ("seconds", "step s"),
                ("first_seconds", "first step s (compile)"), ("compiled", "graphs compiled (Dynamo+chunk)"), ("chunks", "chunk calls / region calls"),
-               ("reason", "note")],
+               ("vjp", "backward chunk graphs compiled / fallen back (first step)"), ("reason", "note")],
     "plan": [("quantity", "quantity"), ("method", "method"), ("seq", "T"), ("chunks", "chunks (layer head)"),
              ("predicted", "predicted"), ("measured", "measured"), ("ratio", "predicted / measured"),
              ("reason", "note")],
@@ -247,7 +247,7 @@ COLUMNS = {
     "speed": [("method", "method"), ("seq", "T"), ("status", "status"), ("seconds", "median step s"),
               ("first_seconds", "first step s (compile)"), ("reserved", "peak reserved GiB"),
               ("compiled", "graphs compiled (Dynamo+chunk)"), ("chunks", "chunk calls / region calls"),
-              ("reason", "note")],
+              ("vjp", "backward chunk graphs compiled / fallen back (first step)"), ("reason", "note")],
 }
 
 

@@ -201,7 +201,8 @@ def measured_step(step, preset, seq: int, setup: Setup) -> dict:
 
     ids, labels = presets_mod.make_batch(preset, seq, setup.device)
     row = {"seq": seq}
-    before = (_compiles(), CHUNK_COUNTERS["chunk_compiles"], COUNTERS["chunks_forward"], COUNTERS["region_forward"])
+    before = (_compiles(), CHUNK_COUNTERS["chunk_compiles"], COUNTERS["chunks_forward"], COUNTERS["region_forward"],
+              CHUNK_COUNTERS["vjp_compiles"], CHUNK_COUNTERS["vjp_fallbacks"])
     caught = []
     step.clear()   # (memory held before the step: the weights, not the last step's gradients)
     try:
@@ -222,6 +223,8 @@ def measured_step(step, preset, seq: int, setup: Setup) -> dict:
     # them chunk by chunk, and the first streamfx warning
     row["compiled"] = f"{_compiles() - before[0]}+{CHUNK_COUNTERS['chunk_compiles'] - before[1]}"
     row["chunks"] = f"{COUNTERS['chunks_forward'] - before[2]}/{COUNTERS['region_forward'] - before[3]}"
+    # backward chunks compiled as one graph each, and those that fell back to the training compile
+    row["vjp"] = f"{CHUNK_COUNTERS['vjp_compiles'] - before[4]}/{CHUNK_COUNTERS['vjp_fallbacks'] - before[5]}"
     notes = _streamfx_notes(caught)
     if notes and "reason" not in row:
         row["reason"] = notes[0][:300]
@@ -419,7 +422,7 @@ def memory(setup: Setup, state: dict) -> list[dict]:
                 warm = True
             row = {"method": method, **measured_step(step, preset, seq, setup)}
             if first is not None:
-                row["first_seconds"] = first.get("seconds")
+                row["first_seconds"], row["vjp"] = first.get("seconds"), first.get("vjp")
                 if first["status"] != "ok":   # (a step that fails once must not pass unseen)
                     row["reason"] = f"first step {first['status']}: {first.get('reason')}; " + (row.get("reason") or "")
             rows.append(row)
@@ -506,6 +509,7 @@ def speed(setup: Setup) -> list[dict]:
         ok = [r for r in runs if r["status"] == "ok"]
         row = {"method": method, "seq": setup.speed_seq, "first_seconds": first.get("seconds")}
         row.update(ok[-1] if len(ok) == len(runs) else runs[-1])
+        row["vjp"] = first.get("vjp")   # (compiled in the first step)
         if ok and len(ok) == len(runs):
             row["seconds"] = statistics.median(r["seconds"] for r in ok)
         rows.append(row)
