@@ -178,17 +178,22 @@ class ChunkGraph:
         self._fns[("vjp", grads)] = (_COMPILED[key], _GENERATION[0])
         return _COMPILED[key]
 
+    def check_agree(self, args) -> None:
+        """Raise where inputs that share an axis differ in its size (real calls: fake ones at
+        symbolic shapes are not checked)."""
+        for group in self.agree:
+            sizes = [args[i].shape[d] for i, d in group]
+            if all(type(n) is int for n in sizes) and len(set(sizes)) != 1:
+                raise RuntimeError(f"streamfx: inputs of {self.name} that share an axis differ in size "
+                                   f"({[tuple(args[i].shape) for i, _ in group]})")
+
     def _with_sizes(self, f: Callable, fit: bool = False) -> Callable:
         """``f`` called with the sizes appended (read from the tensors), and with ``fit`` the
         tensors in the layouts compiled code expects."""
-        slots, locate, agree = self.slots, self.locate, self.agree
+        slots, locate = self.slots, self.locate
 
         def run(*args):
-            for group in agree:  # (real calls: fake ones at symbolic shapes are not checked)
-                sizes = [args[i].shape[d] for i, d in group]
-                if all(type(n) is int for n in sizes) and len(set(sizes)) != 1:
-                    raise RuntimeError(f"streamfx: inputs of {self.name} that share an axis differ in size "
-                                       f"({[tuple(args[i].shape) for i, _ in group]})")
+            self.check_agree(args)
             if fit:
                 args = [slot.fit(x) for slot, x in zip(slots, args)]
             return f(*args, *[args[i].shape[d] for i, d in locate])
@@ -331,17 +336,16 @@ class Vjp:
     def __init__(self, graph: ChunkGraph, grads: tuple):
         self.graph, self.grads = graph, grads
         self._given: dict = {}
-        mode, fakes = fake_inputs(graph.slots, graph.sizes, grads)
-        outs = _trace_outputs(graph, mode, fakes)
+        traced = _trace(graph, grads)
         # (the outputs that need a gradient: their gradients are the tangents)
-        self.needs = tuple(i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad)
+        self.needs = tuple(i for i, o in enumerate(traced[2]) if isinstance(o, torch.Tensor) and o.requires_grad)
         if self.needs:
-            self._compiled(self.needs)   # (the usual call: every output given a gradient)
+            self._compiled(self.needs, traced)   # (the usual call: every output given a gradient)
 
-    def _compiled(self, given: tuple):
+    def _compiled(self, given: tuple, traced: tuple | None = None):
         if given not in self._given:
             COUNTERS["vjp_compiles"] += 1
-            self._given[given] = _compile_vjp(self.graph, self.grads, given)
+            self._given[given] = _compile_vjp(self.graph, self.grads, given, traced or _trace(self.graph, self.grads))
         return self._given[given]
 
     def __call__(self, xs: list, out_grads: list):
@@ -350,10 +354,7 @@ class Vjp:
             return None
         fn, shapes, dtypes, where, present = self._compiled(given)
         graph = self.graph
-        for group in graph.agree:
-            if len({xs[i].shape[d] for i, d in group}) != 1:
-                raise RuntimeError(f"streamfx: inputs of {graph.name} that share an axis differ in size "
-                                   f"({[tuple(xs[i].shape) for i, _ in group]})")
+        graph.check_agree(xs)
         args = [slot.fit(x) for slot, x in zip(graph.slots, xs)]
         sizes = [args[i].shape[d] for i, d in graph.locate]
         values = {sym: args[i].shape[d] for sym, (i, d) in where.items()}
@@ -363,17 +364,20 @@ class Vjp:
         return [next(got) if p else None for p in present], tangents
 
 
-def _trace_outputs(graph: ChunkGraph, mode, fakes) -> list:
+def _trace(graph: ChunkGraph, grads: tuple) -> tuple:
+    """(fake mode, symbolic fake inputs with ``grads`` requiring a gradient, the graph's outputs
+    on them)."""
     from .runtime import autograd_inside_op
 
+    mode, fakes = fake_inputs(graph.slots, graph.sizes, grads)
     with mode, autograd_inside_op(), torch.enable_grad():
-        return list(graph.gm(*fakes))
+        return mode, fakes, list(graph.gm(*fakes))
 
 
-def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple):
+def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple):
     """(compiled fn(*inputs, *sizes, *tangents) -> the gradients that exist, the tangents' shapes
     in the inputs' symbols, their dtypes, {symbol: (input, dim)} to read them from, which of
-    ``grads`` has a gradient)."""
+    ``grads`` has a gradient). ``traced``: ``_trace(graph, grads)``."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -381,9 +385,8 @@ def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple):
     from . import onehot
     from .runtime import autograd_inside_op
 
-    mode, fakes = fake_inputs(graph.slots, graph.sizes, grads)
+    mode, fakes, outs = traced
     n, m = len(graph.slots), len(graph.sizes)
-    outs = _trace_outputs(graph, mode, fakes)
     where = {}
     for i, x in enumerate(fakes[:n]):
         for d, size in enumerate(x.shape):

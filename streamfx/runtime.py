@@ -623,18 +623,18 @@ class LayerProgram(RegionProgram):
         query = reads_kept or graph
         vjp_kv, vjp = self.vjp(self.kv), self.vjp(query)
         fn_kv = self.fn(self.kv) if vjp_kv is None else None
-        fn = (vjp, self.fn(query) if vjp is None else None, self._grads_of(query))
+        fn = self.fn(query) if vjp is None else None
         dims = self.keep.dims if kept else ()
         # wide chunks first: their dK/dV reach rows after them
         for (s, e), (lo, hi) in zip(bounds, ranges):
             if hi > e:
-                self._query_backward(fn, inputs, grads, KV, dKV, acc, s, e, lo, hi)
+                self._query_backward(vjp, fn, inputs, grads, KV, dKV, acc, s, e, lo, hi)
         for (s, e), (lo, hi) in reversed(list(zip(bounds, ranges))):
             COUNTERS["chunks_backward"] += 1
             sliced = None
             if hi <= e:
                 rows = [b.narrow(d, s, e - s) for b, d in zip(kept, dims)]
-                sliced = self._query_backward(fn, inputs, grads, KV, dKV, acc, s, e, lo, hi, rows)
+                sliced = self._query_backward(vjp, fn, inputs, grads, KV, dKV, acc, s, e, lo, hi, rows)
                 if rows:
                     COUNTERS["attention_kept"] += 1
             # rows [s, e) of dK/dV are final: push them through the K/V producers now
@@ -643,8 +643,7 @@ class LayerProgram(RegionProgram):
                     xs = sliced if sliced is not None else self.chunk_inputs(inputs, s, e)
                     ran = vjp_kv(xs, [g.narrow(d, s, e - s) for g, d in zip(dKV, self.kv_dims)])
                 if ran is not None:
-                    got, given = _in_grad_order(self._grads_of(self.kv), ran[0]), ran[1]
-                    self._accumulate(acc, got, s, e, given=given)
+                    self._accumulate(acc, ran[0], s, e, given=ran[1])
                 del xs, ran, sliced
                 continue
             with failures.chunk("backward", s, e, T), autograd_inside_op(), torch.enable_grad():
@@ -662,12 +661,12 @@ class LayerProgram(RegionProgram):
             del xs, kvs, pairs, got, sliced   # (before the next chunk runs)
         return self._gradients(acc, inputs)
 
-    def _query_backward(self, fn, inputs, grads, KV, dKV, acc, s, e, lo, hi, kept_rows=()):
+    def _query_backward(self, vjp, fn, inputs, grads, KV, dKV, acc, s, e, lo, hi, kept_rows=()):
         """Recompute chunk [s, e) against keys [lo, hi), backward it; accumulate the parameter
         and chunk input gradients and dK/dV over [lo, hi). Returns the chunk's sliced inputs.
-        ``kept_rows``: the chunk's rows of the kept attention tensors (``fn`` reads them)."""
+        ``vjp``: the query graph's ``Vjp``, else ``fn`` (its training compile) and autograd run
+        it. ``kept_rows``: the chunk's rows of the kept attention tensors (both read them)."""
         T = self.length(inputs)
-        vjp, fn, order = fn
         if vjp is not None:
             with failures.chunk("backward", s, e, T):
                 sliced = self.chunk_inputs(inputs, s, e, lo, hi)
@@ -676,7 +675,7 @@ class LayerProgram(RegionProgram):
                           [spec.rows(g, s, e, T) if g is not None else None for g, spec in zip(grads, self.out_specs)])
             if ran is None:
                 return sliced
-            got, n = _in_grad_order(order, ran[0]), len(prefix)
+            got, n = ran[0], len(prefix)
             self._accumulate(acc, got[:-n], s, e, lo, hi, given=list(ran[1]) + [g for g in got[-n:] if g is not None])
             for buf, g, d in zip(dKV, got[-n:], self.kv_dims):
                 if g is not None:
@@ -711,8 +710,12 @@ class LayerProgram(RegionProgram):
 
     def vjp(self, graph: ChunkGraph):
         """The chunk graph's recomputation and backward compiled as one graph (``ChunkGraph.vjp``),
-        or None: its training compile and autograd run it."""
-        return graph.vjp(self.codegen, self._grads_of(graph))
+        or None: its training compile and autograd run it. Its gradients come in ascending input
+        order, the order of ``_grads_of`` (``grad_inputs`` are numbered in input order)."""
+        order = self._grads_of(graph)
+        if order != sorted(order):
+            raise AssertionError(f"streamfx: {graph.name}: gradient inputs out of order {order}")
+        return graph.vjp(self.codegen, order)
 
     def fn(self, graph: ChunkGraph | None = None, train: bool = True):
         graph = graph or self.chunk
@@ -724,12 +727,6 @@ class LayerProgram(RegionProgram):
             other = self.causal if graph is self.chunk else self.chunk
             other.fn(self.codegen, train, grads)
         return graph.fn(self.codegen, train, grads)
-
-
-def _in_grad_order(order: list, got: list) -> list:
-    """A vjp's gradients (in input order) in the order ``order`` names the inputs."""
-    by_input = dict(zip(sorted(order), got))
-    return [by_input[i] for i in order]
 
 
 def seq_major_empty(t: torch.Tensor, d: int, length: int) -> torch.Tensor:
