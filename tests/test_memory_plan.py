@@ -4,13 +4,14 @@ Fast tests use the zoo's small Qwen3; test_memory_measured.py compares predicted
 peak RSS rise measured in fresh processes (``streamfx.bench.memcheck``).
 """
 import json
+import operator
 import re
 
 import pytest
 import torch
 
 import streamfx
-from streamfx import membudget, runtime
+from streamfx import membudget, runtime, stepmodel
 from streamfx.chunks import COUNTERS
 from streamfx.passes.schedule import chunk_candidates, largest_fitting
 
@@ -157,12 +158,23 @@ def test_breakdown_names_what_the_user_knows(report):
     assert "modeling_qwen3.py" in text
     assert not re.search(r"\b(index|iota|getitem|primals)_\d+", text)
     # the values of the region ops are named by region and role, never as the op's raw results
-    # (the head keeps its gradients from the forward: its backward only scales them)
     long = report.breakdown(65536)
     for t in (text, long):
         assert not re.search(r"\b(getitem|region\w*) result", t), t
-    if any(getattr(w.prog, "seeds", None) is not None for w in report.model.works.values() if w.kind == "head"):
-        assert "head output and gradients computed in the forward in lm_head" in long, long
+    # the head (a one-value loss) keeps its gradients from the forward, its backward only scales
+    # them: what its forward op returns is named so wherever a step's peak holds it
+    model = report.model
+    heads = [w for w in model.works.values() if w.kind == "head"]
+    assert heads and all(w.prog.seeds is not None for w in heads)
+    ops = [n for n in model.fw_nodes.values() if stepmodel._op(n) == "streamfx::region" and model.works.get(n.args[0]) in heads]
+    assert ops
+    for n in ops:
+        assert model.describe(n)[:2] == ("head output and gradients computed in the forward", "lm_head")
+        outputs = len(model.works[n.args[0]].prog.out_specs)
+        roles = {u.args[1]: model.describe(u)[0] for u in n.users if u.target is operator.getitem}
+        assert roles and all(role == ("head output" if i < outputs else
+                                      "head gradients computed in the forward (input and parameters)")
+                             for i, role in roles.items()), roles
 
 
 # ---- the budget at run time -----------------------------------------------------------------------
