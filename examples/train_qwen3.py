@@ -60,7 +60,7 @@ def main() -> None:
     print(f"max relative gradient error vs eager: {err:.2e}")
     assert err < 1e-4, "gradients differ from eager autograd"
 
-    print(streamfx.explain(build(), input_ids=ids, labels=labels, options={"chunk_size": args.chunk}))
+    print(streamfx.explain(build(), input_ids=ids, labels=labels, options=options))   # (the compile's options)
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step in range(args.steps):
