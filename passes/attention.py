@@ -55,8 +55,18 @@ def _mask_of(node):
 @register(*SDPA_BACKWARD)
 def sdpa_backward(node, table, ax):
     q, k, v = node.args[1:4]
-    return RuleOut([ax(q), ax(k), ax(v)] + [None] * (len(node.meta["val"]) - 3),
-                   reduced=((node.args[0], len(ax(q)) - 2),))
+    # a gradient of the mask (the efficient kernel's fourth output, where its mask needs one) is
+    # per (query, key) as the mask is: the mask's axes
+    name = kernels.BY_BACKWARD[node.target].mask
+    mask = bind(node).get(name) if name else None
+    extra = [ax(mask) if isinstance(g, torch.Tensor) and isinstance(mask, fx.Node) and _same_shape(g, mask) else None
+             for g in list(node.meta["val"])[3:]]
+    return RuleOut([ax(q), ax(k), ax(v)] + extra, reduced=((node.args[0], len(ax(q)) - 2),))
+
+
+def _same_shape(t: torch.Tensor, node: fx.Node) -> bool:
+    v = node.meta.get("val")
+    return isinstance(v, torch.Tensor) and v.dim() == t.dim() and all(same(a, b) for a, b in zip(t.shape, v.shape))
 
 
 @dataclasses.dataclass

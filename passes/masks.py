@@ -56,13 +56,20 @@ def classify(site, constants: dict, length) -> None:
         return
     with unset_fake_temporarily():
         value = _evaluate(target, nodes, constants, preset)
-        kind, window = pattern(_allowed(value)) if value is not None else ("unknown", None)
+        allowed, varies = _allowed(value) if value is not None else (None, False)
+        kind, window = pattern(allowed) if allowed is not None else ("unknown", None)
+        more = kind == "causal" and (varies or _adds_values(value))
     if kind == "unknown":
         site.mask_kind = kind
         return
     site.is_causal = kind is not None or site.is_causal
     site.mask_kind = kind or "unknown"
     site.window = window
+    if more:
+        # the keys of a causal pattern, and more than it in the mask: a bias on what it lets
+        # through (ALiBi's slopes), or fewer keys for some heads or rows. The mask stays in the
+        # chunk graph (not the kernel's own causal attention)
+        site.mask_kind = "causal+values"
 
 
 def pattern(allowed: torch.Tensor) -> tuple:
@@ -177,12 +184,16 @@ def _on_cpu(x):
     return x.cpu() if isinstance(x, torch.Tensor) else x
 
 
-def _allowed(value: torch.Tensor) -> torch.Tensor:
-    """Positions a query may attend to, [T, T], from the first batch row and head of a boolean
-    or additive mask."""
-    v = value
-    while v.dim() > 2:
-        v = v[0]
-    if v.dtype == torch.bool:
-        return v
-    return ~kernels.hidden(v) if v.is_floating_point() else v != 0
+def _allowed(value: torch.Tensor) -> tuple:
+    """(positions a query may attend to in any batch row or head of a boolean or additive mask,
+    [T, T]; whether they differ between batch rows or heads)."""
+    v = value if value.dtype == torch.bool else ~kernels.hidden(value) if value.is_floating_point() else value != 0
+    v = v.reshape(-1, *v.shape[-2:]) if v.dim() > 2 else v.unsqueeze(0)
+    return v.any(0), not bool((v == v[:1]).all())
+
+
+def _adds_values(value: torch.Tensor) -> bool:
+    """Whether an additive mask adds anything but zero where it lets a key through."""
+    if not value.is_floating_point():
+        return False
+    return bool((torch.where(kernels.hidden(value), 0, value) != 0).any())

@@ -23,7 +23,7 @@ from streamfx.chunks import ChunkGraph, Slot
 from streamfx.errors import CannotStream
 from streamfx.runtime import Keep, LayerProgram, MaskCheck, RegionProgram
 from . import kernels, reach, verify
-from .graphs import (ALIASES, COPIES, bind, hint, is_tangent, order, outputs as graph_outputs, primals,
+from .graphs import (ALIASES, COPIES, ancestors, bind, hint, is_tangent, order, outputs as graph_outputs, primals,
                      tangents, unpadded, written_input)
 from .record import made_by
 from .sizes import Sizes
@@ -262,17 +262,19 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
         order = dim_order([hint(n) for n in out.shape], [hint(n) for n in out.stride()])
         slots.append(Slot((*qs.shape[:-1], vs.shape[-1]), q.dtype, str(q.device), order=order))
         slots.append(Slot(qs.shape[:-1], torch.float32, str(q.device)))
+    # the query graph's placeholders that get a gradient: the region's, then the K/V prefix
+    needs_grad = frozenset(plan.grad_inputs) | frozenset(range(len(plan.inputs), n_tensors))
     fwd, bwd, raw, why = {}, {}, {}, {}
     for name, edit in variants.items():
         def keeping(gm, edit=edit, name=name):
             edit(gm)
-            calls = _keepable_calls(gm, len(sites))
+            calls = _keepable_calls(gm, len(sites), needs_grad)
             raw[name] = tuple(c.target is not torch.ops.streamfx.causal_blocks.default for c in calls)
             _output_attention(gm, calls)
 
         def kept(gm, edit=edit):
             edit(gm)
-            _read_kept_attention(gm, _keepable_calls(gm, len(sites)), n_tensors)
+            _read_kept_attention(gm, _keepable_calls(gm, len(sites), needs_grad), n_tensors)
 
         try:
             fwd[name] = query_graph(keeping)
@@ -298,10 +300,13 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
     return Keep(fwd, bwd, full, tuple(slots), tuple(k.name for k in kerns), raw, why), None
 
 
-def _keepable_calls(gm, n: int) -> list:
+def _keepable_calls(gm, n: int, needs_grad=frozenset()) -> list:
     """The chunk graph's ``n`` attention calls, if the backward of each can read a kept output and
     log-sum-exp: ``causal_blocks``, a bottom-right kernel called with its own causal flag and no
-    mask, or a kernel called with the chunk's mask whose backward takes it; no dropout."""
+    mask, or a kernel called with the chunk's mask whose backward takes it, a mask that needs no
+    gradient (computed from no placeholder numbered in ``needs_grad``: a learned bias gets its
+    gradient from the recomputed attention's autograd only); no dropout."""
+    places = {p: i for i, p in enumerate(gm.graph.find_nodes(op="placeholder"))}
     calls = []
     for x in gm.graph.nodes:
         kern = kernels.of(x)
@@ -314,6 +319,10 @@ def _keepable_calls(gm, n: int) -> list:
             masked = kern.keeps_masked and mask is not None and not b.get("is_causal")
             if not (kern.keeps and (plain or masked)) or b.get("dropout_p"):
                 raise CannotStream(f"a chunk's attention on the {kern.name} kernel cannot read a kept output")
+            if masked and isinstance(mask, fx.Node) and getattr(mask.meta.get("val"), "dtype", None) != torch.bool and any(
+                    places.get(a) in needs_grad for a in ancestors([mask])):
+                raise CannotStream("its attention mask needs a gradient (a learned bias), which the kernel's "
+                                   "backward from a kept output does not give")
             calls.append(x)
     if len(calls) != n:
         raise CannotStream(f"the chunk holds {len(calls)} attention calls for {n} sites")

@@ -95,7 +95,13 @@ class SeqDims:
         return d is not None and len(self.axes[node][out][d]) == 1
 
     def touches_seq(self, pairs) -> bool:
-        return any(self.has_seq(self.axes[x][0][d]) for x, d in pairs if self.axes.get(x))
+        """Whether any (input, dim) pair is along the sequence; an input whose axes no rule gave
+        (an output of a multi-output op the rules do not describe) counts as along it."""
+        for x, d in pairs:
+            outs = self.axes.get(x)
+            if outs and (outs[0] is None or self.has_seq(outs[0][d])):
+                return True
+        return False
 
     def classify(self, node: fx.Node, attention_nodes=frozenset()) -> str:
         if node in attention_nodes:

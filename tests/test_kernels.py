@@ -204,6 +204,48 @@ def test_cudnn_mask_filled_as_before_torch_2_13_streams(monkeypatch, case):
     assert filled and set(filled) == {-65504.0}, filled   # (a boolean mask reached cuDNN's composite)
 
 
+# ---- masks that carry more than their causal pattern ------------------------------------------------
+def _masked_form(kernel, form, options):
+    model, make_inputs = zoo.FORMS[form]()
+    inputs = make_inputs(zoo.Case("t", 2, T))
+    with kernel_context(kernel):
+        run = run_eager_and_compiled(model, inputs, {"chunk_size": CHUNK, **options})
+    layers = {p.name for p in run.programs if p.name.startswith("layer")}
+    assert layers == {f"layer.{i}" for i in range(zoo.LAYERS)}, ([p.name for p in run.programs], run.warnings)
+    assert run.counters["chunks_backward"] >= zoo.LAYERS * -(-T // CHUNK), run.counters
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
+    return run
+
+
+@pytest.mark.parametrize("kernel", [pytest.param(k, marks=[pytest.mark.fast] if k in ("efficient", "cudnn") else [])
+                                    for k in KERNEL_FORMS])
+@pytest.mark.parametrize("form", ["sdpa_alibi", "head_windows"])
+def test_a_causal_pattern_mask_carrying_more_stays_in_the_chunks(kernel, form):
+    """A constant mask whose allowed keys form the causal pattern but that carries more (ALiBi's
+    per-head bias on the keys it lets through; a narrower window for some heads) streams with
+    the mask in each chunk, not as the kernel's own causal attention: exact on every kernel."""
+    run = _masked_form(kernel, form, {"strict": True})
+    assert not run.warnings, run.warnings
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("kernel,attention", [("cpu", "recompute"), ("efficient", "recompute"), ("efficient", "keep")])
+def test_a_mask_that_needs_a_gradient_streams_exactly(kernel, attention):
+    """Trained ALiBi slopes: the mask needs a gradient. The CPU's SDPA runs its math form, the
+    efficient kernel returns the mask's gradient from its backward (a per-(query, key) output);
+    the slopes' gradient is exact. Kept attention cannot give it (the kernel's backward from a
+    kept output has none): the layer recomputes, said with the cause."""
+    run = _masked_form(kernel, "learned_alibi", {"attention": attention})
+    assert run.grads["learned"] is not None and run.grads["learned"].abs().max() > 0
+    if attention == "keep":
+        said = [w for w in run.warnings if "attention='keep'" in w]
+        assert said and "needs a gradient" in said[0], run.warnings
+        assert run.counters["attention_kept"] == 0, run.counters
+    else:
+        assert not run.warnings, run.warnings
+
+
 # ---- the pieces ----------------------------------------------------------------------------
 @pytest.mark.fast
 def test_every_kernel_entry_matches_its_schema():

@@ -516,7 +516,10 @@ class FormAttention(nn.Module):
         B, T, d = x.shape
         q, k, v = (t.view(B, T, self.n_head, self.hd).transpose(1, 2) for t in self.qkv(x).split(d, -1))
         scale = 1.0 / math.sqrt(self.hd)
-        if self.form == "chunked":  # Llama 4: bias is a boolean [T, T] mask (causal, within C-token blocks)
+        if self.form in ("chunked", "sdpa_alibi", "learned_alibi", "head_windows"):
+            # Llama 4: bias is a boolean [T, T] mask (causal, within C-token blocks); ALiBi over
+            # SDPA: a float [H, T, T] mask, causal with a per-head linear bias on the keys it lets
+            # through; head windows: a boolean [H, T, T] mask, plain causal for head 0 only
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         elif self.form == "alibi":  # Bloom: the per-key bias is baddbmm's input, [B*H, 1, T]
             s = torch.baddbmm(bias, q.reshape(B * self.n_head, T, self.hd),
@@ -549,7 +552,9 @@ class FormBlock(nn.Module):
 class FormLM(nn.Module):
     """A small causal LM whose layers use one attention form: "sinks" (gpt-oss), "alibi" (Bloom:
     a per-key linear bias from baddbmm), "chunked" (Llama 4: queries see earlier keys of their own
-    ``chunk``-token block). ``forward(idx, labels)`` returns ``(loss, logits)``, labels shifted
+    ``chunk``-token block), "sdpa_alibi" (a float causal mask with ALiBi's per-head bias, to
+    SDPA), "learned_alibi" (the same with trained slopes), "head_windows" (a sliding window per
+    head, none for head 0). ``forward(idx, labels)`` returns ``(loss, logits)``, labels shifted
     inside as in ``TinyLlama``."""
 
     def __init__(self, form, vocab=VOCAB, d=HIDDEN, n_head=HEADS, n_layer=LAYERS, chunk=4):
@@ -560,6 +565,8 @@ class FormLM(nn.Module):
         self.norm = RMSNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.register_buffer("slopes", 2.0 ** (-8.0 * torch.arange(1, n_head + 1) / n_head), persistent=False)
+        if form == "learned_alibi":   # the slopes trained: the mask needs a gradient
+            self.learned = nn.Parameter(self.slopes.clone())
 
     def bias(self, B, T, device):
         pos = torch.arange(T, device=device)
@@ -567,6 +574,14 @@ class FormLM(nn.Module):
             return (pos[None, :] <= pos[:, None]) & (pos[None, :] // self.chunk == pos[:, None] // self.chunk)
         if self.form == "alibi":
             return (self.slopes[:, None, None] * pos.float()[None, None, :]).repeat(B, 1, 1)
+        if self.form == "head_windows":   # head 0 sees every earlier key, head h the last 1 + 2h
+            distance = pos[:, None] - pos[None, :]
+            heads = torch.arange(self.n_head, device=device)[:, None, None]
+            return (distance >= 0) & ((heads == 0) | (distance <= 2 * heads))
+        if self.form in ("sdpa_alibi", "learned_alibi"):
+            slopes = self.learned if self.form == "learned_alibi" else self.slopes
+            distance = (pos[:, None] - pos[None, :]).float()
+            return (-slopes[:, None, None] * distance).masked_fill(pos[None, :] > pos[:, None], float("-inf"))
         causal = pos[None, :] <= pos[:, None]
         return torch.zeros(T, T, device=device).masked_fill(~causal, float("-inf"))
 
@@ -601,6 +616,18 @@ def chunked():
     return form_lm("chunked")
 
 
+def sdpa_alibi():
+    return form_lm("sdpa_alibi")
+
+
+def learned_alibi():
+    return form_lm("learned_alibi")
+
+
+def head_windows():
+    return form_lm("head_windows")
+
+
 def falcon(attn: str = "sdpa"):
     """Falcon 7B layout: multi-query attention read as ``qkv[..., [-2], :]``, parallel attention."""
     from transformers import FalconConfig, FalconForCausalLM
@@ -620,7 +647,8 @@ def bloom():
     return _hf(BloomForCausalLM, cfg, "eager"), _hf_inputs(VOCAB)
 
 
-FORMS = {"sinks": sinks, "alibi": alibi, "chunked": chunked, "falcon": falcon, "bloom": bloom}
+FORMS = {"sinks": sinks, "alibi": alibi, "chunked": chunked, "sdpa_alibi": sdpa_alibi, "learned_alibi": learned_alibi,
+         "head_windows": head_windows, "falcon": falcon, "bloom": bloom}
 
 
 class MLAAttention(nn.Module):
