@@ -39,7 +39,11 @@ class Report:
         the memory model of its step (``streamfx.plan_memory``); None where no region streams.
         Computed on first use."""
         if self._memory is None:
-            self._memory = _step_memory(self.analyses)
+            # (sized as the compile the options ask for runs its chunk graphs, not as the FX
+            # graphs the report's own compile ran)
+            codegen = StreamConfig.from_options(self.settings["options"] or None).codegen \
+                if "options" in self.settings else None
+            self._memory = _step_memory(self.analyses, codegen)
         return self._memory or None
 
     def memory_lines(self) -> list:
@@ -249,8 +253,9 @@ def _saved_name(plan, x, spec) -> str:
     return f"{role} of {region_module(plan.nodes) or plan.name}" + (f" ({src})" if src else "")
 
 
-def _step_memory(analyses):
-    """The memory model's prediction for the last analysed graph that streams (see ``memory``)."""
+def _step_memory(analyses, codegen: str | None = None):
+    """The memory model's prediction for the last analysed graph that streams (see ``memory``),
+    its chunk graphs sized as ``codegen`` runs them (default: as its programs say)."""
     from . import membudget
 
     a = next((a for a in reversed(analyses) if getattr(a, "graphs", None) is not None), None)
@@ -263,7 +268,7 @@ def _step_memory(analyses):
     # (offload="auto": the storage of layer inputs the budget chose at T)
     policy = next((prog.policy for _, prog in a.programs if prog.policy is not None), None)
     storage = policy.storage(T) if policy is not None and any(sp.tier == "auto" for sp in a.stores) else None
-    model = policy.storages.model(storage) if storage is not None else membudget.step_models(a, membudget._device(a))[0]
+    model = policy.storages.model(storage) if storage is not None else membudget.step_models(a, membudget._device(a), codegen)[0]
     peak, rows = model.breakdown(T, c, h)
     return T, c, h, peak, rows, storage
 

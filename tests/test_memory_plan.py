@@ -244,6 +244,27 @@ def test_explain_shows_chunks_and_predicted_peak():
     assert not re.search(r"\b(index|iota|getitem|primals|add|mm|alias|view|sum|slice)_\d+\b", shown), shown
 
 
+@pytest.mark.heavy
+def test_explain_predicts_the_step_peak_plan_memory_predicts():
+    """explain() sizes the chunk graphs as the compile its options ask for runs them (Inductor's
+    code by default), not as the FX graphs its own compile runs: with a vocabulary large enough
+    that a head chunk's logits make the peak, its prediction is plan_memory's."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=4096, hidden_size=zoo.HIDDEN, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=zoo.HEADS, num_key_value_heads=zoo.KV_HEADS, head_dim=zoo.HEAD_DIM,
+                      tie_word_embeddings=False)
+    model = zoo._hf(Qwen3ForCausalLM, cfg, "sdpa")
+    T = 512
+    ids = torch.randint(0, 4096, (1, T), generator=torch.Generator().manual_seed(0))
+    options = {"chunk_size": 128, "head_chunk_size": 256}
+    T_, c, h, peak, rows, _ = streamfx.explain(model, input_ids=ids, labels=ids, options=options).memory()
+    assert (T_, c, h) == (T, 128, 256)
+    planned = streamfx.plan_memory(model, input_ids=ids[:, :64], labels=ids[:, :64], options=options)
+    assert planned.chunks(T) == (128, 256)
+    assert abs(peak - planned.step_peak(T)) <= 0.02 * planned.step_peak(T), (peak, planned.breakdown(T), rows)
+
+
 def _tiny_config() -> dict:
     """A Hugging Face config of zoo's sizes, 4 layers, as the CLI reads one."""
     return dict(model_type="qwen3", vocab_size=zoo.VOCAB, hidden_size=zoo.HIDDEN, intermediate_size=64,
