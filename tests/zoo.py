@@ -23,6 +23,7 @@ plain models shift inside ``forward`` too (nanoGPT takes already-shifted targets
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable
 
@@ -616,18 +617,6 @@ def chunked():
     return form_lm("chunked")
 
 
-def sdpa_alibi():
-    return form_lm("sdpa_alibi")
-
-
-def learned_alibi():
-    return form_lm("learned_alibi")
-
-
-def head_windows():
-    return form_lm("head_windows")
-
-
 def falcon(attn: str = "sdpa"):
     """Falcon 7B layout: multi-query attention read as ``qkv[..., [-2], :]``, parallel attention."""
     from transformers import FalconConfig, FalconForCausalLM
@@ -647,8 +636,8 @@ def bloom():
     return _hf(BloomForCausalLM, cfg, "eager"), _hf_inputs(VOCAB)
 
 
-FORMS = {"sinks": sinks, "alibi": alibi, "chunked": chunked, "sdpa_alibi": sdpa_alibi, "learned_alibi": learned_alibi,
-         "head_windows": head_windows, "falcon": falcon, "bloom": bloom}
+FORMS = {"sinks": sinks, "alibi": alibi, "chunked": chunked, "falcon": falcon, "bloom": bloom,
+         **{form: functools.partial(form_lm, form) for form in ("sdpa_alibi", "learned_alibi", "head_windows")}}
 
 
 class MLAAttention(nn.Module):
