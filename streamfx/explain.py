@@ -10,6 +10,7 @@ import torch
 from .config import StreamConfig
 from .errors import StreamBPError, source_line, op_name
 from .passes.graphs import hint, per_token
+from .passes.schedule import chunk_size
 from .passes.units import _UNITS, UNIT
 
 
@@ -263,12 +264,20 @@ def _step_memory(analyses, codegen: str | None = None):
         return False
     length = next(iter(a.plans)).length
     T = int(length.node.hint) if isinstance(length, torch.SymInt) else int(length)
-    c = next((prog.size_for(T) for p, prog in a.programs if p.kind == "layer"), T)
-    h = next((prog.size_for(T) for p, prog in a.programs if p.kind == "head"), T)
-    # (offload="auto": the storage of layer inputs the budget chose at T)
+    device = membudget._device(a)
+    model = membudget.step_models(a, device, codegen)[0]
+    # Under a budget (a memory_budget, or a GPU's free memory) the chunk sizes and, with
+    # offload="auto", the storage of layer inputs are chosen as the user's compile chooses them:
+    # from this model (its chunk graphs sized as that compile runs them), not the report's own.
     policy = next((prog.policy for _, prog in a.programs if prog.policy is not None), None)
+    if policy is not None:
+        policy = membudget.BudgetPolicy(model, policy.config, policy.device, policy.held_fn,
+                                        membudget.Storages(model, a, device, codegen))
+    c = next((chunk_size(prog.kind, T, prog.chunk_size, policy) for p, prog in a.programs if p.kind == "layer"), T)
+    h = next((chunk_size(prog.kind, T, prog.chunk_size, policy) for p, prog in a.programs if p.kind == "head"), T)
     storage = policy.storage(T) if policy is not None and any(sp.tier == "auto" for sp in a.stores) else None
-    model = policy.storages.model(storage) if storage is not None else membudget.step_models(a, membudget._device(a), codegen)[0]
+    if storage is not None:
+        model = policy.storages.model(storage)
     peak, rows = model.breakdown(T, c, h)
     return T, c, h, peak, rows, storage
 

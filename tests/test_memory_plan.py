@@ -244,25 +244,53 @@ def test_explain_shows_chunks_and_predicted_peak():
     assert not re.search(r"\b(index|iota|getitem|primals|add|mm|alias|view|sum|slice)_\d+\b", shown), shown
 
 
-@pytest.mark.heavy
-def test_explain_predicts_the_step_peak_plan_memory_predicts():
-    """explain() sizes the chunk graphs as the compile its options ask for runs them (Inductor's
-    code by default), not as the FX graphs its own compile runs: with a vocabulary large enough
-    that a head chunk's logits make the peak, its prediction is plan_memory's."""
+def _wide_vocabulary_qwen3(T: int = 512):
+    """A 2-layer Qwen3 whose head chunk's logits (V=4096) make the step's peak, and ids of length T."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(vocab_size=4096, hidden_size=zoo.HIDDEN, intermediate_size=64, num_hidden_layers=2,
                       num_attention_heads=zoo.HEADS, num_key_value_heads=zoo.KV_HEADS, head_dim=zoo.HEAD_DIM,
                       tie_word_embeddings=False)
     model = zoo._hf(Qwen3ForCausalLM, cfg, "sdpa")
-    T = 512
-    ids = torch.randint(0, 4096, (1, T), generator=torch.Generator().manual_seed(0))
+    return model, torch.randint(0, 4096, (1, T), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.heavy
+def test_explain_predicts_the_step_peak_plan_memory_predicts():
+    """explain() sizes the chunk graphs as the compile its options ask for runs them (Inductor's
+    code by default), not as the FX graphs its own compile runs: with a vocabulary large enough
+    that a head chunk's logits make the peak, its prediction is plan_memory's."""
+    model, ids = _wide_vocabulary_qwen3()
+    T = ids.shape[1]
     options = {"chunk_size": 128, "head_chunk_size": 256}
     T_, c, h, peak, rows, _ = streamfx.explain(model, input_ids=ids, labels=ids, options=options).memory()
     assert (T_, c, h) == (T, 128, 256)
     planned = streamfx.plan_memory(model, input_ids=ids[:, :64], labels=ids[:, :64], options=options)
     assert planned.chunks(T) == (128, 256)
     assert abs(peak - planned.step_peak(T)) <= 0.02 * planned.step_peak(T), (peak, planned.breakdown(T), rows)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("offload", [None, "auto"])
+def test_explain_under_a_budget_chooses_the_chunks_the_compile_chooses(offload):
+    """Under a memory budget (offload "auto", its default there, or given) explain() shows the chunk sizes, storage
+    and peak the user's compile chooses, from chunk graphs sized as that compile runs them: here
+    Inductor's fused head chunks fit 256 tokens in the budget, where FX graphs of the same chunks
+    (the report's own compile) would fit 64."""
+    model, ids = _wide_vocabulary_qwen3()
+    T = ids.shape[1]
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    options = {"memory_budget": params + 6 * 2**20, **({"offload": offload} if offload else {})}
+    planned = streamfx.plan_memory(model, input_ids=ids[:, :64], labels=ids[:, :64], options=options)
+    unfused = streamfx.plan_memory(model, input_ids=ids[:, :64], labels=ids[:, :64],
+                                   options={**options, "codegen": "eager"})
+    assert planned.chunks(T)[1] > unfused.chunks(T)[1], (planned.chunks(T), unfused.chunks(T))   # (the case)
+    report = streamfx.explain(model, input_ids=ids, labels=ids, options=options)
+    T_, c, h, peak, rows, storage = report.memory()
+    assert (T_, (c, h)) == (T, planned.chunks(T))
+    assert storage == planned.storage(T)   # (a budget lets offload be chosen: "auto" is its default there)
+    assert abs(peak - planned.step_peak(T)) <= 0.02 * planned.step_peak(T), (peak, planned.breakdown(T), rows)
+    assert f"{c} tokens per layer chunk, {h} tokens per head chunk" in str(report)
 
 
 def _tiny_config() -> dict:
