@@ -628,7 +628,10 @@ class LayerProgram(RegionProgram):
         # wide chunks first: their dK/dV reach rows after them
         for (s, e), (lo, hi) in zip(bounds, ranges):
             if hi > e:
-                self._query_backward(vjp, fn, inputs, grads, KV, dKV, acc, s, e, lo, hi)
+                rows = [b.narrow(d, s, e - s) for b, d in zip(kept, dims)]
+                self._query_backward(vjp, fn, inputs, grads, KV, dKV, acc, s, e, lo, hi, rows)
+                if rows:
+                    COUNTERS["attention_kept"] += 1
         for (s, e), (lo, hi) in reversed(list(zip(bounds, ranges))):
             COUNTERS["chunks_backward"] += 1
             sliced = None

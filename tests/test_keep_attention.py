@@ -99,6 +99,34 @@ def test_kept_attention_runs_its_forward_once_and_is_exact(monkeypatch, kernel, 
     assert all(p.keep is not None for p in run.programs if p.name.startswith("layer"))
 
 
+@pytest.mark.parametrize("codegen", [pytest.param("eager", marks=pytest.mark.fast), "inductor"])
+def test_kept_attention_of_rows_that_read_every_key(monkeypatch, codegen):
+    """Rows that see no key under a finite mask fill (cuDNN's -65504 before torch 2.13, as on the
+    GPU machine's torch 2.11; a float mask of finfo.min) are averaged over every key: a chunk of
+    left padding reads keys past its own rows and runs its backward before the others. It reads
+    the kept attention as every chunk does (it was called without the kept rows and failed)."""
+    import dataclasses
+
+    from streamfx.passes import kernels
+    from streamfx.runtime import LayerProgram
+
+    monkeypatch.setitem(kernels.BY_NAME, "cudnn", dataclasses.replace(kernels.BY_NAME["cudnn"], bool_mask_fill=-65504.0))
+    wide, key_ranges = [], LayerProgram.key_ranges
+
+    def spy(self, inputs, bounds):
+        ranges = key_ranges(self, inputs, bounds)
+        wide.extend((s, e) for (s, e), (_, hi) in zip(bounds, ranges) if hi > e)
+        return ranges
+
+    monkeypatch.setattr(LayerProgram, "key_ranges", spy)
+    run, _, _, _ = _run(monkeypatch, "cudnn", "left_pad", "keep", codegen=codegen)
+    assert wide, "no chunk read keys past its rows: not the case under test"
+    assert not run.warnings, run.warnings
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
+    assert run.counters["attention_kept"] == zoo.LAYERS * -(-T // CHUNK), run.counters
+
+
 @pytest.mark.fast
 def test_recompute_runs_the_attention_forward_twice(monkeypatch):
     """The control of the test above: the default recomputes each chunk's attention."""
