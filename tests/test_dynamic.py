@@ -123,6 +123,19 @@ def test_plain_zoo_every_length_and_batch(name):
 
 # ---- attention forms and mixture-of-experts --------------------------------------------------------
 FORMS = ["sinks", "alibi", "chunked", "mla", "falcon", "bloom", "qwen3_moe"]
+# transformers < 5.24: Qwen3-MoE's fp32 expert products do not stream (tests/test_untraceable.py)
+MOE_BEFORE_5_24 = pytest.mark.skipif(not zoo.moe_streams(), reason="transformers < 5.24: grouped_mm_fallback's "
+                                     "backward reads offs.tolist(); tests/test_untraceable.py checks the refusal")
+
+
+def forms(names):
+    """``names`` (or their parameters) with Qwen3-MoE skipped before transformers 5.24."""
+    out = []
+    for n in names:
+        p = n if hasattr(n, "values") else pytest.param(n)
+        out.append(pytest.param(*p.values, marks=[*p.marks, MOE_BEFORE_5_24], id=p.id)
+                   if p.values == ("qwen3_moe",) else p)
+    return out
 
 
 def forms_loop(name, shapes, codegen):
@@ -142,7 +155,7 @@ def forms_loop(name, shapes, codegen):
     return chunk_compiles
 
 
-@pytest.mark.parametrize("name", FORMS)
+@pytest.mark.parametrize("name", forms(FORMS))
 def test_forms_every_length_and_batch(name):
     """Sinks, ALiBi (plain and Bloom's), chunked attention, MLA, Falcon's head index and the
     MoE dispatch, whose key ranges, biases and expert groups all follow the symbolic length."""
@@ -150,7 +163,7 @@ def test_forms_every_length_and_batch(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", cases(FORMS, []))
+@pytest.mark.parametrize("name", forms(cases(FORMS, [])))
 def test_forms_every_length_inductor(name):
     """Under Inductor: the static first shape, then the symbolic compile, whose chunk graphs
     serve the later lengths and batch sizes without compiling. (Falcon runs on one intra-op
