@@ -18,7 +18,7 @@ from .kv import kv_outputs
 from .positions import rebuild_positions
 from .schedule import AUTO_CHUNK_RULE, auto_head_chunk, chunk_size
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
-from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL
+from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL, UNKNOWN_MIXING
 from .specs import SUM, WHOLE, Spec
 
 aten = torch.ops.aten
@@ -274,6 +274,15 @@ class LayerPlan(RegionPlan):
         return text
 
 
+# Why an op of each class refuses its layer (``plan_layer``): what the user reads beside the op.
+_INSIDE_A_LAYER = {
+    UNKNOWN_MIXING: "it combines positions along the sequence other than through the layer's causal attention "
+                    "(a shift, a prefix sum, a convolution or a sort), which no rule computes per chunk of tokens",
+    SEQ_REDUCTION: "it reduces over the tokens in the forward (a sum or mean over the sequence, such as an "
+                   "auxiliary loss computed inside the layer), which no chunk computes from its own rows",
+}
+
+
 def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> LayerPlan:
     """A layer region streams when all its ops are token-local except its causal attention
     sites (one or more: every site reads keys from the same prefix of each chunk)."""
@@ -294,7 +303,10 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
         if cls == CAUSAL_MIXING and n not in site_nodes:
             raise CannotStream("token mixing outside the recognised attention sites", n)
         if cls not in (TOKEN_LOCAL, SEQ_FREE, CAUSAL_MIXING):
-            raise unit_axes.refusal(n, sd) or CannotStream(f"{cls} op inside a layer", n)
+            raise unit_axes.refusal(n, sd) or CannotStream(
+                f"{cls} op inside a layer: {_INSIDE_A_LAYER.get(cls, 'no rule computes its rows per chunk of tokens')}"
+                "; this layer runs unstreamed, the other regions stream as they can; to stream it, compute the op "
+                "outside the decoder layers or per token. The op", n)
     nodes, inputs, pulled = pull_masks(region, sd)
     nodes, inputs = pull_producers(nodes, inputs, pulled, sd, classes, requires_grad)
     nodes, inputs = rebuild_positions(region.nodes, *pull_created(nodes, inputs, sd), sd)

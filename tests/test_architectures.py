@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import streamfx
 import zoo
 from conftest import assert_grads_match, run_eager_and_compiled
 
@@ -391,6 +392,42 @@ def test_hybrid_layers_without_attention_are_warned_and_the_rest_streams():
     assert {p.name for p in run.programs} == {"layer.0", "head"}, run.warnings  # regions are named per attention
     assert len(run.warnings) == 1 and "token mixing outside every attention layer" in run.warnings[0] \
         and "aten.convolution at" in run.warnings[0], run.warnings
+
+
+class WithPrefixMean(torch.nn.Module):
+    """A layer's MLP plus a running mean over the tokens before each (a prefix sum: causal, but
+    not attention)."""
+
+    def __init__(self, mlp):
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x):
+        seen = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype)[:, None]
+        return self.mlp(x) + 0.1 * torch.cumsum(x, dim=1) / seen
+
+
+@pytest.mark.fast
+def test_a_layer_mixing_tokens_besides_its_attention_is_named_with_what_to_change():
+    """A prefix sum inside one attention layer: that layer runs unstreamed (exact), the other
+    layer and the head stream, and the warning names the op, its line, why and what to change;
+    strict raises it."""
+    torch.manual_seed(0)
+    model = zoo.TinyLlama().float().train()
+    model.layers[1].mlp = WithPrefixMean(model.layers[1].mlp)
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert {p.name for p in run.programs} == {"layer.0", "head"}, run.warnings
+    assert len(run.warnings) == 1, run.warnings
+    said = run.warnings[0]
+    assert "region 'layer.1' is not streamed: unknown-mixing op inside a layer" in said, said
+    assert "a prefix sum" in said and "compute the op outside the decoder layers or per token" in said, said
+    assert "aten.cumsum at" in said and "torch.cumsum(x, dim=1)" in said, said
+    torch._dynamo.reset()
+    with pytest.raises(streamfx.StreamBPError, match=r"unknown-mixing op inside a layer.*aten\.cumsum at"):
+        run_eager_and_compiled(model, inputs, {"chunk_size": 5, "strict": True})
 
 
 class BlockLinearAttention(torch.nn.Module):
