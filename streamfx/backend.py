@@ -6,6 +6,8 @@ decide, rewrite) and hands the joint to AOTAutograd's partitioner -> codegen: In
 """
 from __future__ import annotations
 
+import re
+
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import RestartAnalysis
@@ -70,6 +72,67 @@ class _Partitioner(CustomPartitionerFn):
 def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None, detach=None):
     """``gm`` compiled streamed where it streams, exactly as captured where not (warned). ``detach``:
     the user outputs traced detached from the start (None: ``likely_dropped``'s guess)."""
+    watched = _compiled_without_grad(example_inputs)
+    captured = snapshot(gm) if watched else None
+    compiled = _compile_graph(gm, example_inputs, config, session, detach)
+    return _grad_guard(compiled, captured, watched, config.strict) if watched else compiled
+
+
+def _compiled_without_grad(example_inputs) -> list:
+    """The floating-point tensor inputs a graph is compiled without a gradient for."""
+    return [i for i, x in enumerate(example_inputs)
+            if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) and not x.requires_grad]
+
+
+def _grad_guard(compiled, captured, watched: list, strict: bool):
+    """``compiled``, run as the graph Dynamo captured (exact, unstreamed, warned once; ``strict``
+    raises) in a call where an input it was compiled without a gradient for needs one.
+
+    Compiled code returns no gradient for such an input. Dynamo compiles a graph again when an
+    input's ``requires_grad`` changes, but torch before 2.13 does not for a module's parameters
+    (pytorch/pytorch#139476): a parameter unfrozen after the first step (staged fine-tuning)
+    would silently get no gradient."""
+    said = []
+
+    def changed(args) -> list:
+        return [i for i in watched if args[i].requires_grad] if torch.is_grad_enabled() else []
+
+    def run_captured(args, now: list):
+        names = [_input_name(captured, i) for i in now[:3]]
+        cause = (f"streamfx: {len(now)} input(s) of this compiled graph need a gradient now but did not when it was "
+                 f"compiled ({', '.join(names)}{', ...' if len(now) > 3 else ''}: parameters unfrozen after its "
+                 f"first call), and torch {torch.__version__}'s Dynamo did not compile it again for them "
+                 "(pytorch/pytorch#139476; torch 2.13 does): its compiled code would return no gradient for them")
+        if strict:
+            raise StreamBPError(cause + " (strict=True)")
+        if not said:
+            said.append(True)
+            import warnings
+
+            warnings.warn(cause + "; such calls run the graph as captured, exact and without streaming. Call "
+                          "torch._dynamo.reset() after changing which parameters train: the next call compiles "
+                          "for them and streams", stacklevel=2)
+        return captured.forward(*args)
+
+    def run(*args):   # (Dynamo calls a backend's function with the inputs as arguments)
+        now = changed(args)
+        return run_captured(args, now) if now else compiled(*args)
+
+    return run
+
+
+def _input_name(gm, i: int) -> str:
+    """The user's name of a Dynamo graph's i-th input (its source, e.g. L['self'].model.layers[0]...)."""
+    node = list(gm.graph.find_nodes(op="placeholder"))[i]
+    name = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+    name = name() if callable(name) else name   # (a method before torch 2.12, a property since)
+    if not isinstance(name, str):
+        return node.target
+    # L['self']._modules['model']._parameters['w'] -> model.w
+    return re.sub(r"\._(?:modules|parameters|buffers)\['([^']+)'\]", r".\1", name).removeprefix("L['self'].")
+
+
+def _compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None, detach=None):
     session = session or Session(config)
     frames.check_callers(config.strict)  # a caller that Dynamo skipped runs eagerly around this graph
     stops.mark(gm)
