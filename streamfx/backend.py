@@ -100,8 +100,8 @@ def _grad_guard(compiled, captured, watched: list, strict: bool):
     def run_captured(args, now: list):
         names = [_input_name(captured, i) for i in now[:3]]
         cause = (f"streamfx: {len(now)} input(s) of this compiled graph need a gradient now but did not when it was "
-                 f"compiled ({', '.join(names)}{', ...' if len(now) > 3 else ''}: parameters unfrozen after its "
-                 f"first call), and torch {torch.__version__}'s Dynamo did not compile it again for them "
+                 f"compiled ({', '.join(names)}{', ...' if len(now) > 3 else ''}: parameters unfrozen since), and "
+                 f"torch {torch.__version__}'s Dynamo did not compile it again for them "
                  "(pytorch/pytorch#139476; torch 2.13 does): its compiled code would return no gradient for them")
         if strict:
             raise StreamBPError(cause + " (strict=True)")
@@ -122,7 +122,8 @@ def _grad_guard(compiled, captured, watched: list, strict: bool):
 
 
 def _input_name(gm, i: int) -> str:
-    """The user's name of a Dynamo graph's i-th input (its source, e.g. L['self'].model.layers[0]...)."""
+    """The user's name of a Dynamo graph's i-th input: a parameter's path in the compiled module
+    (``model.layers.0.self_attn.q_proj.weight``), else its source or placeholder name."""
     node = list(gm.graph.find_nodes(op="placeholder"))[i]
     name = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
     name = name() if callable(name) else name   # (a method before torch 2.12, a property since)
@@ -132,7 +133,8 @@ def _input_name(gm, i: int) -> str:
     return re.sub(r"\._(?:modules|parameters|buffers)\['([^']+)'\]", r".\1", name).removeprefix("L['self'].")
 
 
-def _compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None, detach=None):
+def _compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None,
+                   detach=None):
     session = session or Session(config)
     frames.check_callers(config.strict)  # a caller that Dynamo skipped runs eagerly around this graph
     stops.mark(gm)

@@ -110,7 +110,8 @@ def test_kept_attention_of_rows_that_read_every_key(monkeypatch, codegen):
     from streamfx.passes import kernels
     from streamfx.runtime import LayerProgram
 
-    monkeypatch.setitem(kernels.BY_NAME, "cudnn", dataclasses.replace(kernels.BY_NAME["cudnn"], bool_mask_fill=-65504.0))
+    monkeypatch.setitem(kernels.BY_NAME, "cudnn",
+                        dataclasses.replace(kernels.BY_NAME["cudnn"], bool_mask_fill=-65504.0))
     wide, key_ranges = [], LayerProgram.key_ranges
 
     def spy(self, inputs, bounds):
