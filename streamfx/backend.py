@@ -6,8 +6,6 @@ decide, rewrite) and hands the joint to AOTAutograd's partitioner -> codegen: In
 """
 from __future__ import annotations
 
-import re
-
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import RestartAnalysis
@@ -124,13 +122,11 @@ def _grad_guard(compiled, captured, watched: list, strict: bool):
 def _input_name(gm, i: int) -> str:
     """The user's name of a Dynamo graph's i-th input: a parameter's path in the compiled module
     (``model.layers.0.self_attn.q_proj.weight``), else its source or placeholder name."""
+    from .memory import dotted
+    from .session import source_name
+
     node = list(gm.graph.find_nodes(op="placeholder"))[i]
-    name = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
-    name = name() if callable(name) else name   # (a method before torch 2.12, a property since)
-    if not isinstance(name, str):
-        return node.target
-    # L['self']._modules['model']._parameters['w'] -> model.w
-    return re.sub(r"\._(?:modules|parameters|buffers)\['([^']+)'\]", r".\1", name).removeprefix("L['self'].")
+    return dotted(source_name(node)) or node.target
 
 
 def _compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None,

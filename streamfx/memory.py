@@ -522,11 +522,17 @@ def module_path(node: fx.Node | None, key: str = "nn_module_stack") -> str:
     stack = (node.meta.get(key) or {}) if node is not None else {}
     if not stack:
         return ""
-    path = list(stack.values())[-1][0]
-    path = re.sub(r"^L\[[^\]]*\](\[\d+\])*\.?", "", path)   # the compiled object itself
-    for a, b in (("._modules['", "."), ("']", ""), ("[", "."), ("]", ""), ("['", "."), ("_modules.", "")):
+    return dotted(list(stack.values())[-1][0]) or "the model"
+
+
+def dotted(path: str) -> str:
+    """A Dynamo source path as the model names it: ``L['self']._modules['model']._modules['layers']
+    ._modules['0']._parameters['weight']`` -> ``model.layers.0.weight`` ("" for the compiled object)."""
+    path = re.sub(r"^L\[[^\]]*\](\[\d+\])*", "", path)   # the compiled object itself
+    path = re.sub(r"\._(?:modules|parameters|buffers)\['([^']*)'\]", r".\1", path)
+    for a, b in (("']", ""), ("['", "."), ("[", "."), ("]", ""), ("_modules.", "")):
         path = path.replace(a, b)
-    return path.strip(".") or "the model"
+    return path.strip(".")
 
 
 def saved_role(plan, spec, value) -> str:

@@ -237,13 +237,18 @@ def _ddp_refusals(a) -> list:
     return refusals
 
 
-def _is_constant(placeholder) -> bool:
-    """A Dynamo graph input that is a module's parameter or buffer (by its source)."""
-    arg = placeholder.meta.get("grapharg")
-    source = getattr(arg, "source", None)
+def source_name(placeholder) -> str:
+    """A Dynamo graph input's source as Dynamo prints it (``L['self']._modules[...]...``), or ""."""
+    source = getattr(placeholder.meta.get("grapharg"), "source", None)
     try:
         name = source.name if source is not None else ""
-        name = name() if callable(name) else name
+        name = name() if callable(name) else name   # (a method before torch 2.12, a property since)
     except Exception:  # noqa: BLE001 - a source without a printable name
-        return False
+        return ""
+    return name if isinstance(name, str) else ""
+
+
+def _is_constant(placeholder) -> bool:
+    """A Dynamo graph input that is a module's parameter or buffer (by its source)."""
+    name = source_name(placeholder)
     return "_parameters[" in name or "_buffers[" in name
