@@ -217,9 +217,14 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
                         and any(u in interior for u in user.users):
                     interior.add(user)
                     grown = True
-    # token-by-token terms entering the scores: the mask, and score terms (a learned bias)
+    # token-by-token terms entering the scores: the mask, and score terms (a learned bias). A term
+    # applied to the probabilities after the softmax (the keep mask of dropout on them) hides no
+    # key from the softmax's normaliser: the chunk graphs take it sliced like any score term.
+    normalised = _downstream({n for n in interior if _normalises(n, interior)}, interior)
     candidates = []
     for n in _in_graph_order(interior):
+        if n in normalised:
+            continue
         for x in n.all_input_nodes:
             xa = (sd.axes.get(x) or [None])[0]
             if x not in interior and xa and len(xa) >= 2 and xa[-1] and sd.table.canon(xa[-1]) == seq \
@@ -239,6 +244,36 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
 
 # a softmax over the keys, fused or decomposed (max, exp, sum): linear attention has none
 SOFTMAX_OPS = (aten._softmax.default, aten._safe_softmax.default, aten.exp.default)
+
+
+FUSED_SOFTMAX_OPS = (aten._softmax.default, aten._safe_softmax.default)
+
+
+def _normalises(n: fx.Node, interior: set) -> bool:
+    """Whether ``n`` gives the softmax's probabilities: a fused softmax, or the division of a
+    decomposed one (``exp(s - max) / sum``, or a product with the sum's reciprocal) by its sum
+    over the keys, a reduction inside the attention."""
+    if n.target in FUSED_SOFTMAX_OPS:
+        return True
+    if n.target is aten.div.Tensor:
+        divisors = n.args[1:2]
+    elif n.target is aten.mul.Tensor:
+        divisors = [x.args[0] for x in n.args if isinstance(x, fx.Node) and x.target is aten.reciprocal.default]
+    else:
+        return False
+    return any(isinstance(x, fx.Node) and x in interior and x.target is aten.sum.dim_IntList for x in divisors)
+
+
+def _downstream(starts: set, within: set) -> set:
+    """The nodes of ``within`` reached from ``starts`` through nodes of ``within``, ``starts``
+    excluded."""
+    out, stack = set(), [u for n in starts for u in n.users if u in within]
+    while stack:
+        n = stack.pop()
+        if n not in out:
+            out.add(n)
+            stack.extend(u for u in n.users if u in within)
+    return out
 
 
 MASKING_OPS = (aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.where.self)

@@ -286,6 +286,63 @@ def test_dropout_randomness_is_drawn_once_and_replayed_per_chunk():
     assert "layer.0" in [p.name for p in report.plan]
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize("form", ["sdpa", "manual", "manual_fp32_softmax"])
+def test_dropout_on_attention_probabilities_streams_and_replays_per_chunk(form):
+    """Dropout on the attention probabilities (SDPA's ``dropout_p`` in training, or
+    ``F.dropout`` after a hand-written softmax, fused or, computed in fp32 as Hugging Face's eager
+    attention does, decomposed into exp / sum / div) multiplies the normalised probabilities: it
+    is no mask on the scores beside the causal one. The layer streams (strict: nothing refused) and the
+    keep mask drawn in the forward is read per chunk, so gradients with 4 chunks equal those with
+    1 under the same seed."""
+
+    class ProbDropLM(TinyLM):
+        def forward(self, idx, targets):
+            B, T = idx.shape
+            h = self.emb(idx)
+            q, k, v = self.qkv[0](h).split(h.shape[-1], dim=2)
+            q, k, v = (t.view(B, T, self.H, -1).transpose(1, 2) for t in (q, k, v))
+            if form == "sdpa":
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.25)
+            else:
+                s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+                if form == "manual":
+                    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+                    p = s.softmax(-1)
+                else:  # an additive mask, as Hugging Face's eager attention adds its causal mask
+                    s = s + torch.full((T, T), torch.finfo(s.dtype).min).triu(1)
+                    p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+                y = F.dropout(p, 0.25, training=True) @ v
+            h = h + y.transpose(1, 2).reshape(B, T, -1)
+            return F.cross_entropy(self.head(h).view(-1, self.head.out_features), targets.view(-1))
+
+    torch.manual_seed(0)
+    model = ProbDropLM(24, 16, 2)
+    idx = torch.randint(0, 24, (2, 12))
+    grads, losses = [], []
+    for chunk in (3, 12):
+        torch._dynamo.reset()
+        m = copy.deepcopy(model)
+        compiled = torch.compile(m, backend="streambp",
+                                 options={"codegen": "eager", "chunk_size": chunk, "strict": True})
+        torch.manual_seed(123)
+        loss = compiled(idx, idx)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad for p in m.parameters()])
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=1e-7)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    # the dropout really acted: a different seed gives a different loss
+    torch._dynamo.reset()
+    m = copy.deepcopy(model)
+    compiled = torch.compile(m, backend="streambp", options={"codegen": "eager", "chunk_size": 3})
+    torch.manual_seed(7)
+    assert not torch.allclose(compiled(idx, idx).detach(), losses[0])
+    report = streamfx.explain(copy.deepcopy(model), idx, idx, options={"chunk_size": 3})
+    assert "layer.0" in [p.name for p in report.plan] and not report.not_streamed, report
+
+
 @settings(max_examples=examples(7), deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data())
