@@ -73,7 +73,7 @@ def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | N
     watched = _compiled_without_grad(example_inputs)
     captured = snapshot(gm) if watched else None
     compiled = _compile_graph(gm, example_inputs, config, session, detach)
-    return _grad_guard(compiled, captured, watched, config.strict) if watched else compiled
+    return _grad_guard(compiled, captured, watched, config) if watched else compiled
 
 
 def _compiled_without_grad(example_inputs) -> list:
@@ -82,51 +82,45 @@ def _compiled_without_grad(example_inputs) -> list:
             if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) and not x.requires_grad]
 
 
-def _grad_guard(compiled, captured, watched: list, strict: bool):
-    """``compiled``, run as the graph Dynamo captured (exact, unstreamed, warned once; ``strict``
-    raises) in a call where an input it was compiled without a gradient for needs one.
+def _grad_guard(compiled, captured, watched: list, config: StreamConfig):
+    """``compiled``, or in a call where an input it was compiled without a gradient for needs one,
+    the graph as Dynamo captured it compiled again for that call's gradients (streamed as any
+    compile, traced with Dynamo's example values: symbolic where the capture is; once per
+    pattern of gradients).
 
     Compiled code returns no gradient for such an input. Dynamo compiles a graph again when an
     input's ``requires_grad`` changes, but torch before 2.13 does not for a module's parameters
     (pytorch/pytorch#139476): a parameter unfrozen after the first step (staged fine-tuning)
     would silently get no gradient."""
-    said = []
-
-    def changed(args) -> list:
-        return [i for i in watched if args[i].requires_grad] if torch.is_grad_enabled() else []
-
-    def run_captured(args, now: list):
-        names = [_input_name(captured, i) for i in now[:3]]
-        cause = (f"streamfx: {len(now)} input(s) of this compiled graph need a gradient now but did not when it was "
-                 f"compiled ({', '.join(names)}{', ...' if len(now) > 3 else ''}: parameters unfrozen since), and "
-                 f"torch {torch.__version__}'s Dynamo did not compile it again for them "
-                 "(pytorch/pytorch#139476; torch 2.13 does): its compiled code would return no gradient for them")
-        if strict:
-            raise StreamBPError(cause + " (strict=True)")
-        if not said:
-            said.append(True)
-            import warnings
-
-            warnings.warn(cause + "; such calls run the graph as captured, exact and without streaming. Call "
-                          "torch._dynamo.reset() after changing which parameters train: the next call compiles "
-                          "for them and streams", stacklevel=2)
-        return captured.forward(*args)
+    variants = {}
 
     def run(*args):   # (Dynamo calls a backend's function with the inputs as arguments)
-        now = changed(args)
-        return run_captured(args, now) if now else compiled(*args)
+        now = tuple(i for i in watched if args[i].requires_grad) if torch.is_grad_enabled() else ()
+        if not now:
+            return compiled(*args)
+        fn = variants.get(now)
+        if fn is None:
+            fn = variants[now] = compile_graph(snapshot(captured), _traced_inputs(captured, args), config)
+        return fn(*args)
 
     return run
 
 
-def _input_name(gm, i: int) -> str:
-    """The user's name of a Dynamo graph's i-th input: a parameter's path in the compiled module
-    (``model.layers.0.self_attn.q_proj.weight``), else its source or placeholder name."""
-    from .memory import dotted
-    from .session import source_name
-
-    node = list(gm.graph.find_nodes(op="placeholder"))[i]
-    return dotted(source_name(node)) or node.target
+def _traced_inputs(captured, args) -> list:
+    """Inputs to trace the captured graph with for a call's ``args``: Dynamo's own example values
+    (fake tensors and symbols of its shape environment: the graph's symbolic sizes and tensors
+    made of Python numbers trace as they did when captured), each tensor needing a gradient
+    where the call's does."""
+    out = []
+    for node, a in zip(captured.graph.find_nodes(op="placeholder"), args):
+        v = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(v, torch.Tensor) and isinstance(a, torch.Tensor):
+            if v.requires_grad != a.requires_grad:
+                v = v.detach().requires_grad_(a.requires_grad)
+            out.append(v)
+        else:
+            out.append(v if v is not None else a)
+    return out
 
 
 def _compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None,

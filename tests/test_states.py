@@ -5,6 +5,7 @@ Every call is compared with eager autograd on the same weights and inputs.
 """
 import contextlib
 import copy
+import importlib
 import warnings
 
 import pytest
@@ -39,7 +40,6 @@ def test_frozen_then_trainable_layers_get_their_gradients_inductor(order):
     inputs = make_inputs("left_pad")
     ref, mine = copy.deepcopy(model), copy.deepcopy(model)
     compiled = torch.compile(mine, backend="streambp", options={"codegen": "inductor", "chunk_size": 5})
-    from streamfx.passes.compat import TORCH
 
     states = [True, False] if order == "freeze_then_unfreeze" else [False, True]
     for frozen in states:
@@ -51,11 +51,10 @@ def test_frozen_then_trainable_layers_get_their_gradients_inductor(order):
             warnings.simplefilter("always")
             inputs.loss_of(compiled(*inputs.args, **inputs.kwargs)).backward()
         inputs.loss_of(ref(*inputs.args, **inputs.kwargs)).backward()
-        # torch < 2.13 may call the graph compiled for the frozen step again (pytorch/pytorch#139476):
-        # it then runs as captured, warned; torch 2.13 compiles the graph again, and it streams
-        reused = [w for w in _streamfx_warnings(caught) if "pytorch/pytorch#139476" in w]
-        assert not reused or (TORCH < (2, 13) and order == "freeze_then_unfreeze" and not frozen), reused
-        assert COUNTERS["region_backward"] - before == (0 if reused else zoo.LAYERS + 1)
+        # (torch < 2.13 calls the graph compiled for the frozen step again, pytorch/pytorch#139476:
+        # the backend then compiles it again for the gradients; torch 2.13's Dynamo does)
+        assert not _streamfx_warnings(caught), _streamfx_warnings(caught)
+        assert COUNTERS["region_backward"] - before == zoo.LAYERS + 1
         assert_grads_match(grads_of(ref), grads_of(mine))
         if not frozen:
             assert grads_of(mine)["model.layers.0.self_attn.q_proj.weight"].abs().max() > 0
@@ -388,47 +387,68 @@ def test_training_states_inductor(sequence):
 
 # ---- a compiled graph reused after its inputs' requires_grad changed -------------------------------
 @pytest.mark.fast
-@pytest.mark.parametrize("strict", [False, True])
-def test_a_graph_called_again_after_unfreezing_runs_as_captured(strict):
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_graph_called_again_after_unfreezing_compiles_for_the_new_gradients(dynamic):
     """torch < 2.13's Dynamo calls a graph compiled with some parameters frozen again after they
     are unfrozen (pytorch/pytorch#139476): its compiled code returns no gradient for them. Such a
-    call (made here by calling the backend's compiled graph directly, on any torch) runs the graph
-    as captured: exact, warned once with the cause and the remedy; strict raises."""
+    call (made here by calling the backend's compiled graph directly, on any torch) compiles the
+    captured graph again for the gradients it needs, once: exact, silent, and it streams (strict:
+    nothing is refused); a capture with symbolic sizes compiles symbolic again, one compile for
+    every length."""
+    backend = importlib.import_module("streamfx.backend")
     from streamfx.backend import streambp_backend
 
     torch.manual_seed(0)
     model = zoo.TinyLlama().float().train()
-    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
+    make = zoo._plain_inputs(zoo.VOCAB)
     ref = copy.deepcopy(model)
     _set_trainable(model, lambda n: "layers." not in n)
-    made = []
+    made, now = [], {}
 
     def recording(gm, example_inputs):
-        fn = streambp_backend(gm, example_inputs, {"codegen": "eager", "chunk_size": 5, "strict": strict})
+        fn = streambp_backend(gm, example_inputs, {"codegen": "eager", "chunk_size": 5, "strict": True})
 
         def run(*args):
-            made.append((fn, args))
+            made.append((fn, args, now["T"]))
             return fn(*args)
 
         return run
 
-    inputs.loss_of(torch.compile(model, backend=recording)(*inputs.args, **inputs.kwargs)).backward()
-    (fn, args), = made
-    model.zero_grad(set_to_none=True)
+    compiled = torch.compile(model, backend=recording, dynamic=dynamic)
+    lengths = (13, 17) if dynamic else (13,)
+    inputs = {T: make(zoo.Case("t", 2, T)) for T in lengths}
+    for T in lengths:   # (dynamic: one symbolic graph runs both lengths)
+        now["T"] = T
+        inputs[T].loss_of(compiled(*inputs[T].args, **inputs[T].kwargs)).backward()
+    fn = made[-1][0]
+    calls = {T: args for f, args, T in made if f is fn}
+    assert set(calls) == set(lengths)
     _set_trainable(model, lambda n: True)
-    if strict:
-        with pytest.raises(streamfx.StreamBPError, match=r"need a gradient now but did not when it was compiled"):
-            fn(*args)
-        return
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        outs = fn(*args)
-        outs = fn(*args)   # (warned once)
-    said = _streamfx_warnings(caught)
-    assert len(said) == 1 and "layers.0." in said[0] and "pytorch/pytorch#139476" in said[0] \
-        and "torch._dynamo.reset()" in said[0], said
-    loss = next(o for o in outs if isinstance(o, torch.Tensor) and o.dim() == 0 and o.requires_grad)
-    loss.backward()
-    inputs.loss_of(ref(*inputs.args, **inputs.kwargs)).backward()
-    assert_grads_match(grads_of(ref), grads_of(model))
-    assert grads_of(model)["layers.0.attn.q_proj.weight"] is not None
+    said, compiles = [], []
+    compile_graph = backend._compile_graph
+
+    def counting(gm, example_inputs, *a, **k):
+        compiles.append([getattr(x, "shape", x) for x in example_inputs])
+        return compile_graph(gm, example_inputs, *a, **k)
+
+    backend._compile_graph = counting
+    try:
+        for T in lengths * 2:   # (each length twice: the second call reuses its compile, silently)
+            for m in (model, ref):
+                m.zero_grad(set_to_none=True)
+            before = COUNTERS["region_backward"]
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                outs = fn(*calls[T])
+                next(o for o in outs if isinstance(o, torch.Tensor) and o.dim() == 0 and o.requires_grad).backward()
+            said += _streamfx_warnings(caught)
+            assert COUNTERS["region_backward"] - before == zoo.LAYERS + 1, "the call did not stream"
+            inputs[T].loss_of(ref(*inputs[T].args, **inputs[T].kwargs)).backward()
+            assert_grads_match(grads_of(ref), grads_of(model))
+            assert grads_of(model)["layers.0.attn.q_proj.weight"].abs().max() > 0
+    finally:
+        backend._compile_graph = compile_graph
+    assert not said, said
+    assert len(compiles) == 1, compiles
+    sizes = [d for shape in compiles[0] if isinstance(shape, torch.Size) for d in shape]
+    assert any(isinstance(d, torch.SymInt) for d in sizes) == dynamic, compiles
