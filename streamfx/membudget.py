@@ -87,10 +87,14 @@ def step_models(analysis, device: str = "cpu", codegen: str | None = None, stora
     if getattr(analysis, "baseline", None) is not None:
         fw0, bw0 = analysis.baseline
         free = _causal_masks(analysis, fw0.graph, seq, fixed)
-        baselines["no checkpointing"] = StepModel(fw0.graph, bw0.graph, {}, seq, fixed, device, free=free)
+        # (the user outputs the streamed step drops, the logits beside the loss, are the ones the
+        # caller drops: a trainer keeps the loss alone through the backward)
+        dropped = frozenset(getattr(analysis, "dropped", ()))
+        baselines["no checkpointing"] = StepModel(fw0.graph, bw0.graph, {}, seq, fixed, device, free=free,
+                                                  dropped=dropped)
         ckpt = _checkpointed(analysis, fw0.graph)
         baselines["activation checkpointing"] = StepModel(fw0.graph, bw0.graph, {}, seq, fixed, device, ckpt=ckpt,
-                                                          free=free)
+                                                          free=free, dropped=dropped)
         for b in baselines.values():
             b.roles = model.roles
     return model, baselines

@@ -156,10 +156,13 @@ class StepModel:
     ``seq``: the shape symbols of the sequence length; ``fixed``: the other symbols' values;
     ``ckpt``: names of forward nodes recomputed in the backward (activation checkpointing);
     ``free``: names of nodes whose tensors count as never made; ``stores``: {region key:
-    ``offload.StorePlan``} of the layers whose inputs leave AOTAutograd's saved tensors."""
+    ``offload.StorePlan``} of the layers whose inputs leave AOTAutograd's saved tensors;
+    ``dropped``: positions among the forward graph's outputs of the user outputs the caller drops
+    after the forward (the logits beside the loss: they die there unless the backward reads them)."""
 
     def __init__(self, fw: torch.fx.Graph, bw: torch.fx.Graph, works: dict, seq: set, fixed: dict,
-                 device: str = "cpu", ckpt: dict | None = None, free=frozenset(), stores: dict | None = None):
+                 device: str = "cpu", ckpt: dict | None = None, free=frozenset(), stores: dict | None = None,
+                 dropped=frozenset()):
         self.works, self.seq, self.fixed, self.device = works, seq, fixed, device
         self.fw_nodes = {n.name: n for n in fw.nodes}
         self.bw_graph = bw
@@ -172,7 +175,10 @@ class StepModel:
                    if any(ckpt.get(u.name) != layer for u in self.fw_nodes[n].users if u.op != "output")}
         recomputed = {memory.base_of(self.fw_nodes[n]) for n in set(ckpt) - outputs} & saved
         recomputed -= {memory.base_of(self.fw_nodes[n]) for n in outputs}
-        fw_live = Live.of(fw, held=held, keep=frozenset(saved - recomputed), drop=frozenset(recomputed))
+        outs = fw.output_node().args[0]
+        gone = {memory.base_of(outs[i]) for i in dropped if i < len(outs) and isinstance(outs[i], torch.fx.Node)}
+        gone -= saved | held
+        fw_live = Live.of(fw, held=held, keep=frozenset(saved - recomputed), drop=frozenset(recomputed | gone))
         bw_live = Live.of(bw, held=frozenset(bw.find_nodes(op="placeholder")))
         # the backward's saved inputs are the forward's nodes: each dies after its last use there
         # (a base with several saved views, after the last of them); a checkpointed one is made
