@@ -91,6 +91,7 @@ class AttentionSite:
     # then an additive padding mask), in graph order, from the first to ``mask_user``: the mask the
     # analysis reads is their effect on zero scores, one additive mask per (query, key)
     mask_chain: tuple = ()
+    dropout: object = None             # a fused kernel's dropout probability where it draws dropout inside
 
     @property
     def plain_causal_mask(self) -> bool:
@@ -138,7 +139,8 @@ def find_sites(graph: fx.Graph, sd, forward: set) -> list[AttentionSite]:
             mask = _mask_of(node)
             site = AttentionSite(len(sites), "sdpa:" + node.target._overloadpacket.__name__,
                                  b["query"], b["key"], b["value"], node, frozenset([node]),
-                                 bool(b.get("is_causal", False)), mask, scale=b.get("scale"))
+                                 bool(b.get("is_causal", False)), mask, scale=b.get("scale"),
+                                 dropout=kernels.dropout_of(node))
             sites.append(site)
         elif node.target in SCORE_OPS and _self_similar(node, sd):
             site = _matmul_site(node, sd, len(sites), forward)

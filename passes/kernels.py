@@ -53,6 +53,8 @@ class Kernel:
     bool_mask_fill: float = float("-inf")  # what its composite gives a boolean mask's hidden positions
     workspace: Callable | None = None   # (q, k, keys, backward) -> bytes it allocates inside beyond its
                                         # outputs, for ``keys`` keys (sizes may be symbolic); None: nothing known
+    dropout: str | None = "dropout_p"   # the name of its dropout probability argument (dropout drawn
+                                        # inside the kernel, which a chunk's recomputation cannot replay)
 
     def workspace_bytes(self, q, k, keys, backward: bool):
         """``workspace`` for ``keys`` keys, 0 where the table knows none."""
@@ -209,3 +211,15 @@ BY_BACKWARD: dict = {k.backward: k for k in KERNELS.values() if k.backward is no
 def of(node) -> Kernel | None:
     """The kernel a graph node calls, or None."""
     return KERNELS.get(getattr(node, "target", None))
+
+
+def dropout_of(node):
+    """The dropout probability a kernel call draws inside (None: none; a number or a symbolic
+    value otherwise)."""
+    kern = of(node)
+    if kern is None or kern.dropout is None:
+        return None
+    from .graphs import bind
+
+    p = bind(node).get(kern.dropout)
+    return None if p is None or (isinstance(p, (int, float)) and p == 0) else p

@@ -318,6 +318,14 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
 
 
 def _check_site(site) -> None:
+    if site.dropout is not None:
+        p = site.dropout if isinstance(site.dropout, (int, float)) else "a traced value"
+        raise CannotStream(f"fused attention with dropout (dropout_p={p}): the kernel draws its random mask "
+                           "inside, and a chunk's recomputation cannot replay it; set the attention's dropout to "
+                           "0 (attention_dropout=0.0 in a Hugging Face config, as long-context training does), "
+                           "or apply dropout to the probabilities outside the kernel (attention written out, "
+                           "such as attn_implementation=\"eager\"), whose random mask is drawn once and read "
+                           "per chunk", site.output)
     if site.conflict:
         raise CannotStream(site.conflict, site.mask_user)
     if not site.is_causal and not site.softmax:

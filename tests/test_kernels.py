@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import streamfx
 import zoo
 from tiers import cases
 from conftest import assert_grads_match, grads_of, run_eager_and_compiled
@@ -246,6 +247,27 @@ def test_a_mask_that_needs_a_gradient_streams_exactly(kernel, attention):
         assert not run.warnings, run.warnings
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize("kernel", ["flash", "efficient", "cudnn"])
+def test_fused_attention_with_dropout_is_refused_with_the_cause(kernel):
+    """A fused CUDA kernel with ``dropout_p > 0`` (Hugging Face's SDPA attention in training with
+    ``attention_dropout > 0``) draws its random mask inside: a chunk's recomputation would draw
+    another, so the layers do not stream (strict: StreamBPError naming the dropout and the remedy)
+    where they would otherwise have given gradients of different randomness. Written-out
+    attention's dropout streams (``test_layers``)."""
+    model, make_inputs = zoo.qwen3_sdpa()
+    for m in model.modules():
+        if hasattr(m, "attention_dropout"):   # (read at each call; the config is read when built)
+            m.attention_dropout = 0.1
+    inputs = make_inputs(zoo.Case("t", 2, T))
+    compiled = torch.compile(model.train(), backend="streambp",
+                             options={"codegen": "eager", "chunk_size": CHUNK, "strict": True})
+    with kernel_context(kernel), pytest.raises(streamfx.StreamBPError) as raised:
+        inputs.loss_of(compiled(*inputs.args, **inputs.kwargs)).backward()
+    said = str(raised.value)
+    assert "fused attention with dropout (dropout_p=0.1)" in said and "attention_dropout=0.0" in said, said
+
+
 # ---- the pieces ----------------------------------------------------------------------------
 @pytest.mark.fast
 def test_every_kernel_entry_matches_its_schema():
@@ -254,6 +276,7 @@ def test_every_kernel_entry_matches_its_schema():
         names = {a.name for a in op._schema.arguments}
         assert {"query", "key", "value", "is_causal", "scale"} <= names, (kern.name, names)
         assert kern.mask is None or kern.mask in names, (kern.name, kern.mask)
+        assert kern.dropout is None or kern.dropout in names, (kern.name, kern.dropout)
         assert kern.alignment in ("bottom-right", "top-left"), kern.name
         if kern.blocks:
             assert kern.backward is not None and kern.lse_view is not None, kern.name
