@@ -21,6 +21,7 @@ from . import attention as attn, hoist, masks, verify
 from .graphs import (ancestors, is_tangent, is_tensor, node_inputs, normalize_dim, outputs as graph_outputs,
                      primals, val, written_input)
 from .plan import plan_head, plan_layer
+from .pulls import RANDOM_OPS
 from .record import NodeRecord, tag
 from .regions import find_regions
 from .rewrite import dropped_outputs, stream_joint
@@ -318,6 +319,14 @@ def _coverage(a: Analysis) -> None:
                 "for the whole sequence and only the softmax and the loss over them stream; keep the LM "
                 "head and the loss in one compiled graph to stream the logits too (under DeepSpeed ZeRO-3: "
                 "streamfx.zero3.stream_head(engine) after deepspeed.initialize)", softmax)))
+    kept_random = [x for p in a.plans if p.kind == "layer" for x, spec in zip(p.inputs, p.in_specs)
+                   if spec.kind == "qk" and any(n.target in RANDOM_OPS for n in ancestors([x]))]
+    if kept_random:   # (one note for every layer: the cause is the model's, the same in each)
+        a.notes.append(("layers", CannotStream(
+            "a random [.., T, T] tensor (dropout's keep mask on the attention probabilities) is kept from "
+            "each layer's forward to its backward and read per chunk: its memory grows with the square of "
+            "the length; set the attention's dropout to 0 (attention_dropout=0.0 in a Hugging Face config) "
+            "for long sequences", kept_random[0])))
     sums = [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"]
     # a loss whose head does not stream always says why: the head's own refusal, or this one
     if sums and not any(p.kind == "head" for p in a.plans) and not any(name == "head" for name, _ in a.refusals):

@@ -294,7 +294,8 @@ def test_dropout_on_attention_probabilities_streams_and_replays_per_chunk(form):
     attention does, decomposed into exp / sum / div) multiplies the normalised probabilities: it
     is no mask on the scores beside the causal one. The layer streams (strict: nothing refused) and the
     keep mask drawn in the forward is read per chunk, so gradients with 4 chunks equal those with
-    1 under the same seed."""
+    1 under the same seed. Its keep mask is kept per layer whole ([B, H, T, T]): one warning says
+    that memory grows with the square of the length, and what to change."""
 
     class ProbDropLM(TinyLM):
         def forward(self, idx, targets):
@@ -326,8 +327,12 @@ def test_dropout_on_attention_probabilities_streams_and_replays_per_chunk(form):
         compiled = torch.compile(m, backend="streambp",
                                  options={"codegen": "eager", "chunk_size": chunk, "strict": True})
         torch.manual_seed(123)
-        loss = compiled(idx, idx)
-        loss.backward()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss = compiled(idx, idx)
+            loss.backward()
+        said = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+        assert len(said) == 1 and "square of the length" in said[0] and "attention_dropout=0.0" in said[0], said
         losses.append(loss.detach())
         grads.append([p.grad for p in m.parameters()])
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=1e-7)
