@@ -244,11 +244,9 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
                          softmax=softmax, mask_chain=chain)
 
 
-# a softmax over the keys, fused or decomposed (max, exp, sum): linear attention has none
-SOFTMAX_OPS = (aten._softmax.default, aten._safe_softmax.default, aten.exp.default)
-
-
 FUSED_SOFTMAX_OPS = (aten._softmax.default, aten._safe_softmax.default)
+# a softmax over the keys, fused or decomposed (max, exp, sum): linear attention has none
+SOFTMAX_OPS = FUSED_SOFTMAX_OPS + (aten.exp.default,)
 
 
 def _normalises(n: fx.Node, interior: set) -> bool:

@@ -21,6 +21,7 @@ import sympy
 import torch
 
 from .compat import CUDNN_BOOL_MASK_FILL
+from .graphs import bind
 
 aten = torch.ops.aten
 
@@ -219,7 +220,5 @@ def dropout_of(node):
     kern = of(node)
     if kern is None or kern.dropout is None:
         return None
-    from .graphs import bind
-
     p = bind(node).get(kern.dropout)
     return None if p is None or (isinstance(p, (int, float)) and p == 0) else p

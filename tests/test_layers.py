@@ -253,33 +253,49 @@ def test_strict_refuses(make):
         compiled(idx, idx)
 
 
+class _AttendingLM(TinyLM):
+    def heads(self, h):
+        """Queries, keys and values of ``h`` [B, T, d] as [B, H, T, d / H]."""
+        B, T = h.shape[:2]
+        q, k, v = self.qkv[0](h).split(h.shape[-1], dim=2)
+        return (t.view(B, T, self.H, -1).transpose(1, 2) for t in (q, k, v))
+
+    def loss(self, h, targets):
+        return F.cross_entropy(self.head(h).view(-1, self.head.out_features), targets.view(-1))
+
+
+def _seeded_step(model, idx, seed: int, **options):
+    """(loss, parameter gradients, streamfx warnings) of one step of a fresh copy of ``model``
+    compiled with ``options`` (FX graphs), with the random seed set before the call."""
+    torch._dynamo.reset()
+    m = copy.deepcopy(model)
+    compiled = torch.compile(m, backend="streambp", options={"codegen": "eager", **options})
+    torch.manual_seed(seed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = compiled(idx, idx)
+        loss.backward()
+    return loss.detach(), [p.grad for p in m.parameters()], [str(w.message) for w in caught
+                                                              if "streamfx" in str(w.message)]
+
+
 @pytest.mark.fast
 def test_dropout_randomness_is_drawn_once_and_replayed_per_chunk():
     """Dropout's random mask is drawn outside the streamed layer and read per chunk, so chunked
     recomputation sees exactly the forward's randomness: gradients with 3 chunks equal those
     with 1 chunk under the same seed."""
 
-    class DropLM(TinyLM):
+    class DropLM(_AttendingLM):
         def forward(self, idx, targets):
             B, T = idx.shape
             h = self.emb(idx)
-            q, k, v = self.qkv[0](h).split(h.shape[-1], dim=2)
-            q, k, v = (t.view(B, T, self.H, -1).transpose(1, 2) for t in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
-            h = h + F.dropout(y, 0.3, training=True)
-            return F.cross_entropy(self.head(h).view(-1, self.head.out_features), targets.view(-1))
+            y = F.scaled_dot_product_attention(*self.heads(h), is_causal=True).transpose(1, 2).reshape(B, T, -1)
+            return self.loss(h + F.dropout(y, 0.3, training=True), targets)
 
     torch.manual_seed(0)
     model = DropLM(24, 16, 2)
     idx = torch.randint(0, 24, (1, 12))
-    grads = []
-    for chunk in (4, 12):
-        torch._dynamo.reset()
-        m = copy.deepcopy(model)
-        compiled = torch.compile(m, backend="streambp", options={"codegen": "eager", "chunk_size": chunk})
-        torch.manual_seed(123)
-        compiled(idx, idx).backward()
-        grads.append([p.grad for p in m.parameters()])
+    grads = [_seeded_step(model, idx, 123, chunk_size=chunk)[1] for chunk in (4, 12)]
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     report = streamfx.explain(copy.deepcopy(model), idx, idx, options={"chunk_size": 4})
@@ -297,12 +313,11 @@ def test_dropout_on_attention_probabilities_streams_and_replays_per_chunk(form):
     1 under the same seed. Its keep mask is kept per layer whole ([B, H, T, T]): one warning says
     that memory grows with the square of the length, and what to change."""
 
-    class ProbDropLM(TinyLM):
+    class ProbDropLM(_AttendingLM):
         def forward(self, idx, targets):
             B, T = idx.shape
             h = self.emb(idx)
-            q, k, v = self.qkv[0](h).split(h.shape[-1], dim=2)
-            q, k, v = (t.view(B, T, self.H, -1).transpose(1, 2) for t in (q, k, v))
+            q, k, v = self.heads(h)
             if form == "sdpa":
                 y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.25)
             else:
@@ -314,36 +329,22 @@ def test_dropout_on_attention_probabilities_streams_and_replays_per_chunk(form):
                     s = s + torch.full((T, T), torch.finfo(s.dtype).min).triu(1)
                     p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
                 y = F.dropout(p, 0.25, training=True) @ v
-            h = h + y.transpose(1, 2).reshape(B, T, -1)
-            return F.cross_entropy(self.head(h).view(-1, self.head.out_features), targets.view(-1))
+            return self.loss(h + y.transpose(1, 2).reshape(B, T, -1), targets)
 
     torch.manual_seed(0)
     model = ProbDropLM(24, 16, 2)
     idx = torch.randint(0, 24, (2, 12))
     grads, losses = [], []
     for chunk in (3, 12):
-        torch._dynamo.reset()
-        m = copy.deepcopy(model)
-        compiled = torch.compile(m, backend="streambp",
-                                 options={"codegen": "eager", "chunk_size": chunk, "strict": True})
-        torch.manual_seed(123)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            loss = compiled(idx, idx)
-            loss.backward()
-        said = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+        loss, grad, said = _seeded_step(model, idx, 123, chunk_size=chunk, strict=True)
         assert len(said) == 1 and "square of the length" in said[0] and "attention_dropout=0.0" in said[0], said
-        losses.append(loss.detach())
-        grads.append([p.grad for p in m.parameters()])
+        losses.append(loss)
+        grads.append(grad)
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=1e-7)
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     # the dropout really acted: a different seed gives a different loss
-    torch._dynamo.reset()
-    m = copy.deepcopy(model)
-    compiled = torch.compile(m, backend="streambp", options={"codegen": "eager", "chunk_size": 3})
-    torch.manual_seed(7)
-    assert not torch.allclose(compiled(idx, idx).detach(), losses[0])
+    assert not torch.allclose(_seeded_step(model, idx, 7, chunk_size=3)[0], losses[0])
     report = streamfx.explain(copy.deepcopy(model), idx, idx, options={"chunk_size": 3})
     assert "layer.0" in [p.name for p in report.plan] and not report.not_streamed, report
 
