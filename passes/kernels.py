@@ -50,7 +50,7 @@ class Kernel:
     mask_align: int | None = None       # its composite pads the mask's key dim to a multiple of this
     call: Callable | None = None        # (q, k, v, causal, scale) -> (out, raw lse): one block of keys, no mask
     call_backward: Callable | None = None  # (dout, q, k, v, out, raw lse, causal, scale, mask=None) -> (dq, dk, dv)
-    lse_view: Callable | None = None    # (raw lse, L queries) -> its [B, H, L] float32 view
+    lse_view: Callable | None = None    # (raw lse, L queries) -> its [B, H, L] view
     bool_mask_fill: float = float("-inf")  # what its composite gives a boolean mask's hidden positions
     workspace: Callable | None = None   # (q, k, keys, backward) -> bytes it allocates inside beyond its
                                         # outputs, for ``keys`` keys (sizes may be symbolic); None: nothing known

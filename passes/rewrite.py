@@ -27,7 +27,7 @@ from .graphs import (ALIASES, COPIES, ancestors, bind, hint, is_tangent, order, 
                      tangents, unpadded, written_input)
 from .record import made_by
 from .sizes import Sizes
-from .specs import dim_order
+from .specs import accumulation_dtype, dim_order
 
 aten = torch.ops.aten
 STEP = "stream"
@@ -261,7 +261,7 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
         out = site.output.meta["val"][0]
         order = dim_order([hint(n) for n in out.shape], [hint(n) for n in out.stride()])
         slots.append(Slot((*qs.shape[:-1], vs.shape[-1]), q.dtype, str(q.device), order=order))
-        slots.append(Slot(qs.shape[:-1], torch.float32, str(q.device)))
+        slots.append(Slot(qs.shape[:-1], accumulation_dtype(q.dtype), str(q.device)))
     # the query graph's placeholders that get a gradient: the region's, then the K/V prefix
     needs_grad = frozenset(plan.grad_inputs) | frozenset(range(len(plan.inputs), n_tensors))
     fwd, bwd, raw, why = {}, {}, {}, {}

@@ -111,6 +111,12 @@ WHOLE = Spec("whole")
 SUM = Spec("sum")
 
 
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype sums over chunks are kept in, and a fused attention's log-sum-exp: float32 for
+    float32 and the 16-bit floats, the dtype itself for float64 (whose kernels compute in it)."""
+    return torch.promote_types(dtype, torch.float32) if dtype.is_floating_point else dtype
+
+
 def dim_order(shape, stride) -> tuple | None:
     """The order of a dense tensor's dims from outermost to innermost where it is not row-major
     (a transposed view: the queries handed from one graph piece to the next as [B, H, T, D] over

@@ -20,23 +20,25 @@ import torch
 
 from streamfx import memory
 from streamfx.passes import kernels
+from streamfx.passes.specs import accumulation_dtype
 
 
 def _merge(kern, q, k, v, scale):
-    """(merged output in q's dtype, merged log-sum-exp [B, H, L] fp32, each block's raw lse)."""
+    """(merged output in q's dtype, merged log-sum-exp [B, H, L] in q's accumulation dtype)."""
     L, n = q.shape[-2], k.shape[-2] - q.shape[-2]
+    acc = accumulation_dtype(q.dtype)
     diag_out, diag_lse = kern.call(q, k.narrow(-2, n, L), v.narrow(-2, n, L), True, scale)
     if n == 0:
-        return diag_out, kern.lse_view(diag_lse, L).float()
+        return diag_out, kern.lse_view(diag_lse, L).to(acc)
     pre_out, pre_lse = kern.call(q, k.narrow(-2, 0, n), v.narrow(-2, 0, n), False, scale)
-    lp, ld = kern.lse_view(pre_lse, L).float(), kern.lse_view(diag_lse, L).float()
+    lp, ld = kern.lse_view(pre_lse, L).to(acc), kern.lse_view(diag_lse, L).to(acc)
     lse = torch.logaddexp(lp, ld)
-    # out = pre_out * exp(lp - lse) + diag_out * exp(ld - lse) in fp32, in place in the blocks'
-    # own outputs where they are fp32 already (the same products and sum, rounded the same)
-    out = pre_out.float()
+    # out = pre_out * exp(lp - lse) + diag_out * exp(ld - lse) in fp32 (fp64), in place in the
+    # blocks' own outputs where they are in it already (the same products and sum, rounded the same)
+    out = pre_out.to(acc)
     del pre_out
     out.mul_(torch.exp(lp - lse).unsqueeze(-1))
-    out.add_(diag_out.float().mul_(torch.exp(ld - lse).unsqueeze(-1)))
+    out.add_(diag_out.to(acc).mul_(torch.exp(ld - lse).unsqueeze(-1)))
     if out.dtype == diag_out.dtype and out.stride() == diag_out.stride():
         return out, lse
     return torch.empty_like(diag_out).copy_(out), lse  # (in the kernel's own output layout)
@@ -45,7 +47,8 @@ def _merge(kern, q, k, v, scale):
 @torch.library.custom_op("streamfx::causal_blocks", mutates_args=())
 def causal_blocks(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   scale: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(output, log-sum-exp [B, H, L] fp32) of causal attention aligned to the bottom right."""
+    """(output, log-sum-exp [B, H, L] in q's accumulation dtype) of causal attention aligned to
+    the bottom right."""
     out, lse = _merge(kernels.BY_NAME[kernel], q, k, v, scale)
     return out, lse.contiguous()
 
@@ -54,7 +57,7 @@ def causal_blocks(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 def _causal_blocks_fake(kernel, q, k, v, scale):
     L, n = q.shape[-2], k.shape[-2] - q.shape[-2]
     diag = kernels.BY_NAME[kernel].call(q, k.narrow(-2, n, L), v.narrow(-2, n, L), True, scale)[0]
-    return torch.empty_like(diag), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    return torch.empty_like(diag), q.new_empty(q.shape[:-1], dtype=accumulation_dtype(q.dtype))
 
 
 @torch.library.custom_op("streamfx::causal_blocks_backward", mutates_args=())
@@ -76,7 +79,7 @@ def causal_blocks_backward(kernel: str, dout: torch.Tensor, q: torch.Tensor, k: 
         dk.narrow(-2, start, length).copy_(dk_b)
         dv.narrow(-2, start, length).copy_(dv_b)
         del dk_b, dv_b
-        dq = dq_b.float() if dq is None else dq.add_(dq_b)   # (summed in fp32)
+        dq = dq_b.to(accumulation_dtype(q.dtype)) if dq is None else dq.add_(dq_b)   # (summed in fp32, fp64)
         del dq_b
     if dq.dtype == q.dtype and dq.stride() == q.stride():
         return dq, dk, dv
@@ -84,7 +87,7 @@ def causal_blocks_backward(kernel: str, dout: torch.Tensor, q: torch.Tensor, k: 
 
 
 def _in_kernel_layout(kern, q, kb, vb, causal, scale, out, lse):
-    """``out`` and ``lse`` ([B, H, L] fp32) in the layouts the kernel's own forward gives for these
+    """``out`` and ``lse`` ([B, H, L]) in the layouts the kernel's own forward gives for these
     inputs (read from its meta kernel), as its backward expects them."""
     meta = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta") for x in (q, kb, vb)]
     out_lay, lse_lay = kern.call(*meta, causal, scale)

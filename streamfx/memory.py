@@ -24,6 +24,7 @@ import torch
 import torch.fx as fx
 
 from .errors import source_line
+from .passes.specs import accumulation_dtype
 
 
 # ---- sizes ----------------------------------------------------------------------------------------
@@ -397,12 +398,13 @@ class ChunkCurve:
         out = self.live.steps[-1][0]
         return sum(evaluate(nbytes_expr(x.meta.get("val")), subs) for x in out.all_input_nodes)
 
-    def output_elems_at(self, q: int) -> int:
-        """Elements of the graph's outputs at chunk length q."""
+    def accumulators_at(self, q: int) -> int:
+        """Bytes of the graph's outputs at chunk length q in their accumulation dtypes (fp32 for
+        16-bit outputs: the K/V gradients' buffers)."""
         subs = {**self.fixed, **({self.q: q} if self.q is not None else {})}
         out = self.live.steps[-1][0]
-        return sum(evaluate(nbytes_expr(x.meta.get("val")), subs) // x.meta["val"].element_size()
-                   for x in out.all_input_nodes if isinstance(x.meta.get("val"), torch.Tensor))
+        return sum(evaluate(nbytes_expr(v), subs) // v.element_size() * accumulation_dtype(v.dtype).itemsize
+                   for v in (x.meta.get("val") for x in out.all_input_nodes) if isinstance(v, torch.Tensor))
 
 
 _CURVES: dict = {}

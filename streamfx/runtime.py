@@ -25,7 +25,7 @@ from streamfx.passes.schedule import chunk_size
 
 from . import failures, keyranges
 from .passes.graphs import hint
-from .passes.specs import dim_order, empty_in_order, leading
+from .passes.specs import accumulation_dtype, dim_order, empty_in_order, leading
 from .chunks import COUNTERS, ChunkGraph  # noqa: F401  (COUNTERS is part of the runtime's interface)
 
 _PROGRAMS: dict[int, "RegionProgram"] = {}
@@ -151,12 +151,13 @@ class RegionProgram:
         return self._outputs(result)
 
     def _collect(self, result: list, outs, s: int, e: int, T: int) -> None:
-        """Chunk [s, e)'s outputs into ``result``: rows of a cat output, sums accumulated in fp32."""
+        """Chunk [s, e)'s outputs into ``result``: rows of a cat output, sums accumulated in fp32
+        (fp64 for fp64 outputs)."""
         for j, (o, spec) in enumerate(zip(outs, self.out_specs)):
             if spec.kind == "cat":
                 _put_rows(result, j, o, spec, s, e, T)
             elif result[j] is None:
-                result[j] = o.float()
+                result[j] = o.to(accumulation_dtype(o.dtype))
             else:
                 result[j].add_(o)
 
@@ -227,9 +228,10 @@ class RegionProgram:
         result = []
         for m, i in enumerate(self.grad_inputs):
             dtype = self._in_dtypes[i]
-            # (each seed's incoming gradient as a one-element fp32 tensor: the products are fp32
-            # whatever the stored gradient's dtype, as a 0-dim one would not make them)
-            terms = [(stored[k * n + m], grads[j].reshape(-1)[flat].float().reshape(1))
+            # (each seed's incoming gradient as a one-element tensor in its accumulation dtype:
+            # the products are fp32 (fp64) whatever the stored gradient's dtype, as a 0-dim one
+            # would not make them)
+            terms = [(stored[k * n + m], _acc(grads[j].reshape(-1)[flat]).reshape(1))
                      for k, (j, flat) in enumerate(self.seeds) if grads[j] is not None]
             if not terms:
                 result.append(self.grad_empty(stored[m], i, dtype).zero_())
@@ -452,7 +454,7 @@ class Keep:
         got = list(extra)
         for i, (name, is_raw) in enumerate(zip(self.kernels, raw)):
             if is_raw:
-                got[2 * i + 1] = kernels.BY_NAME[name].lse_view(got[2 * i + 1], got[2 * i].shape[-2]).float()
+                got[2 * i + 1] = _acc(kernels.BY_NAME[name].lse_view(got[2 * i + 1], got[2 * i].shape[-2]))
         return got
 
     def shapes_like(self, kept_chunk: list, T: int) -> list:
@@ -612,7 +614,7 @@ class LayerProgram(RegionProgram):
         with torch.no_grad():
             for _, _, _, KV in self.keys_values(inputs, self.fn(self.kv, train=False)):
                 pass
-        dKV = [torch.zeros_like(b, dtype=torch.float32) for b in KV]
+        dKV = [torch.zeros_like(b, dtype=_acc_dtype(b)) for b in KV]
         acc = self._grad_buffers(inputs)
         bounds, T = self.bounds(inputs), self.length(inputs)
         ranges = self.key_ranges(inputs, bounds)
@@ -752,7 +754,12 @@ def autograd_inside_op():
 
 
 def _acc_dtype(x: torch.Tensor) -> torch.dtype:
-    return torch.float32 if x.dtype in (torch.bfloat16, torch.float16) else x.dtype
+    return accumulation_dtype(x.dtype)
+
+
+def _acc(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in its accumulation dtype (itself where it is in it already)."""
+    return x.to(_acc_dtype(x))
 
 
 def _row_grad_dtype(spec, x: torch.Tensor) -> torch.dtype:

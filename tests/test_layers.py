@@ -386,3 +386,40 @@ def test_layer_streaming_property(data):
     assert_grads_match(run.ref_grads, run.grads)
     for name in ("layer.0", "layer.1"):
         assert run.schedules.get(name) and set(run.schedules[name]) == {-(-T // chunk)}, run.schedules
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("attn, attention, head_grad", [
+    ("sdpa", "recompute", "forward"), ("sdpa", "keep", "recompute"), ("matmul", "recompute", "forward")])
+def test_a_float64_model_streams_to_float64_precision(attn, attention, head_grad):
+    """A float64 model's streamed step is float64 throughout: the head's loss sums and the
+    gradients it stores in the forward, the K/V gradients' accumulators, and a fused attention's
+    log-sum-exp (the CPU kernel's is float64 for float64 inputs) are float64, not float32. The
+    loss and every gradient agree with eager to float64 rounding: float32 anywhere on the way
+    leaves errors near 1e-8."""
+    from conftest import record_schedules
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = TinyLM(V=40, d=16, H=2, layers=2, attn=attn).double()
+    idx = torch.randint(0, 40, (2, 13))
+    targets = idx.clone()
+    targets[0, :3] = -100
+    ref = copy.deepcopy(model)
+    ref_loss = ref(idx, targets)
+    ref_loss.backward()
+    compiled = torch.compile(model, backend="streambp", options={
+        "codegen": "eager", "chunk_size": 4, "head_chunk_size": 4, "attention": attention,
+        "head_grad": head_grad, "strict": True})
+    with warnings.catch_warnings(record=True) as caught, record_schedules() as schedules:
+        warnings.simplefilter("always")
+        loss = compiled(idx, targets)
+        loss.backward()
+    assert not [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    assert set(schedules) == {"layer.0", "layer.1", "head"} and all(set(n) == {4} for n in schedules.values()), \
+        dict(schedules)
+    assert loss.dtype == torch.float64
+    assert abs(loss.item() - ref_loss.item()) <= 1e-13 * abs(ref_loss.item()), (loss.item(), ref_loss.item())
+    for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+        error = ((p.grad - r.grad).abs().max() / r.grad.abs().max()).item()
+        assert error <= 1e-11, (name, error)
