@@ -88,11 +88,13 @@ def causal_blocks_backward(kernel: str, dout: torch.Tensor, q: torch.Tensor, k: 
 
 def _in_kernel_layout(kern, q, kb, vb, causal, scale, out, lse):
     """``out`` and ``lse`` ([B, H, L]) in the layouts the kernel's own forward gives for these
-    inputs (read from its meta kernel), as its backward expects them."""
+    inputs (read from its meta kernel), as its backward expects them. The log-sum-exp's dtype is
+    q's accumulation dtype, as the kernels give it (torch 2.11's meta kernel of the CPU flash
+    attention says float32 for float64 inputs, whose kernel computes and expects float64)."""
     meta = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta") for x in (q, kb, vb)]
     out_lay, lse_lay = kern.call(*meta, causal, scale)
     out_k = torch.empty_strided(out_lay.shape, out_lay.stride(), dtype=out.dtype, device=out.device).copy_(out)
-    lse_k = torch.empty_strided(lse_lay.shape, lse_lay.stride(), dtype=lse_lay.dtype, device=lse.device)
+    lse_k = torch.empty_strided(lse_lay.shape, lse_lay.stride(), dtype=accumulation_dtype(q.dtype), device=lse.device)
     view = kern.lse_view(lse_k, lse.shape[-1])
     view.copy_(lse.view(view.shape))
     return out_k, lse_k
