@@ -157,7 +157,7 @@ class RegionProgram:
             if spec.kind == "cat":
                 _put_rows(result, j, o, spec, s, e, T)
             elif result[j] is None:
-                result[j] = o.to(accumulation_dtype(o.dtype))
+                result[j] = _acc(o)
             else:
                 result[j].add_(o)
 

@@ -117,7 +117,7 @@ class RegionWork:
         out = [("keys and values of the whole sequence", kv)]
         k = T if self.window is None else min(T, c + self.window - 1)   # the keys the widest chunk reads
         if phase == "backward":
-            out.append(("fp32 gradients of the keys and values", kv_nograd.accumulators_at(T)))
+            out.append(("gradient accumulators of the keys and values (fp32, fp64 for fp64)", kv_nograd.accumulators_at(T)))
             out.append((f"one chunk's recomputed forward and backward ({c} tokens against {k} keys)",
                         self._backward_chunk(train, kv_train, c, k, T)))
             out += sums + self._own(c, T)
