@@ -422,7 +422,7 @@ def explain_with_warnings(model, inputs, **options):
     return report, [str(w.message) for w in caught if "streamfx" in str(w.message)], crash
 
 
-@pytest.mark.parametrize("case", ["dpo-softplus", "grpo-labels"])
+@pytest.mark.parametrize("case", [pytest.param("dpo-softplus", marks=pytest.mark.extended), "grpo-labels"])
 def test_rl_losses_head_planned_by_explain(case):
     """explain() plans the head for DPO (sum of token log-probs per sequence) and GRPO (masked
     per-token objective): no head refusal, one head plan with the requested chunk size."""
@@ -690,7 +690,7 @@ class MeanTokenLoss(nn.Module):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("dynamic", [None, pytest.param(True, marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("dynamic", [None, pytest.param(True, marks=pytest.mark.extended)])
 def test_mean_of_per_token_loss_streams(dynamic):
     """The mean of a whole tensor is its sum over its size: the head streams a ``.mean()`` loss
     (with static and symbolic sizes), exactly."""

@@ -75,10 +75,15 @@ KEPT = [("cpu", "causal", True), ("cpu", "hf_causal", True), ("cpu", "left_pad",
         ("efficient", "hf_causal", True), ("cudnn", "causal", True), ("efficient", "left_pad", True),
         ("cpu", "gqa", True), ("flash", "causal", True), ("flash", "gqa", True), ("cudnn", "gqa", True),
         ("cpu", "packed", True), ("cudnn", "left_pad", True), ("efficient", "sliding", True)]
+# the default run: each kernel, and each mask form (causal, padding, packed, window, grouped heads)
+KEPT_DEFAULT = [("cpu", "causal"), ("cpu", "gqa"), ("cpu", "packed"), ("efficient", "left_pad"),
+                ("flash", "causal"), ("cudnn", "left_pad"), ("efficient", "sliding")]
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("kernel,case,kept", [pytest.param(*k, id=f"{k[0]}-{k[1]}") for k in KEPT])
+@pytest.mark.parametrize("kernel,case,kept", [pytest.param(*k, id=f"{k[0]}-{k[1]}",
+                                                          marks=() if k[:2] in KEPT_DEFAULT else pytest.mark.extended)
+                                             for k in KEPT])
 def test_kept_attention_runs_its_forward_once_and_is_exact(monkeypatch, kernel, case, kept):
     """Exact against eager; each chunk's attention forward runs once per step (twice under
     ``attention="recompute"``): causal as blocks or flash's own call, and with a data mask
@@ -138,8 +143,8 @@ def test_recompute_runs_the_attention_forward_twice(monkeypatch):
 
 
 @pytest.mark.parametrize("kernel,case", [("cpu", "hf_causal"),
-                                         pytest.param("cpu", "left_pad", marks=pytest.mark.slow),
-                                         pytest.param("flash", "causal", marks=pytest.mark.slow),
+                                         pytest.param("cpu", "left_pad", marks=pytest.mark.extended),
+                                         pytest.param("flash", "causal", marks=pytest.mark.extended),
                                          pytest.param("efficient", "left_pad", marks=pytest.mark.slow)])
 def test_kept_attention_under_inductor(monkeypatch, kernel, case):
     chunks = zoo.LAYERS * -(-T // CHUNK)

@@ -1,19 +1,42 @@
 """The memory model against measurement: predicted step peaks beside the peak RSS rise of a
 step measured in a fresh process per model, at each length after a warm-up step at that length
 (``streamfx.bench.memcheck``), and a budget sweep (slow tier)."""
+import functools
+
 import pytest
+
+# the tests of the layers preset without options share one trace (its report depends neither on the
+# lengths predicted nor on a budget): they run on one worker
+LAYERS = "preset:qwen3-layers"
+SHARED = pytest.mark.xdist_group("qwen3-layers-report")
+
+
+@functools.lru_cache(maxsize=None)
+def _report(spec):
+    """The memory report of a model spec traced without options, once per process."""
+    from streamfx.bench import memcheck
+
+    return memcheck.predict(spec, [64])[0]
+
+
+def _predict(spec, seqs, method="streamfx"):
+    if spec != LAYERS:
+        from streamfx.bench import memcheck
+
+        return memcheck.predict(spec, seqs, method=method)[1]
+    return {T: _report(spec).step_peak(T, method) for T in seqs}
 
 
 # ---- predicted against measured (fresh processes) ---------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("spec, seqs", [("preset:qwen3-layers", (1024, 2048, 4096)),
+@pytest.mark.parametrize("spec, seqs", [pytest.param(LAYERS, (1024, 2048, 4096), marks=SHARED),
                                         ("preset:qwen3-head", (1024, 2048, 4096)),   # 1, 2 and 4 head chunks
                                         ("zoo:llama_tied", (2048, 4096)),
                                         ("zoo:mistral_sliding", (2048, 8192))])
 def test_predicted_step_peak_within_15_percent_of_measured(spec, seqs):
     from streamfx.bench import memcheck
 
-    report, predicted = memcheck.predict(spec, seqs)
+    predicted = _predict(spec, seqs)
     got = memcheck.measure_in_subprocess(spec, seqs)
     assert "error" not in got, got["error"]
     for T in seqs:
@@ -39,6 +62,7 @@ def test_layer_inputs_off_the_device_predicted_within_15_percent_of_measured(opt
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_kept_attention_predicted_within_15_percent_of_measured():
     """attention="keep": every layer's attention output and log-sum-exp, region op outputs held
     from the forward to the layer's backward, are in the step's peak as predicted."""
@@ -48,33 +72,34 @@ def test_kept_attention_predicted_within_15_percent_of_measured():
     _, predicted = memcheck.predict(spec, [T], options)
     got = memcheck.measure_in_subprocess(spec, [T], options)
     assert "error" not in got, got["error"]
-    _, plain = memcheck.predict(spec, [T])
+    plain = _predict(spec, [T])
     assert predicted[T] > plain[T], (predicted[T], plain[T])
     assert abs(predicted[T] / got[T]["measured"] - 1) <= 0.15, (predicted[T], got[T]["measured"])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", ["preset:qwen3-layers", pytest.param("preset:qwen3-head", marks=pytest.mark.extended)])
+@pytest.mark.parametrize("spec", [pytest.param(LAYERS, marks=SHARED), pytest.param("preset:qwen3-head", marks=pytest.mark.extended)])
 def test_checkpointing_prediction_within_15_percent_of_measured(spec):
     """The baseline a user compares against, predicted from the same graph: HF gradient
     checkpointing (eager, no attention mask) measured in a fresh process."""
     from streamfx.bench import memcheck
 
     method, T = "activation checkpointing", 4096
-    _, predicted = memcheck.predict(spec, [T], method=method)
+    predicted = _predict(spec, [T], method)
     got = memcheck.measure_in_subprocess(spec, T, method=method)
     assert "error" not in got, got["error"]
     assert abs(predicted[T] / got[T]["measured"] - 1) <= 0.15, (spec, T, predicted[T], got[T]["measured"])
 
 
 @pytest.mark.slow
+@SHARED
 def test_budget_sweep_stays_under_budget_and_chunks_grow():
     """Per budget, one compile runs a sweep of lengths (the run-time policy picks each call's
     chunks): every step's peak stays under the budget, and chunks grow with the budget."""
     from streamfx.bench import memcheck
 
-    spec, seqs = "preset:qwen3-layers", (2048, 8192)
-    report, _ = memcheck.predict(spec, seqs)   # (the trace does not depend on the budget)
+    spec, seqs = LAYERS, (2048, 8192)
+    report = _report(spec)   # (the trace does not depend on the budget)
     chunks = {}
     for mib in (160, 320):
         got = memcheck.measure_in_subprocess(spec, seqs, {"memory_budget": f"{mib}MiB"})

@@ -26,6 +26,10 @@ def _ids(T, seed=0):
     return torch.randint(1, zoo.VOCAB, (1, T), generator=g)
 
 
+# the tests that read the module's report run on one worker: one trace for all of them
+REPORT = pytest.mark.xdist_group("memory-plan-report")
+
+
 @pytest.fixture(scope="module")
 def report():
     model, _ = zoo.qwen3("sdpa")
@@ -78,6 +82,7 @@ def test_planning_computes_no_chunk():
     torch.testing.assert_close(loss, model(input_ids=ids, labels=ids).loss, rtol=1e-5, atol=1e-6)
 
 
+@REPORT
 def test_step_peak_grows_with_length_at_least_by_the_saved_layer_inputs(report):
     a, b = report.step_peak(2048), report.step_peak(4096)
     floor = (zoo.LAYERS + 1) * zoo.HIDDEN * 4          # fp32 layer inputs and the head's input
@@ -85,6 +90,7 @@ def test_step_peak_grows_with_length_at_least_by_the_saved_layer_inputs(report):
     assert (b - a) / 2048 >= floor
 
 
+@REPORT
 def test_baselines_hold_more_than_streaming_at_long_lengths(report):
     """The zoo's Qwen3 is 2 layers of width 32: checkpointing keeps the layer inputs and one
     layer's recomputed activations, no checkpointing every layer's (no T x T mask: eager SDPA is
@@ -95,6 +101,7 @@ def test_baselines_hold_more_than_streaming_at_long_lengths(report):
     assert full > 1.5 * ckpt and ckpt > 1.5 * stream
 
 
+@REPORT
 def test_checkpointing_baseline_keeps_layer_inputs_only(report):
     """HF gradient checkpointing keeps each layer's input and recomputes the rest at the layer's
     backward: at its predicted peak at most one layer's internals are live, and the plain causal
@@ -133,6 +140,7 @@ def test_a_sliding_window_layer_chunk_reads_its_window_of_keys():
         assert terms[chunk] == dict(layers[0].terms(phase, c, 8192))[chunk]   # (the same text at 8192)
 
 
+@REPORT
 def test_max_length_is_the_longest_that_fits(report):
     budget = 64 * 2**20
     T = report.max_length(budget)
@@ -147,6 +155,7 @@ def test_max_length_is_the_longest_that_fits(report):
     assert report.max_length(budget, "activation checkpointing") < T
 
 
+@REPORT
 def test_chunks_grow_with_the_budget(report):
     T = 8192
     fits_256 = report.held + report.model.peak(T, 256, 256)   # (a budget chunks of 256 fill)
@@ -155,6 +164,7 @@ def test_chunks_grow_with_the_budget(report):
     assert large[0] <= T
 
 
+@REPORT
 def test_breakdown_names_what_the_user_knows(report):
     text = report.breakdown(4096)
     assert "layer input" in text and "model.layers." in text
@@ -202,6 +212,7 @@ def test_impossible_budget_raises_before_the_step():
 
 
 @pytest.mark.heavy
+@REPORT
 def test_larger_budget_runs_fewer_chunks(report):
     T = 256
     tight = report.held + report.model.peak(T, 64, 64)   # about what chunks of 64 tokens need
@@ -211,6 +222,7 @@ def test_larger_budget_runs_fewer_chunks(report):
 
 
 @pytest.mark.heavy
+@REPORT
 def test_the_step_runs_the_chunk_sizes_the_report_predicts(report):
     """The budget policy sizes chunks from inside the region op (below autograd): its chunk
     working sets must include each chunk's backward, as the report's do. Budgets halfway between
@@ -274,7 +286,7 @@ def test_explain_predicts_the_step_peak_plan_memory_predicts():
 
 
 @pytest.mark.heavy
-@pytest.mark.parametrize("offload", [None, "auto"])
+@pytest.mark.parametrize("offload", [pytest.param(None, marks=pytest.mark.extended), "auto"])
 def test_explain_under_a_budget_chooses_the_chunks_the_compile_chooses(offload):
     """Under a memory budget (offload "auto", its default there, or given) explain() shows the chunk sizes, storage
     and peak the user's compile chooses, from chunk graphs sized as that compile runs them: here
@@ -382,6 +394,7 @@ def test_cli_predicts_the_step_with_its_layer_inputs_in_host_memory(tmp_path, ca
 
 
 @pytest.mark.heavy
+@pytest.mark.extended
 def test_cli_traces_the_second_model_once_with_the_first_ones_dropped_outputs(monkeypatch):
     """The CLI's 3-layer trace detaches the outputs the 2-layer one found dropped (the logits):
     one trace instead of two, and the same report as a trace that finds them itself. The 2-layer

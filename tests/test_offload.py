@@ -85,7 +85,7 @@ def test_offload_dir_that_is_a_file_raises(tmp_path):
 
 # ---- exact gradients ----------------------------------------------------------------------------
 @pytest.mark.fast
-@pytest.mark.parametrize("case", [pytest.param("right_pad", marks=pytest.mark.heavy), "left_pad"])
+@pytest.mark.parametrize("case", [pytest.param("right_pad", marks=pytest.mark.extended), "left_pad"])
 def test_disk_offload_is_exact_and_leaves_no_files(case, tmp_path, monkeypatch):
     deep(monkeypatch)
     model, make_inputs = zoo.qwen3_sdpa()
@@ -95,7 +95,7 @@ def test_disk_offload_is_exact_and_leaves_no_files(case, tmp_path, monkeypatch):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.heavy), 3])
+@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.extended), 3])
 def test_keep_every_is_exact(k, monkeypatch):
     deep(monkeypatch)
     model, make_inputs = zoo.llama_tied()
@@ -117,11 +117,19 @@ MODES = {"disk": {"offload": "disk"}, "keep2": {"keep_every": 2}, "keep3-disk": 
 
 
 # every dense zoo model with both options (keep_every 3 over the disk tier); each option alone on
-# three models of different forms (the suite's time on two cores: each case compiles its model)
-@pytest.mark.parametrize("name, options", [(n, MODES["keep3-disk"]) for n in DENSE]
-                         + [(n, MODES[m]) for m in ("disk", "keep2") for n in ("qwen3_sdpa", "gemma3", "gpt2")],
-                         ids=[f"keep3-disk-{n}" for n in DENSE]
-                         + [f"{m}-{n}" for m in ("disk", "keep2") for n in ("qwen3_sdpa", "gemma3", "gpt2")])
+# three models of different forms (the suite's time on two cores: each case compiles its model).
+# The default run: both options on five models of different forms, each alone on one.
+ZOO_DEFAULT = [f"keep3-disk-{n}" for n in ("qwen3_sdpa", "mistral_sliding", "gemma3", "gpt2", "nanogpt")] + [
+    "disk-qwen3_sdpa", "keep2-gpt2"]
+
+
+def _zoo_case(name, mode):
+    id_ = f"{mode}-{name}"
+    return pytest.param(name, MODES[mode], id=id_, marks=() if id_ in ZOO_DEFAULT else pytest.mark.extended)
+
+
+@pytest.mark.parametrize("name, options", [_zoo_case(n, "keep3-disk") for n in DENSE]
+                         + [_zoo_case(n, m) for m in ("disk", "keep2") for n in ("qwen3_sdpa", "gemma3", "gpt2")])
 def test_zoo_dense_models(name, options, tmp_path, monkeypatch):
     deepened = name in zoo.HF_MODELS and name != "gemma3"  # (gemma3's layer pattern and the plain models: 2)
     if deepened:
@@ -136,7 +144,7 @@ def test_zoo_dense_models(name, options, tmp_path, monkeypatch):
     check(run, tmp_path, offloaded=layers - dropped if "offload" in options else 0, dropped=dropped)
 
 
-@pytest.mark.parametrize("name", ["qwen3_sdpa", "mistral_sliding"])
+@pytest.mark.parametrize("name", ["qwen3_sdpa", pytest.param("mistral_sliding", marks=pytest.mark.extended)])
 def test_packed_documents(name, tmp_path, monkeypatch):
     deep(monkeypatch)
     model, make_inputs = zoo.ZOO[name]()
@@ -157,7 +165,8 @@ def gpt2_dropout(layers=L):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("options", [{"keep_every": 2}, {"keep_every": 3, "offload": "disk"}], ids=["keep2", "keep3-disk"])
+@pytest.mark.parametrize("options", [pytest.param({"keep_every": 2}, marks=pytest.mark.extended), {"keep_every": 3, "offload": "disk"}],
+                         ids=["keep2", "keep3-disk"])
 @pytest.mark.heavy
 def test_dropout_is_replayed(options, tmp_path):
     """With dropout on, the rebuilt inputs see the forward's dropout masks: gradients equal those

@@ -18,7 +18,7 @@ import streamfx
 import zoo
 from conftest import assert_grads_match, grads_of, relative_error, run_eager_and_compiled
 from streamfx.runtime import COUNTERS
-from tiers import compiling
+from tiers import cases, compiling
 
 
 def _streamfx_warnings(caught) -> list:
@@ -31,7 +31,7 @@ def _set_trainable(model, predicate) -> None:
 
 
 # ---- gradient-mode changes ---------------------------------------------------------------------
-@pytest.mark.parametrize("order", ["freeze_then_unfreeze", "unfreeze_then_freeze"])
+@pytest.mark.parametrize("order", cases(["freeze_then_unfreeze", "unfreeze_then_freeze"], ["unfreeze_then_freeze"]))
 def test_frozen_then_trainable_layers_get_their_gradients_inductor(order):
     """Compiled chunk code depends on which inputs get a gradient: a step with the layers frozen
     and then one with everything trainable (staged fine-tuning) must not reuse the code compiled
@@ -189,9 +189,12 @@ def _bf16_error(model, inputs, state: str, compile_it: bool, chunk_size: int = 5
 # every zoo model in one of the two states, each state on four models (alternating)
 LOW_PRECISION = [(name, ("bf16", "autocast")[i % 2]) for i, name in enumerate(
     ["qwen3_sdpa", "qwen3_eager", "llama_tied", "mistral_sliding", "gemma3", "gpt2", "nanogpt", "tiny_llama"])]
+# the default run: two models in each state, of different forms (the rest: extended)
+LOW_PRECISION_DEFAULT = ("qwen3_sdpa", "mistral_sliding", "gpt2", "nanogpt")
 
 
-@pytest.mark.parametrize("name, state", LOW_PRECISION, ids=[f"{n}-{s}" for n, s in LOW_PRECISION])
+@pytest.mark.parametrize("name, state", cases(LOW_PRECISION, [p for p in LOW_PRECISION if p[0] in LOW_PRECISION_DEFAULT]),
+                         ids=[f"{n}-{s}" for n, s in LOW_PRECISION])
 def test_bf16_and_autocast_stream_within_eager_bf16_error(name, state):
     """bf16 models and fp32 models under autocast compile and stream every layer and the head;
     their error against an fp32 eager reference is within the error eager bf16 itself has
@@ -221,7 +224,7 @@ def test_bf16_regions_of_one_chunk_stream_within_eager_bf16_error(name):
     assert grad <= 2 * eager_grad + 1e-2, (grad, eager_grad)
 
 
-@pytest.mark.parametrize("name, case", [("qwen3_sdpa", "left_pad"), ("mistral_sliding", "right_pad")])
+@pytest.mark.parametrize("name, case", cases([("qwen3_sdpa", "left_pad"), ("mistral_sliding", "right_pad")], [("mistral_sliding", "right_pad")]))
 def test_bf16_row_gradients_in_their_dtype_are_the_bits_of_fp32_buffers(name, case, monkeypatch):
     """A bf16 layer gathers its per-token inputs' gradients in bf16 buffers (each element gets at
     most two gradients: ``runtime._row_grad_dtype``): the gradients are bit for bit those of fp32
@@ -376,7 +379,8 @@ def test_any_sequence_of_training_states(sequence):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sequence", [
-    [("layers", "train", "labels", 12), ("none", "train", "labels", 12), ("all_but_q_v", "train", "shifted_sum", 15)],
+    pytest.param([("layers", "train", "labels", 12), ("none", "train", "labels", 12),
+                  ("all_but_q_v", "train", "shifted_sum", 15)], marks=pytest.mark.extended),
     [("none", "no_grad", "labels", 10), ("attention", "train", "labels", 17), ("none", "eval", "shifted_sum", 13)],
 ])
 def test_training_states_inductor(sequence):

@@ -298,7 +298,7 @@ def test_sft_padded(monkeypatch, tmp_path):
     assert not any("not streamed" in m or "ran no streamed region" in m for m in messages), messages
 
 
-@pytest.mark.parametrize("mode", ["packed", "padding_free"])
+@pytest.mark.parametrize("mode", ["packed", pytest.param("padding_free", marks=pytest.mark.extended)])
 def test_sft_packed_and_padding_free(monkeypatch, tmp_path, mode):
     """Packed (BFD) and padding-free batches: one row of documents told apart by position_ids."""
     kw = {"packing": True, "max_length": 32} if mode == "packed" else {"padding_free": True, "max_length": None}
@@ -402,6 +402,7 @@ def test_dpo_peft_lora(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_dpo_full_finetune(monkeypatch, tmp_path):
     """DPO with a separate (frozen) reference model: the policy streams, one compile."""
     build = dpo_builder(tmp_path, peft=False)
@@ -458,6 +459,7 @@ def test_grpo_peft_kl_two_iterations(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_grpo_full_finetune(monkeypatch, tmp_path):
     build = grpo_builder(tmp_path, peft=False)
     ref_losses, ref_weights, rec, trainer, messages = train_pair(monkeypatch, build)
@@ -683,6 +685,7 @@ def test_sft_trl_default_mixed_precision(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sft_bf16_model(monkeypatch, tmp_path):
     """A bf16 model under SFT: streambp's losses are no further from an fp32 run than the bf16
     run without streambp is (three times its error, at least 1e-3 absolute)."""
@@ -709,7 +712,8 @@ def test_sft_bf16_model(monkeypatch, tmp_path):
 
 # ---- the examples --------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["sft_trl.py", "dpo_trl.py", "grpo_trl.py"])
+@pytest.mark.parametrize("script", ["sft_trl.py", pytest.param("dpo_trl.py", marks=pytest.mark.extended),
+                                    pytest.param("grpo_trl.py", marks=pytest.mark.extended)])
 def test_example_runs(script):
     """Each example trains a few steps on CPU and reports that layers and head streamed."""
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
