@@ -225,23 +225,32 @@ class RegionProgram:
         incoming gradient times its stored gradient, in fp32, cast to each input's dtype."""
         COUNTERS["region_backward"] += 1
         n = len(self.grad_inputs)
+        # (each seed's incoming gradient as a one-element tensor in its accumulation dtype: the
+        # products are fp32 (fp64) whatever the stored gradient's dtype, as a 0-dim one would not
+        # make them)
+        seeds = [(k, _acc(grads[j].reshape(-1)[flat]).reshape(1))
+                 for k, (j, flat) in enumerate(self.seeds) if grads[j] is not None]
+        finite = not seeds or bool(torch.isfinite(torch.cat([g for _, g in seeds])).all())
+        if not finite and not getattr(self, "_said_non_finite", False):
+            self._said_non_finite = True
+            _warn_non_finite_seed(self.name)
         result = []
         for m, i in enumerate(self.grad_inputs):
             dtype = self._in_dtypes[i]
-            # (each seed's incoming gradient as a one-element tensor in its accumulation dtype:
-            # the products are fp32 (fp64) whatever the stored gradient's dtype, as a 0-dim one
-            # would not make them)
-            terms = [(stored[k * n + m], _acc(grads[j].reshape(-1)[flat]).reshape(1))
-                     for k, (j, flat) in enumerate(self.seeds) if grads[j] is not None]
+            terms = [(stored[k * n + m], g) for k, g in seeds]
             if not terms:
                 result.append(self.grad_empty(stored[m], i, dtype).zero_())
-            elif len(terms) == 1:   # (the loss alone: the product written in the input's dtype at once)
+            elif len(terms) == 1 and finite:   # (the loss alone: the product written in the input's dtype at once)
                 s, g = terms[0]
                 result.append(torch.mul(s, g, out=self.grad_empty(s, i, dtype)))
             else:
                 acc = None
                 for s, g in terms:
-                    acc = s * g if acc is None else acc.add_(s * g)
+                    # an infinite or NaN incoming gradient (a mean over zero tokens: 0 / 0) times a
+                    # stored gradient of zero is zero, as in the loss's own backward, which masks the
+                    # rows it ignores after dividing by their count (``nll_loss_backward``)
+                    sg = s * g if finite else torch.where(s == 0, 0, s * g)
+                    acc = sg if acc is None else acc.add_(sg)
                 result.append(self.grad_in_layout(acc, i, dtype))
         return result
 
@@ -884,6 +893,15 @@ def region_backward(key: int, inputs: list[torch.Tensor], grads: list[torch.Tens
 def _region_backward_fake(key, inputs, grads, present, kept):
     prog = _PROGRAMS[key]
     return [prog.grad_empty(inputs[i], i) for i in prog.grad_inputs]
+
+
+def _warn_non_finite_seed(name: str) -> None:
+    warnings.warn(f"streamfx: region '{name}' (head_grad='forward') got an infinite or NaN gradient for a "
+                  "loss sum it kept the gradient of (a mean over zero tokens: every label ignored, a zero "
+                  "num_items_in_batch): its gradients are zero where the kept gradient is zero, as a "
+                  "PyTorch loss's backward gives for the rows it ignores, and inf or NaN elsewhere; a loss "
+                  "that multiplies by its mask before dividing gets NaN there in eager. "
+                  "options={'head_grad': 'recompute'} runs the loss's own backward ops", stacklevel=2)
 
 
 @torch.library.custom_op("streamfx::region_scale", mutates_args=())

@@ -86,6 +86,43 @@ def test_num_items_in_batch(as_tensor):
     torch.testing.assert_close(run.loss, mean_loss * counted / n, rtol=1e-5, atol=1e-6)
 
 
+# ---- a loss over zero tokens ----------------------------------------------------------------------
+@pytest.mark.fast
+@pytest.mark.parametrize("head_grad", ["forward", "recompute"])
+@pytest.mark.parametrize("reduction", ["mean", "num_items_in_batch"])
+def test_a_batch_with_every_label_ignored_gets_eagers_zero_gradients(head_grad, reduction):
+    """Every label ignored (a prompt-only batch): HF's loss is 0 / 0, NaN in eager too, and its
+    backward gives every weight a zero gradient (``nll_loss_backward`` masks the ignored rows after
+    dividing by their count), so an optimizer step stays finite. The streamed head gets the same
+    zeros: with its gradients kept from the forward (``head_grad="forward"``), the infinite
+    incoming gradient times a kept gradient of zero is zero (said once); recomputed, the loss's
+    own backward masks the rows."""
+    import warnings
+
+    model, make_inputs = zoo.qwen3_sdpa()
+    inputs = make_inputs("right_pad", **({"num_items_in_batch": torch.tensor(0)} if reduction != "mean" else {}))
+    kwargs = dict(inputs.kwargs, labels=torch.full_like(inputs.kwargs["labels"], -100))
+    ref = copy.deepcopy(model)
+    ref_loss = ref(*inputs.args, **kwargs).loss
+    ref_loss.backward()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="streambp", options={**EAGER, "chunk_size": 5, "head_chunk_size": 4,
+                                                                 "head_grad": head_grad, "strict": True})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):   # (said once)
+            model.zero_grad(set_to_none=True)
+            loss = compiled(*inputs.args, **kwargs).loss
+            loss.backward()
+    said = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    assert torch.isnan(ref_loss) and torch.isnan(loss)
+    for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+        assert r.grad is not None and not r.grad.any(), name   # (eager's: zeros)
+        assert p.grad is not None and torch.equal(p.grad, r.grad), (name, p.grad.abs().max())
+    assert len(said) == (head_grad == "forward"), said
+    assert not said or "head_grad': 'recompute'" in said[0], said
+
+
 # ---- return_logits ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["qwen3_sdpa"])
 def test_return_logits_true(name):
