@@ -93,6 +93,7 @@ class RegionProgram:
     # None: the backward recomputes the chunks
     seeds: tuple | None = None
     policy: object = None             # a memory budget's chunk sizes (``membudget.BudgetPolicy``)
+    _said_non_finite: bool = False    # a non-finite seed gradient was warned about (``scale_grads``)
     kind = "head"
 
     def register(self) -> int:
@@ -231,7 +232,7 @@ class RegionProgram:
         seeds = [(k, _acc(grads[j].reshape(-1)[flat]).reshape(1))
                  for k, (j, flat) in enumerate(self.seeds) if grads[j] is not None]
         finite = not seeds or bool(torch.isfinite(torch.cat([g for _, g in seeds])).all())
-        if not finite and not getattr(self, "_said_non_finite", False):
+        if not finite and not self._said_non_finite:
             self._said_non_finite = True
             _warn_non_finite_seed(self.name)
         result = []
