@@ -14,6 +14,7 @@ import torch
 
 import zoo
 from conftest import assert_grads_match, grads_of, run_eager_and_compiled
+from tiers import cases
 from test_failures import _failing_chunk
 from test_kernels import CASES, CHUNK, T, kernel_context, rel
 
@@ -81,9 +82,8 @@ KEPT_DEFAULT = [("cpu", "causal"), ("cpu", "gqa"), ("cpu", "packed"), ("efficien
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("kernel,case,kept", [pytest.param(*k, id=f"{k[0]}-{k[1]}",
-                                                          marks=() if k[:2] in KEPT_DEFAULT else pytest.mark.extended)
-                                             for k in KEPT])
+@pytest.mark.parametrize("kernel,case,kept", cases(KEPT, [k for k in KEPT if k[:2] in KEPT_DEFAULT]),
+                         ids=[f"{k[0]}-{k[1]}" for k in KEPT])
 def test_kept_attention_runs_its_forward_once_and_is_exact(monkeypatch, kernel, case, kept):
     """Exact against eager; each chunk's attention forward runs once per step (twice under
     ``attention="recompute"``): causal as blocks or flash's own call, and with a data mask

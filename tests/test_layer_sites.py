@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 import zoo
 from conftest import assert_grads_match, grads_of, run_eager_and_compiled
+from tiers import cases
 
 FORMS = ("diff", "diff-own", "diff-eager", "where", "where-local", "mul")
 WINDOW = 5
@@ -160,10 +161,9 @@ def test_layer_forms_stream_exactly(form):
 # each (case, chunk size) pair on three forms); the default run: each form at one size, each size
 # on two forms
 @pytest.mark.slow
-@pytest.mark.parametrize("form, chunk", [
-    pytest.param(form, chunk, id=f"{form}-{chunk}",
-                 marks=() if [1, 16, 23].index(chunk) == FORMS.index(form) % 3 else pytest.mark.extended)
-    for form in FORMS for chunk in (1, 16, 23)])
+@pytest.mark.parametrize("form, chunk", cases([(f, c) for f in FORMS for c in (1, 16, 23)],
+                                              [(f, (1, 16, 23)[i % 3]) for i, f in enumerate(FORMS)]),
+                         ids=[f"{f}-{c}" for f in FORMS for c in (1, 16, 23)])
 def test_layer_forms_at_every_chunk_size(form, chunk):
     case = ("prompt", "right_pad")[(FORMS.index(form) + [1, 16, 23].index(chunk)) % 2]
     check(form, case, {"chunk_size": chunk})

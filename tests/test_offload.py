@@ -15,6 +15,7 @@ import torch
 import streamfx
 import zoo
 from conftest import assert_grads_match, grads_of, run_eager_and_compiled
+from tiers import cases
 from streamfx import offload
 from streamfx.runtime import COUNTERS, LayerProgram
 
@@ -119,23 +120,18 @@ MODES = {"disk": {"offload": "disk"}, "keep2": {"keep_every": 2}, "keep3-disk": 
 # every dense zoo model with both options (keep_every 3 over the disk tier); each option alone on
 # three models of different forms (the suite's time on two cores: each case compiles its model).
 # The default run: both options on five models of different forms, each alone on one.
-ZOO_DEFAULT = [f"keep3-disk-{n}" for n in ("qwen3_sdpa", "mistral_sliding", "gemma3", "gpt2", "nanogpt")] + [
-    "disk-qwen3_sdpa", "keep2-gpt2"]
+ZOO_CASES = [(n, "keep3-disk") for n in DENSE] + [(n, m) for m in ("disk", "keep2") for n in ("qwen3_sdpa", "gemma3", "gpt2")]
+ZOO_DEFAULT = [(n, "keep3-disk") for n in ("qwen3_sdpa", "mistral_sliding", "gemma3", "gpt2", "nanogpt")] + [
+    ("qwen3_sdpa", "disk"), ("gpt2", "keep2")]
 
 
-def _zoo_case(name, mode):
-    id_ = f"{mode}-{name}"
-    return pytest.param(name, MODES[mode], id=id_, marks=() if id_ in ZOO_DEFAULT else pytest.mark.extended)
-
-
-@pytest.mark.parametrize("name, options", [_zoo_case(n, "keep3-disk") for n in DENSE]
-                         + [_zoo_case(n, m) for m in ("disk", "keep2") for n in ("qwen3_sdpa", "gemma3", "gpt2")])
-def test_zoo_dense_models(name, options, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, mode", cases(ZOO_CASES, ZOO_DEFAULT), ids=[f"{m}-{n}" for n, m in ZOO_CASES])
+def test_zoo_dense_models(name, mode, tmp_path, monkeypatch):
     deepened = name in zoo.HF_MODELS and name != "gemma3"  # (gemma3's layer pattern and the plain models: 2)
     if deepened:
         deep(monkeypatch, 4)
     model, make_inputs = zoo.ZOO[name]()
-    options = dict(options, chunk_size=5, offload_dir=str(tmp_path))
+    options = dict(MODES[mode], chunk_size=5, offload_dir=str(tmp_path))
     run = run_eager_and_compiled(model, make_inputs("right_pad"), options)
     layers = len({p.name for p in run.programs if isinstance(p, LayerProgram)})
     assert layers == (4 if deepened else PLAIN_LAYERS), [p.name for p in run.programs]
