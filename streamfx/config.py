@@ -37,7 +37,7 @@ class StreamConfig:
                      "auto", "forward" where one value (the loss) carries a gradient, else
                      "recompute" (see passes/plan.py, ``grad_seeds``).
     offload:         where the layer inputs kept for the backward live: None, device memory
-                     (with a memory_budget and no keep_every: "auto"); "cpu", pinned host memory
+                     (with a memory_budget, no keep_every and attention="recompute": "auto"); "cpu", pinned host memory
                      (copied on a side stream, read back a layer ahead); "disk", files under
                      ``offload_dir`` (removed with the step's autograd graph); "auto", chosen per
                      call with keep_every by the memory model: device memory where the step fits
@@ -57,7 +57,9 @@ class StreamConfig:
                      takes the chunk's mask). A layer whose attention runs on a kernel whose
                      backward cannot read them (see passes/kernels.py, ``Kernel.keeps``), or has
                      no fused attention, keeps nothing, with a warning.
-                     Not with offload, keep_every or memory_budget.
+                     Not with offload or keep_every; with a memory_budget (or on a GPU) the
+                     memory model counts the kept tensors in each call's chunk sizes, and the
+                     layer inputs stay in device memory (no offload="auto").
     memory_budget:   the memory a training step may reach, parameters, gradients and what is
                      held before the step included: bytes (an int), a string ("70GiB",
                      "512MiB", "80GB") or a fraction of the device's memory (a float in (0, 1]).
@@ -111,11 +113,10 @@ class StreamConfig:
         if self.attention not in ATTENTIONS:
             raise StreamBPError(f"option 'attention' must be one of {ATTENTIONS}, got {self.attention!r}")
         if self.attention == "keep":
-            clash = [f"{k}={getattr(self, k)!r}" for k in ("offload", "keep_every", "memory_budget")
-                     if getattr(self, k) not in (None, 1)]
+            clash = [f"{k}={getattr(self, k)!r}" for k in ("offload", "keep_every") if getattr(self, k) not in (None, 1)]
             if clash:
                 raise StreamBPError(f"option attention='keep' keeps every layer's attention output for its backward, "
-                                    f"which the layer-input storage and memory budget options do not plan for; "
+                                    f"which the layer-input storage options do not plan for; "
                                     f"drop {', '.join(clash)} or use attention='recompute'")
         for key in ("strict", "return_logits"):
             if not isinstance(getattr(self, key), bool):
@@ -135,7 +136,7 @@ class StreamConfig:
     def storage_auto(self) -> bool:
         """Whether each call chooses where layer inputs live (``streamfx.offload``, "auto")."""
         return self.offload == "auto" or (self.offload is None and self.keep_every is None
-                                          and self.memory_budget is not None)
+                                          and self.memory_budget is not None and self.attention != "keep")
 
     @property
     def effective_dump_dir(self) -> str | None:

@@ -408,6 +408,9 @@ class BudgetPolicy:
                     f"streamfx: a training step at sequence length {T} is predicted to need {gib(held + e.need)} "
                     f"({gib(held)} held before the step + {gib(e.need)} for the step, at the smallest chunks), over "
                     f"the memory budget of {gib(budget)}; the longest sequence that fits is {longest(fits, T)} tokens"
+                    + (" (attention='keep' holds every layer's attention output and log-sum-exp until its backward; "
+                       "attention='recompute' holds neither and may move layer inputs off the device)"
+                       if self.config.attention == "keep" else "")
                 ) from None
             except StreamBPError:
                 raise

@@ -18,8 +18,9 @@ Layers of one structure have one plan, so the model is traced with 3 and 4 decod
 every prediction extrapolated linearly to the config's layer count, place by place in the step
 (each layer adds its saved input, gradients and parameters; the working set of one layer
 stays). ``--offload cpu`` (or ``disk``, or ``auto``: the first that fits) predicts the step with
-its layer inputs off the device, ``--host`` the host memory they may take. With a batch size B the
-shapes are traced at that batch size.
+its layer inputs off the device, ``--host`` the host memory they may take, ``--attention keep`` the
+step that keeps every layer's attention output for its backward. With a batch size B the shapes
+are traced at that batch size.
 """
 from __future__ import annotations
 
@@ -313,17 +314,23 @@ def traced_layers(L: int, keep_every: int = 1) -> tuple[int, int]:
 
 
 def extrapolated(config: dict, dtype, batch: int = 1, optimizer=None, device: str = "cuda",
-                 offload: str | None = None, host: int | None = None, keep_every: int = 1) -> Extrapolated:
+                 offload: str | None = None, host: int | None = None, keep_every: int = 1,
+                 attention: str = "recompute") -> Extrapolated:
     """The config's model at its layer count, from traces of ``traced_layers`` layers (of its own
     count where that is no more). ``offload``: "cpu", "disk" or "auto" (the first of device
     memory, host memory, files that fits); ``keep_every``: one layer input in k kept, the others
     rebuilt in the backward; either is traced as ``offload="auto"``. ``host``: bytes of host
-    memory for the offloaded inputs."""
+    memory for the offloaded inputs. ``attention``: the backend's option ("keep": every layer's
+    attention output and log-sum-exp held for its backward; not with offload or keep_every)."""
     if not isinstance(keep_every, int) or isinstance(keep_every, bool) or keep_every < 1:
         raise StreamBPError(f"keep_every must be a positive integer; got {keep_every!r}")
     L = int(config["num_hidden_layers"])
     traced = traced_layers(L, keep_every)
-    options = {"offload": "auto"} if offload or keep_every > 1 else None
+    options = {"offload": "auto"} if offload or keep_every > 1 else {}
+    if attention != "recompute":
+        options["attention"] = attention
+    StreamConfig.from_options(options)   # (a bad value or combination raises here, before any trace)
+    options = options or None
     r2 = report_for(config, dtype, traced[0], batch, optimizer, device=device, options=options)
     r3 = r2 if L <= traced[0] else report_for(config, dtype, traced[1], batch, optimizer, device=device,
                                               detach=r2.detached, options=options)
@@ -347,12 +354,17 @@ def main(argv=None) -> int:
     parser.add_argument("--keep-every", type=int, default=1, metavar="K",
                         help="keep one layer input in K, rebuild the others in the backward (two-level "
                              "recompute; alone or with --offload; traces more layers: K > 1 takes longer)")
+    parser.add_argument("--attention", default="recompute", choices=("recompute", "keep"),
+                        help="the backend's attention option: 'keep' holds every layer's attention output and "
+                             "log-sum-exp for its backward (faster, more memory; not with --offload or --keep-every)")
     parser.add_argument("--length", type=int, help="also print the breakdown at this length (default: streamfx's longest)")
     ns = parser.parse_args(argv)
     if ns.host is not None and ns.offload not in ("cpu", "auto"):
         parser.error("--host: with --offload cpu or auto")
     if ns.keep_every < 1:
         parser.error("--keep-every: a positive integer")
+    if ns.attention == "keep" and (ns.offload or ns.keep_every > 1):
+        parser.error("--attention keep: not with --offload or --keep-every (the kept attention stays in device memory)")
     config = PRESETS[ns.preset] if ns.preset else json.load(open(ns.config))
     budget = parse_budget(ns.budget)
     opt = ns.optimizer
@@ -363,7 +375,8 @@ def main(argv=None) -> int:
             parser.error(f"--optimizer: one of {sorted(OPTIMIZER_BYTES)} or bytes per parameter")
     t0 = time.perf_counter()
     model = extrapolated(config, DTYPES[ns.dtype], ns.batch, opt, offload=ns.offload,
-                         host=parse_budget(ns.host) if ns.host is not None else None, keep_every=ns.keep_every)
+                         host=parse_budget(ns.host) if ns.host is not None else None, keep_every=ns.keep_every,
+                         attention=ns.attention)
     L, r2, r3, traced = model.L, model.r2, model.r3, model.traced
     best = {m: model.max_length(budget, m) for m in METHODS}
     print(f"longest sequence (streamfx): {best['streamfx']} tokens")

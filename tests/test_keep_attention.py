@@ -215,7 +215,7 @@ def test_forward_run_whole_keeps_its_attention_for_the_streamed_backward(monkeyp
     ({"attention": "always"}, r"option 'attention' must be one of \('recompute', 'keep'\)"),
     ({"attention": "keep", "offload": "cpu"}, r"drop offload='cpu'"),
     ({"attention": "keep", "keep_every": 2}, r"drop keep_every=2"),
-    ({"attention": "keep", "memory_budget": "1GiB"}, r"drop memory_budget='1GiB'"),
+    ({"attention": "keep", "offload": "auto", "memory_budget": "1GiB"}, r"drop offload='auto'"),
 ])
 def test_bad_attention_options_raise(options, match):
     model, make_inputs = zoo.tiny_llama()
@@ -286,3 +286,66 @@ def test_kept_attention_in_layers_compiled_alone():
     assert not messages, messages
     chunks = zoo.LAYERS * -(-17 // OPTIONS["chunk_size"])
     assert ran["region_backward"] == zoo.LAYERS and ran["attention_kept"] == chunks, ran
+
+
+def _budget_case(T: int = 512, trace: int = 64):
+    """The zoo's Qwen3, the inputs of a batch of one at length T, and the memory reports of
+    attention "recompute" and "keep" (eager chunk graphs, traced at ``trace`` tokens)."""
+    import streamfx
+
+    model, make_inputs = zoo.qwen3("sdpa")
+    inputs = make_inputs(zoo.Case("budget", 1, T))
+    short = {k: v[:, :trace] for k, v in inputs.kwargs.items()}
+    opts = {"codegen": "eager"}
+    reports = {a: streamfx.plan_memory(model, **short, options={**opts, "attention": a}) for a in ("recompute", "keep")}
+    return model, inputs, reports
+
+
+@pytest.mark.heavy
+def test_a_memory_budget_sizes_chunks_with_the_kept_attention_counted():
+    """attention="keep" with a memory_budget: the memory model holds every layer's kept output and
+    log-sum-exp until its backward (layers x T x heads x (head_dim + 1) x 4 bytes above
+    "recompute" at the same chunks), each call runs the largest chunks that fit with them (here
+    smaller than "recompute" would run under the same budget), layer inputs stay on the device,
+    and the step reads what was kept and is exact."""
+    T, c = 512, 64
+    model, inputs, reports = _budget_case(T)
+    cfg = model.config
+    kept = cfg.num_hidden_layers * T * cfg.num_attention_heads * (cfg.head_dim + 1) * 4
+    keep, recompute = reports["keep"], reports["recompute"]
+    for cc in (c, 2 * c, 4 * c):
+        assert keep.model.peak(T, cc, cc) - recompute.model.peak(T, cc, cc) == kept, cc
+    # halfway between keep's peaks at chunks of c and 2c (the step's own held bytes include its inputs)
+    budget = keep.held + (keep.model.peak(T, c, c) + keep.model.peak(T, 2 * c, c)) // 2
+    assert keep.chunks(T, budget)[0] == c < recompute.chunks(T, budget)[0]
+    assert keep.storage(T, budget) is None
+
+    run = run_eager_and_compiled(model, inputs, {"attention": "keep", "memory_budget": budget, "strict": True})
+    layers = [p for p in run.programs if p.kind == "layer"]
+    assert layers and all(p.keep is not None and p.policy is not None for p in layers)
+    policy = layers[0].policy
+    assert policy.sizes(T)[0] == c and policy.storage(T) == (None, 1)
+    assert run.counters["attention_kept"] == cfg.num_hidden_layers * T // c, run.counters
+    assert run.counters["region_fallbacks"] == 0, run.counters
+    assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
+
+
+@pytest.mark.heavy
+def test_a_budget_the_kept_attention_does_not_fit_raises_before_the_step():
+    """Under a budget that "recompute" fits at the smallest chunks and "keep" does not, the call
+    raises StreamBPError before any chunk runs, with the longest length that fits and what
+    attention="keep" holds."""
+    from streamfx.runtime import COUNTERS
+    from streamfx.passes.schedule import MIN_CHUNK
+
+    T = 512
+    model, inputs, reports = _budget_case(T)
+    smallest = {a: r.held + r.model.peak(T, MIN_CHUNK, MIN_CHUNK) for a, r in reports.items()}
+    budget = (smallest["recompute"] + smallest["keep"]) // 2
+    assert reports["recompute"].chunks(T, budget)[0] >= MIN_CHUNK
+    compiled = torch.compile(copy.deepcopy(model), backend="streambp",
+                             options={"codegen": "eager", "attention": "keep", "memory_budget": budget})
+    before = COUNTERS["chunks_forward"]
+    with pytest.raises(StreamBPError, match=r"longest sequence that fits is \d+ tokens \(attention='keep' holds"):
+        compiled(**inputs.kwargs)
+    assert COUNTERS["chunks_forward"] == before

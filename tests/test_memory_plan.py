@@ -365,6 +365,29 @@ def test_cli_prints_longest_sequences(tmp_path, capsys):
 
 
 @pytest.mark.heavy
+def test_cli_predicts_the_step_that_keeps_the_attention(tmp_path, capsys):
+    """``--attention keep``: every layer's attention output and log-sum-exp held for its backward,
+    a shorter longest sequence than the default's, and their bytes in the breakdown; not with
+    ``--offload`` or ``--keep-every``."""
+    from streamfx import plan
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_tiny_config()))
+    common = ["--config", str(path), "--dtype", "fp32", "--budget", "64MiB"]
+    longest = {}
+    for attention in ("recompute", "keep"):
+        assert plan.main(common + ["--attention", attention]) == 0
+        out = capsys.readouterr().out
+        longest[attention] = int(re.match(r"longest sequence \(streamfx\): (\d+) tokens", out).group(1))
+        assert ("attention output kept for the backward" in out) == (attention == "keep"), out
+    assert 0 < longest["keep"] < longest["recompute"], longest
+    for extra in (["--offload", "cpu"], ["--keep-every", "2"]):
+        with pytest.raises(SystemExit):
+            plan.main(common + ["--attention", "keep", *extra])
+    assert "--attention keep: not with --offload or --keep-every" in capsys.readouterr().err
+
+
+@pytest.mark.heavy
 def test_cli_predicts_the_step_with_its_layer_inputs_in_host_memory(tmp_path, capsys):
     """``--offload cpu``: the longest sequence with the layer inputs in pinned host memory, and the
     host memory they take there; ``--offload auto`` with less host memory than that: files; with
