@@ -70,14 +70,18 @@ class RegionPlan:
         return ", ".join(f"{sym} ({role})" for sym, role in sorted(found.items(), key=lambda kv: str(kv[0]))) \
             or "no symbol"
 
-    def describe(self, names: bool = True) -> str:
+    def describe(self, names: bool = True, budget: int | bool | None = None) -> str:
         """The schedule and what the region keeps; ``names``: the graph's node names (graph
-        dumps, beside the graph), else what each tensor is to the user (``explain()``)."""
+        dumps, beside the graph), else what each tensor is to the user (``explain()``).
+        ``budget``: where a memory budget sizes the chunks (``membudget.BudgetPolicy``), the
+        chunk it chose at this length, or True where the length is symbolic (chosen per call)."""
         if isinstance(self.length, int):
-            c = self.chunk_at(self.length)
-            schedule = f"{-(-self.length // c)} chunk(s) of {c} tokens (T={self.length})"
+            c = budget if budget is not None and not isinstance(budget, bool) else self.chunk_at(self.length)
+            schedule = f"{-(-self.length // c)} chunk(s) of {c} tokens (T={self.length})" \
+                + (", sized by the memory budget" if budget is not None else "")
         else:
-            c = f"{self.chunk_size} tokens" if self.chunk_size else f"an automatic size ({AUTO_CHUNK_RULE})"
+            c = "the largest size the memory budget fits at the call's length" if budget \
+                else f"{self.chunk_size} tokens" if self.chunk_size else f"an automatic size ({AUTO_CHUNK_RULE})"
             schedule = (f"chunks of {c} (T={self.length}, symbolic: the schedule is computed per call; "
                         f"depends on {self.symbols()})")
         if not names:
@@ -256,8 +260,8 @@ class LayerPlan(RegionPlan):
     kv_latent: bool = False      # the K/V graph ends before the keys and values (a narrower cut)
     unpulled: "LayerPlan | None" = None   # the same plan with its masks as token-by-token inputs
 
-    def describe(self, names: bool = True) -> str:
-        text = super().describe(names)
+    def describe(self, names: bool = True, budget: int | bool | None = None) -> str:
+        text = super().describe(names, budget)
         if len(self.sites) > 1:
             text += f"; {len(self.sites)} attention sites ({', '.join(f'#{s.index}' for s in self.sites)})"
         if self.kv_outputs:

@@ -64,6 +64,24 @@ class Report:
                  f"  predicted step peak at T={T}: {gib(peak)} above what the step starts with; largest terms:"]
         return lines + ["    " + line for line in summarize(rows, 6)]
 
+    def _budget_chunk(self, plan):
+        """Where a memory budget sizes the chunks of ``plan`` (a ``memory_budget``, or a GPU's free
+        memory): the chunk it chose at the explained length (``memory``), True at a symbolic length
+        (chosen per call); None where the fixed rules size them."""
+        policy = next((prog.policy for a in self.analyses for _, prog in getattr(a, "programs", ())
+                       if prog.policy is not None), None)
+        if policy is None or (policy.config.chunk_size if plan.kind == "layer" else policy.config.head_chunk_size):
+            return None   # (no budget, or the user's fixed size)
+        if not isinstance(plan.length, int):
+            return True
+        try:
+            m = self.memory()
+        except Exception:  # noqa: BLE001 - (memory_lines says why the model is not available)
+            return None
+        if m is None or m[0] != plan.length:
+            return None
+        return m[1] if plan.kind == "layer" else m[2]
+
     @property
     def later_lengths(self) -> "Report | None":
         """With ``dynamic=None`` (torch.compile's default) the first length compiles with static
@@ -91,7 +109,7 @@ class Report:
             lines.append(f"    {r.describe(names=False)}")
         lines.append("  streamed:" + ("" if self.plan else " nothing"))
         for p in self.plan:
-            lines.append(f"    {p.describe(names=False)}")
+            lines.append(f"    {p.describe(names=False, budget=self._budget_chunk(p))}")
         lines.append("  saved for backward by streamed regions:" + ("" if self.saved else " nothing"))
         for what, count in Counter(self.saved).items():
             lines.append(f"    {what}" + (f" (x{count})" if count > 1 else ""))
@@ -115,7 +133,7 @@ class Report:
                          "symbolic sizes):")
             lines.append("    streamed:" + (" nothing" if not later.plan else ""))
             for p in later.plan:
-                lines.append(f"      {p.describe(names=False)}")
+                lines.append(f"      {p.describe(names=False, budget=later._budget_chunk(p))}")
             lines += _pairs("    not streamed:", later.not_streamed, "      ")
         elif self.settings.get("dynamic") is False:
             lines.append("  later lengths: dynamic=False compiles every new sequence length or batch size again, "

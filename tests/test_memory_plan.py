@@ -305,7 +305,17 @@ def test_explain_under_a_budget_chooses_the_chunks_the_compile_chooses(offload):
     assert (T_, (c, h)) == (T, planned.chunks(T))
     assert storage == planned.storage(T)   # (a budget lets offload be chosen: "auto" is its default there)
     assert abs(peak - planned.step_peak(T)) <= 0.02 * planned.step_peak(T), (peak, planned.breakdown(T), rows)
-    assert f"{c} tokens per layer chunk, {h} tokens per head chunk" in str(report)
+    text = str(report)
+    assert f"{c} tokens per layer chunk, {h} tokens per head chunk" in text
+    # the streamed schedules say the same sizes at T (a static compile; one with the length symbolic,
+    # as an earlier compile of the model in this process makes it, and later lengths: sized per call)
+    per_call = "chunks of the largest size the memory budget fits at the call's length"
+    lines = [ln.strip() for ln in text.splitlines() if re.match(r"\s+(layer\.\d|head) \(", ln) and "nodes," not in ln]
+    assert len(lines) >= 3 and "automatic size" not in text, text
+    for line in lines:
+        chunk = c if line.startswith("layer") else h
+        assert per_call in line or f": {-(-T // chunk)} chunk(s) of {chunk} tokens (T={T}), sized by the memory budget;" \
+            in line, line
 
 
 def _tiny_config() -> dict:
