@@ -164,7 +164,7 @@ class RegionProgram:
 
     def _outputs(self, result: list) -> list:
         """The collected outputs, sums cast back to their outputs' dtypes."""
-        return [r if spec.kind == "cat" else r.to(dtype)
+        return [r if spec.kind == "cat" else r.to(dtype).contiguous()
                 for r, spec, dtype in zip(result, self.out_specs, self._out_dtypes)]
 
     def forward_with_grads(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -804,7 +804,14 @@ def region(key: int, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         with torch.no_grad():
             if _keeps(prog):   # (the whole graph's attention output and log-sum-exp kept as the chunks' would be)
                 return _forward_keeping_whole(prog, list(inputs))
-            return [o.clone() for o in prog.full.fn("eager", train=False)(*inputs)]
+            return [dense(o) for o in prog.full.fn("eager", train=False)(*inputs)]
+
+
+def dense(o: torch.Tensor) -> torch.Tensor:
+    """A copy of a region output, contiguous: the layout every path of the op returns (the chunked
+    forward writes rows into a contiguous buffer; an output that is a transposed view in the graph,
+    keys returned as a KV cache, leaves the op contiguous all the same)."""
+    return o.clone(memory_format=torch.contiguous_format)
 
 
 def _keeps(prog) -> bool:
@@ -821,7 +828,7 @@ def _forward_keeping_whole(prog, inputs: list, fake: bool = False) -> list:
     if not fake:
         for buf, t in zip(kept, got):
             buf.copy_(t)
-    return [o.clone() if o is not None else o for o in outs[:n]] + kept
+    return [dense(o) if o is not None else o for o in outs[:n]] + kept
 
 
 def _forward_with_grads_whole(prog: RegionProgram, inputs: list) -> list:
@@ -837,7 +844,7 @@ def _forward_with_grads_whole(prog: RegionProgram, inputs: list) -> list:
                 if target.requires_grad else [None] * len(wrt)
             stored += [prog.grad_in_layout(g, i, z.dtype) if g is not None else z
                        for i, g, z in zip(prog.grad_inputs, got, (prog._stored_zeros(inputs, i) for i in prog.grad_inputs))]
-    return [o.detach().clone() for o in outs] + stored
+    return [dense(o.detach()) for o in outs] + stored
 
 
 def _backward_whole(prog: RegionProgram, inputs: list, grads: list) -> list:
@@ -858,7 +865,7 @@ def _region_fake(key, inputs):
     with _fresh_unbacked_discarded(inputs):
         if _keeps(prog):
             return _forward_keeping_whole(prog, list(inputs), fake=True)
-        outs = [o.clone() if o is not None else o for o in prog.full.fn("eager", train=False)(*inputs)]
+        outs = [dense(o) if o is not None else o for o in prog.full.fn("eager", train=False)(*inputs)]
     return outs + (prog.stored_fakes(inputs) if prog.seeds is not None else [])
 
 
