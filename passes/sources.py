@@ -28,8 +28,26 @@ def seed_sequence(graph: fx.Graph, sd) -> int | None:
             dims = pick(node, sd) if node.op == "call_function" else None
             atoms = [a for d in dims or () for a in d]
             if atoms:
-                return sd.table.find(atoms[-1])
+                return _unsliced(sd, sd.table.find(atoms[-1]), graph)
     return None
+
+
+def _unsliced(sd, atom: int, graph: fx.Graph) -> int:
+    """The axis a sequence slice ``atom`` was cut from (through slices of slices) that a
+    floating-point per-token graph input lies on, where there is one; ``atom`` otherwise."""
+    find = sd.table.find
+    roots, frontier = [], [atom]
+    while frontier:
+        a = frontier.pop()
+        srcs = [find(src) for out, src in sd.table.slices if find(out) == a and find(src) != a]
+        frontier += [s for s in srcs if s not in roots]
+        roots += srcs
+    for root in roots:
+        for n in graph.nodes:
+            if n.op == "placeholder" and is_tensor(val(n)) and val(n).is_floating_point() \
+                    and any(find(x) == root for d in (sd.axes.get(n) or [()])[0] for x in d):
+                return root
+    return atom
 
 
 LAYOUT_OPS = COPIES | {aten.permute.default, aten.transpose.int, aten.t.default, aten._to_copy.default}

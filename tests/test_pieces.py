@@ -87,39 +87,52 @@ def test_layer_alone_reads_the_mask_input_per_chunk():
     assert [x.op for x in token_by_token] == ["placeholder"], [x.format_node() for x in token_by_token]
 
 
-def head_loss(model):
+def head_loss(model, shift="labels"):
+    """The final norm, the LM head and the loss. ``shift``: "labels", Hugging Face's loss (the
+    labels padded at the end and shifted); "logits", the logits shifted against the labels
+    (``logits[:, :-1]`` against ``labels[:, 1:]``, as TRL and custom losses write it)."""
     def head(hidden, labels):
         logits = model.lm_head(model.model.norm(hidden))
+        if shift == "logits":
+            return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(),
+                                                     ignore_index=-100)
         return model.loss_function(logits, labels, model.config.vocab_size)
     return head
 
 
 @pytest.mark.fast
 @pytest.mark.parametrize("case", ["prompt", "odd13"])
-def test_head_only_graph(case):
+@pytest.mark.parametrize("shift", ["labels", "logits"])
+def test_head_only_graph(case, shift):
     """A graph holding only the final norm, the LM head and the loss (what follows a graph break,
-    or DDP's last piece): no attention, no embedding; the sequence axis comes from the labels."""
+    or DDP's last piece): no attention, no embedding; the sequence axis comes from the labels.
+    A loss over shifted logits takes the axis its slice was cut from, the hidden state's: the
+    slice moves in front of the head, which streams over T - 1 tokens, with no warning."""
     model, make_inputs = zoo.qwen3()
     inputs = make_inputs(case)
     hidden = model.model(input_ids=inputs.kwargs["input_ids"]).last_hidden_state.detach()
     labels = inputs.kwargs["labels"]
     ref_h, h = hidden.clone().requires_grad_(True), hidden.clone().requires_grad_(True)
-    ref_loss = head_loss(model)(ref_h, labels)
+    ref_loss = head_loss(model, shift)(ref_h, labels)
     ref_loss.backward()
     ref_grads = grads_of(model)
     model.zero_grad(set_to_none=True)
     before = dict(COUNTERS)
-    loss = torch.compile(head_loss(model), backend="streambp", options=OPTIONS)(h, labels)
-    loss.backward()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = torch.compile(head_loss(model, shift), backend="streambp", options=OPTIONS)(h, labels)
+        loss.backward()
     ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(ref_grads, grads_of(model), rtol=1e-5)
     assert_grads_match({"hidden": ref_h.grad}, {"hidden": h.grad}, rtol=1e-5)
-    T = labels.shape[1]
+    assert not [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    T = labels.shape[1] - (shift == "logits")
     assert ran["region_forward"] == 1 and ran["chunks_backward"] == -(-T // 4), ran
     torch._dynamo.reset()
-    report = streamfx.explain(head_loss(model), h, labels, options=OPTIONS)
+    report = streamfx.explain(head_loss(model, shift), h, labels, options=OPTIONS)
     assert [p.name for p in report.plan] == ["head"] and not report.caveats, str(report)
+    assert bool(report.moved) == (shift == "logits"), str(report)
 
 
 @pytest.mark.fast
