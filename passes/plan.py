@@ -129,7 +129,10 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
                 raise CannotStream("a sum over the sequence is used again inside the head region", n)
     reductions = [n for n in region.nodes if classes[n] == SEQ_REDUCTION]
     if not reductions:
-        raise CannotStream("the head computes no reduction over the sequence (no loss in the graph)")
+        raise CannotStream("the head computes no reduction over the sequence (no loss in the graph): the logits "
+                           "leave the graph whole and the loss is computed outside it; for the head to stream, "
+                           "compute the loss in the compiled code (pass labels to a Hugging Face model, or "
+                           "compile a function that returns the loss)")
     outputs, out_specs, dropped = [], [], []
     width = per_token(region.entry, sd)
 

@@ -285,6 +285,27 @@ def test_use_cache_true_says_to_turn_it_off():
         torch.compile(m, backend="streambp", options={"codegen": "eager", "strict": True})(**inputs.kwargs)
 
 
+@pytest.mark.fast
+def test_a_loss_outside_the_graph_says_to_pass_labels():
+    """Called without labels, with the loss computed from the returned logits outside the compiled
+    code: the layers stream, the head cannot (no loss in the graph), and the one warning says what
+    to change. Exact."""
+    model, make_inputs = zoo.qwen3_sdpa()
+    inputs = make_inputs("left_pad")
+    labels = inputs.kwargs.pop("labels")
+
+    def loss_of(out):
+        logits = out.logits[:, :-1]
+        return F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5}, loss_of=loss_of)
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert sorted(p.name for p in run.programs) == [f"layer.{i}" for i in range(zoo.LAYERS)], run.programs
+    assert len(run.warnings) == 1 and "no loss in the graph" in run.warnings[0] \
+        and "pass labels" in run.warnings[0], run.warnings
+
+
 # ---- warnings and options ------------------------------------------------------------------------
 @pytest.mark.fast
 def test_every_compiled_graph_warns_for_itself():
