@@ -212,3 +212,17 @@ def _descendants(roots, within) -> set:
         seen.add(n)
         stack.extend(u for u in n.users if u in within)
     return seen
+
+
+def returned_chain(node, boundary: tuple, key_side: frozenset):
+    """(the K/V graph output ``node`` is computed from, the nodes from it to ``node``) where
+    ``node`` is one of ``boundary`` (no nodes) or a view or copy of one on the key side (a KV
+    cache stores the keys before a transpose the attention reads them through); None otherwise."""
+    chain, cur = [], node
+    while cur not in boundary:
+        if cur not in key_side or cur.op != "call_function" or cur.target not in KV_VIEW_OPS \
+                or not isinstance(cur.args[0], fx.Node):
+            return None
+        chain.append(cur)
+        cur = cur.args[0]
+    return cur, chain[::-1]

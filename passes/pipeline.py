@@ -19,7 +19,7 @@ from streamfx import offload
 from streamfx.errors import CannotStream
 from . import attention as attn, hoist, masks, verify
 from .graphs import (ancestors, is_tangent, is_tensor, node_inputs, normalize_dim, outputs as graph_outputs,
-                     primals, val, written_input)
+                     per_token, primals, val, written_input)
 from .plan import plan_head, plan_layer
 from .pulls import RANDOM_OPS
 from .record import NodeRecord, tag
@@ -185,14 +185,6 @@ def decide(a: Analysis, config) -> list:
     """Step 2, pure: plans for the regions that stream; refusals recorded (with the responsible node)."""
     plans = []
     fwd = set(a.fwd_nodes)
-    cache = _cache_outputs(a)
-    if cache is not None:
-        a.refusals.append(("graph", CannotStream(
-            "the attention's keys and values are outputs of the graph (a KV cache: use_cache=True); "
-            "training streams with use_cache=False (model.config.use_cache = False, or "
-            "use_cache=False in the call)", cache)))
-        a.plans = []
-        return []
     for r in a.regions:
         try:
             if r.kind == "head":
@@ -205,19 +197,6 @@ def decide(a: Analysis, config) -> list:
     _coverage(a)
     verify.analysis(a)
     return plans
-
-
-def _cache_outputs(a: Analysis):
-    """A forward output on the way to an attention's keys or values but not to its queries (a KV
-    cache returned to the caller), or None. The residual stream and hidden-state outputs reach
-    the queries too."""
-    outs = {o for o in graph_outputs(a.graph)[:a.num_fwd_outputs] if isinstance(o, fx.Node)}
-    for s in a.sites:
-        to_query = ancestors([s.query])
-        for n in ancestors([s.key, s.value]):
-            if n in outs and n not in to_query and n.op == "call_function" and a.sd.seq_dim(n) is not None:
-                return n
-    return None
 
 
 def _reductions_back_on_tokens(a: Analysis, regions: set) -> list:
@@ -323,6 +302,14 @@ def _coverage(a: Analysis) -> None:
                 "for the whole sequence and only the softmax and the loss over them stream; keep the LM "
                 "head and the loss in one compiled graph to stream the logits too (under DeepSpeed ZeRO-3: "
                 "streamfx.zero3.stream_head(engine) after deepspeed.initialize)", softmax)))
+    cached = [o for p in a.plans if p.kind == "layer" for o in getattr(p, "returned", ())]
+    if cached:   # (one note for every layer)
+        width = int(sum(per_token(o, a.sd, nbytes=True) for o in cached))
+        a.notes.append(("layers", CannotStream(
+            f"they return their keys and values (a KV cache: use_cache=True), {width:,} bytes per sequence position over "
+            f"{len(cached)} tensors, held for the whole sequence from each layer's forward until the caller "
+            "drops the output; a training step needs no cache: use_cache=False (model.config.use_cache = "
+            "False, or use_cache=False in the call) saves that memory", cached[0])))
     kept_random = [x for p in a.plans if p.kind == "layer" for x, spec in zip(p.inputs, p.in_specs)
                    if spec.kind == "qk" and any(n.target in RANDOM_OPS for n in ancestors([x]))]
     if kept_random:   # (one note for every layer: the cause is the model's, the same in each)

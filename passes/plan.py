@@ -14,7 +14,7 @@ import torch
 from streamfx.errors import CannotStream
 from . import unit_axes
 from .graphs import ALIASES, ancestors, in_order, per_token, same
-from .kv import kv_outputs
+from .kv import kv_outputs, returned_chain
 from .positions import rebuild_positions
 from .schedule import AUTO_CHUNK_RULE, auto_head_chunk, chunk_size
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
@@ -23,6 +23,10 @@ from .specs import SUM, WHOLE, Spec
 
 aten = torch.ops.aten
 SUM_OPS = (aten.sum.dim_IntList, aten.sum.default)
+
+CACHE_OUTPUT = ("the attention's keys or values leave the layer in a form its K/V graph does not keep "
+                "(a KV cache of what the keys are computed from: use_cache=True); training streams with "
+                "use_cache=False (model.config.use_cache = False, or use_cache=False in the call)")
 
 
 @dataclasses.dataclass
@@ -43,6 +47,12 @@ class RegionPlan:
     # (output, flat index) of each scalar output element whose gradient the forward computes
     # (the head's loss sums), or None: the backward recomputes each chunk (see ``grad_seeds``)
     seeds: tuple | None = None
+
+    @property
+    def results(self) -> list:
+        """Every value the region returns, in the region op's order: ``outputs``, then a layer's
+        ``returned`` keys and values."""
+        return list(self.outputs) + list(getattr(self, "returned", ()))
 
     def chunk_at(self, T: int) -> int:
         """Tokens per chunk at sequence length T."""
@@ -261,6 +271,10 @@ class LayerPlan(RegionPlan):
     kv_outputs: tuple = ()       # what the K/V graph produces: keys and values, or MLA's latent (see kv)
     key_side: frozenset = frozenset()  # nodes between those and the attention's keys/values
     kv_latent: bool = False      # the K/V graph ends before the keys and values (a narrower cut)
+    # K/V graph outputs that leave the layer too (a KV cache returned to the caller: use_cache=True),
+    # returned after ``outputs`` from the full-length buffers the K/V graph writes
+    returned: tuple = ()
+    returned_from: dict = dataclasses.field(default_factory=dict)  # returned -> (K/V output, view nodes to it)
     unpulled: "LayerPlan | None" = None   # the same plan with its masks as token-by-token inputs
 
     def describe(self, names: bool = True, budget: int | bool | None = None) -> str:
@@ -272,6 +286,9 @@ class LayerPlan(RegionPlan):
             what = [x.name for x in self.kv_outputs] if names else f"{len(dict.fromkeys(self.kv_outputs))} tensor(s)"
             text += (f"; K/V graph keeps {what} ({width:g} values per position)"
                      + (", a latent the keys and values are computed from per chunk" if self.kv_latent else ""))
+        if self.returned:
+            text += (f"; returns {[x.name for x in self.returned] if names else f'{len(self.returned)} tensor(s)'} "
+                     "of its K/V graph too (a KV cache: use_cache=True)")
         masked = [s.mask_kind for s in self.sites if s.mask is not None]
         if masked:
             text += (f"; keys per chunk: those its rows may see under the mask ({', '.join(dict.fromkeys(masked))}), "
@@ -349,8 +366,16 @@ def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=
     if rebuilt:
         nodes, inputs = in_order(list(nodes) + rebuilt), [x for x in inputs if x not in rebuilt]
     inside = set(nodes)
-    outputs, out_specs = [], []
+    kv = ancestors(set(kv_out), within=inside)
+    outputs, out_specs, returned = [], [], {}
     for o in region.outputs:
+        if o in kv or o in key_side:
+            # keys or values the caller gets too (a KV cache): from the K/V graph's buffer
+            chain = returned_chain(o, kv_out, key_side) if sd.seq_dim(o) is not None else None
+            if chain is None:
+                raise CannotStream(CACHE_OUTPUT, o)
+            returned[o] = chain
+            continue
         d = sd.seq_dim(o)
         merged = _merged(o, sd) if d is not None else "none"
         if merged == "none":
@@ -379,7 +404,6 @@ def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=
         in_specs.append(spec)
         lengths += [(x, v.shape[d]) for d, _ in spec.seq_dims()]
     T = _one_length(lengths, "layer")
-    kv = ancestors(set(kv_out), within=inside)
     # every input the joint differentiates gets its gradient, mask and score inputs included (a
     # learned bias, slope or temperature): rows of the chunk, [rows, keys] blocks of a
     # token-by-token input, or the whole input, accumulated over chunks
@@ -391,4 +415,4 @@ def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=
     return LayerPlan(region.name, "layer", nodes, inputs, outputs, [], in_specs, out_specs,
                      config.chunk_size, T, grad_inputs, sd, frozenset(pulled.nodes), sites=sites,
                      kv_nodes=[n for n in nodes if n in kv], kv_outputs=kv_out, key_side=key_side,
-                     kv_latent=latent)
+                     kv_latent=latent, returned=tuple(returned), returned_from=returned)

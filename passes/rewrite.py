@@ -27,7 +27,7 @@ from .graphs import (ALIASES, COPIES, ancestors, bind, hint, is_tangent, order, 
                      tangents, unpadded, written_input)
 from .record import made_by
 from .sizes import Sizes
-from .specs import accumulation_dtype, dim_order
+from .specs import Spec, accumulation_dtype, dim_order
 
 aten = torch.ops.aten
 STEP = "stream"
@@ -68,6 +68,16 @@ def chunk_graph(name, inputs, specs, nodes, outputs, sd, extra=(), extra_dims=()
     if not whole:
         verify.chunk_graph(gm, name)
     return graph
+
+
+def _returned(plan, o) -> tuple:
+    """(index of the K/V graph output, graph of the views from it to ``o`` or None) of a value the
+    layer returns from its K/V buffers (``LayerPlan.returned``)."""
+    source, chain = plan.returned_from[o]
+    if not chain:
+        return plan.kv_outputs.index(source), None
+    spec = Spec.chunk(plan.sd.seq_dim(source))
+    return plan.kv_outputs.index(source), chunk_graph(plan.name, [source], [spec], chain, [o], plan.sd, whole=True)
 
 
 def _slot(x, roles: dict, sd, layout: str = "dense") -> Slot:
@@ -195,7 +205,7 @@ def layer_program(plan, codegen: str, attention: str = "recompute") -> LayerProg
     the variants that keep each attention's output and log-sum-exp from the forward for the
     backward (``keep_attention``)."""
     sd = plan.sd
-    full = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, sd, whole=True)
+    full = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.results, sd, whole=True)
     kv_out = plan.kv_outputs
     kv_dims = tuple(sd.seq_dim(x) for x in kv_out)
     kv = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.kv_nodes, list(kv_out), sd)
@@ -229,7 +239,8 @@ def layer_program(plan, codegen: str, attention: str = "recompute") -> LayerProg
             except CannotStream:
                 causal = None
     prog = LayerProgram(plan.name, q, full, plan.in_specs, plan.out_specs, plan.chunk_size,
-                        plan.grad_inputs, codegen, kv=kv, kv_dims=kv_dims, mask=mask, causal=causal)
+                        plan.grad_inputs, codegen, kv=kv, kv_dims=kv_dims, mask=mask, causal=causal,
+                        returned_kv=tuple(_returned(plan, o) for o in plan.returned))
     if attention == "keep":
         variants = {"chunk": lambda gm: attention_edits(gm)}
         if causal is not None:
@@ -293,7 +304,7 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
         _output_attention(gm, calls)
 
     try:
-        full = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.outputs, plan.sd, whole=True,
+        full = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.results, plan.sd, whole=True,
                            edit=whole)
     except CannotStream as err:
         return None, err.describe()
@@ -691,10 +702,10 @@ def _forward_with_regions(fwd_nodes, primals, fwd_outs, programs, stores=None) -
                 sp = stores[prog.key]  # (the previous layer's handle: its entry rebuilds this input)
                 link = handles[sp.link[1]] if sp.dropped is not None else None
                 call = g.call_function(torch.ops.streamfx.region_stored.default, (prog.key, ins, link))
-                handles[prog.key] = g.call_function(operator.getitem, (call, len(plan.outputs)))
+                handles[prog.key] = g.call_function(operator.getitem, (call, len(plan.results)))
             else:
                 call = g.call_function(torch.ops.streamfx.region.default, (prog.key, ins))
-            for j, o in enumerate(plan.outputs):
+            for j, o in enumerate(plan.results):
                 env[o] = g.call_function(operator.getitem, (call, j))
             for d in plan.dropped:
                 if d not in env:

@@ -167,7 +167,7 @@ def plans(programs, options: Options) -> dict:
     from .runtime import LayerProgram
 
     layers = [(plan, prog) for plan, prog in programs if isinstance(prog, LayerProgram)]
-    producer = {o: (prog.key, j) for plan, prog in layers for j, o in enumerate(plan.outputs)}
+    producer = {o: (prog.key, j) for plan, prog in layers for j, o in enumerate(plan.results)}
     readers = {}
     for plan, _ in programs:
         for x in plan.inputs:
@@ -652,7 +652,7 @@ def _backward(ctx, grads):
 
     prog = _PROGRAMS[ctx.key]
     *kept, handle = ctx.saved_tensors
-    grads = list(grads)[:len(prog.out_specs)]
+    grads = list(grads)[:prog.n_outputs]
     present = [g is not None for g in grads]
     gs = [g if g is not None else kept[0].new_empty(0) for g in grads]
     got = region_stored_backward(ctx.key, kept, handle, gs, present)

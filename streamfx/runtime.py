@@ -96,6 +96,11 @@ class RegionProgram:
     _said_non_finite: bool = False    # a non-finite seed gradient was warned about (``scale_grads``)
     kind = "head"
 
+    @property
+    def n_outputs(self) -> int:
+        """How many values the region returns (before what a forward keeps for its backward)."""
+        return len(self.out_specs) + len(getattr(self, "returned_kv", ()))
+
     def register(self) -> int:
         self.key = next(_ids)
         _PROGRAMS[self.key] = self
@@ -499,6 +504,11 @@ class LayerProgram(RegionProgram):
                                       # masks are all exactly causal
     keep: Keep | None = None          # attention outputs kept for the backward (attention="keep")
     keep_refused: str | None = None   # why attention="keep" keeps nothing here
+    # values the region also returns after the query graph's outputs, from the K/V graph's
+    # full-length buffers (a KV cache): (index of the K/V graph output, ChunkGraph of the views from
+    # it to the returned value, or None). Where the caller differentiates one, its gradient starts
+    # the backward's dK/dV.
+    returned_kv: tuple = ()
     _said_recomputes: bool = False    # a call whose masks are not exactly causal was warned about
 
     @property
@@ -540,6 +550,13 @@ class LayerProgram(RegionProgram):
         result = keyranges.ranges_from_reach(rows, bounds, T), keyranges.all_causal(rows)
         m.cache.put(reads, extra, result)
         return result
+
+    def _returned(self, KV, k: int, views) -> torch.Tensor:
+        """A value the layer returns from its K/V buffers (``returned_kv``): buffer k, through
+        ``views`` where the value is a view of it."""
+        if views is None:
+            return KV[k]
+        return views.fn("eager", torch.is_grad_enabled())(KV[k])[0]
 
     def keys_values(self, inputs, fn_kv):
         """Run the K/V graph chunk by chunk into full-length buffers; yields (s, e, the chunk's
@@ -594,6 +611,7 @@ class LayerProgram(RegionProgram):
                             buf.narrow(d, s, e - s).copy_(t)
                     del outs, chunk   # (before the next chunk runs)
             written_up_to(T)  # (a generator left unfinished would hold its buffers)
+        result += [dense(self._returned(KV, k, views)) for k, views in self.returned_kv]
         if self.keep is None:
             return result
         if kept is None:   # (this call's masks are not exactly causal: its backward recomputes)
@@ -625,6 +643,16 @@ class LayerProgram(RegionProgram):
             for _, _, _, KV in self.keys_values(inputs, self.fn(self.kv, train=False)):
                 pass
         dKV = [torch.zeros_like(b, dtype=_acc_dtype(b)) for b in KV]
+        n = len(self.out_specs)
+        for (k, views), g in zip(self.returned_kv, grads[n:]):   # (a returned KV cache the caller differentiated)
+            if g is None:
+                continue
+            if views is not None:
+                with autograd_inside_op(), torch.enable_grad():
+                    leaf = KV[k].detach().requires_grad_(True)
+                    g, = torch.autograd.grad(self._returned([leaf], 0, views), leaf, g.to(leaf.dtype))
+            dKV[k].add_(g)
+        grads = grads[:n]
         acc = self._grad_buffers(inputs)
         bounds, T = self.bounds(inputs), self.length(inputs)
         ranges = self.key_ranges(inputs, bounds)
@@ -822,7 +850,7 @@ def _forward_keeping_whole(prog, inputs: list, fake: bool = False) -> list:
     """A keeping layer's outputs and kept tensors from its whole graph (no chunks); ``fake``:
     their fake values (shapes only)."""
     outs = list(prog.keep.full.fn("eager", train=False)(*inputs))
-    n = len(prog.out_specs)
+    n = prog.n_outputs
     got = prog.keep.tensors(outs[n:], [True] * len(prog.keep.kernels))   # (the whole graph's kernel calls)
     kept = prog.keep.empty([t.shape for t in got], got[0].device)
     if not fake:
@@ -934,11 +962,11 @@ def _setup(ctx, inputs, output):
     prog = _PROGRAMS[key]
     ctx.n_inputs = len(xs)
     if prog.seeds is not None:  # the backward reads the stored gradients, not the inputs
-        stored = output[len(prog.out_specs):]
+        stored = output[prog.n_outputs:]
         ctx.mark_non_differentiable(*stored)
         ctx.save_for_backward(*stored)
     elif _keeps(prog):   # the inputs, and the attention kept for the backward
-        kept = output[len(prog.out_specs):]
+        kept = output[prog.n_outputs:]
         ctx.mark_non_differentiable(*kept)
         ctx.save_for_backward(*xs, *kept)
     else:
@@ -948,7 +976,7 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, grads):
     prog = _PROGRAMS[ctx.key]
     saved = list(ctx.saved_tensors)
-    grads = list(grads)[:len(prog.out_specs)]
+    grads = list(grads)[:prog.n_outputs]
     present = [g is not None for g in grads]
     gs = [g if g is not None else saved[0].new_empty(0) for g in grads]
     if prog.seeds is not None:

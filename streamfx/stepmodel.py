@@ -432,13 +432,13 @@ class StepModel:
             if what == "output" and getattr(prog, "seeds", None) is not None:
                 if node.target is not operator.getitem:   # (the op's values together)
                     what = "output and gradients computed in the forward"
-                elif node.args[1] >= len(prog.out_specs):
+                elif node.args[1] >= prog.n_outputs:
                     what = "gradients computed in the forward (input and parameters)"
             if what == "output" and getattr(prog, "keep", None) is not None:
                 if node.target is not operator.getitem:
                     what = "output and the attention kept for the backward"
-                elif node.args[1] >= len(prog.out_specs):
-                    what = ("attention output kept for the backward" if (node.args[1] - len(prog.out_specs)) % 2 == 0
+                elif node.args[1] >= prog.n_outputs:
+                    what = ("attention output kept for the backward" if (node.args[1] - prog.n_outputs) % 2 == 0
                             else "attention log-sum-exp kept for the backward")
             return (f"{(work.kind if work else 'region')} {what}", work.module if work else "", "")
         src = memory.where(node)

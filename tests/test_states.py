@@ -269,20 +269,35 @@ def test_inputs_embeds_streams():
     assert run.counters["region_backward"] == zoo.LAYERS + 1
 
 
-@pytest.mark.fast
-def test_use_cache_true_says_to_turn_it_off():
-    """use_cache=True makes every layer's keys and values outputs of the graph: the step runs
-    exactly, unstreamed, with one warning that says to set use_cache=False."""
-    model, make_inputs = zoo.qwen3_sdpa()
+@pytest.mark.parametrize("name", [pytest.param("qwen3_sdpa", marks=pytest.mark.fast), "qwen3_eager", "gpt2",
+                                  "mistral_sliding"])
+def test_use_cache_true_streams_and_returns_the_cache(name):
+    """use_cache=True makes every layer's keys and values outputs of the graph (a Hugging Face
+    model in train mode keeps its config's use_cache=True): the layers stream all the same and
+    return them from their K/V buffers, equal to eager's; a loss that reads the cache gets its
+    gradient through them, exactly. One note per graph says what the cache holds and how to drop
+    it; strict=True does not raise (the graph streams)."""
+    model, make_inputs = getattr(zoo, name)()
     inputs = make_inputs("left_pad")
     inputs.kwargs["use_cache"] = True
-    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5})
+
+    def loss_of(out):
+        cache = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        assert len(cache) == zoo.LAYERS and all(k is not None for k, _ in cache)
+        return inputs.loss_of(out) + sum(0.01 * (k ** 2).sum() + 0.02 * v.sum() for k, v in cache)
+
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "codegen": "inductor"}, loss_of=loss_of)
     assert_grads_match(run.ref_grads, run.grads)
-    assert len(run.warnings) == 1 and "use_cache=False" in run.warnings[0], run.warnings
-    with pytest.raises(streamfx.StreamBPError, match="use_cache=False"):
-        torch._dynamo.reset()
-        m = copy.deepcopy(model)
-        torch.compile(m, backend="streambp", options={"codegen": "eager", "strict": True})(**inputs.kwargs)
+    for mine, ref in zip(run.out.past_key_values.layers, run.ref_out.past_key_values.layers):
+        torch.testing.assert_close(mine.keys, ref.keys, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(mine.values, ref.values, rtol=1e-5, atol=1e-6)
+    assert sorted(p.name for p in run.programs) == ["head"] + [f"layer.{i}" for i in range(zoo.LAYERS)], run.programs
+    assert run.counters["chunks_backward"] > run.counters["region_backward"], run.counters
+    assert len(run.warnings) == 1 and "KV cache" in run.warnings[0] and "use_cache=False" in run.warnings[0], \
+        run.warnings
+    torch._dynamo.reset()
+    m = copy.deepcopy(model)
+    torch.compile(m, backend="streambp", options={"codegen": "eager", "strict": True})(**inputs.kwargs)
 
 
 @pytest.mark.fast
