@@ -269,9 +269,10 @@ def test_inputs_embeds_streams():
     assert run.counters["region_backward"] == zoo.LAYERS + 1
 
 
-@pytest.mark.parametrize("name", [pytest.param("qwen3_sdpa", marks=pytest.mark.fast), "qwen3_eager", "gpt2",
-                                  "mistral_sliding"])
-def test_use_cache_true_streams_and_returns_the_cache(name):
+@pytest.mark.parametrize("name,codegen", [pytest.param("qwen3_sdpa", "eager", marks=pytest.mark.fast),
+                                          ("qwen3_sdpa", "inductor"), ("qwen3_eager", "eager"), ("gpt2", "eager"),
+                                          ("mistral_sliding", "eager")])
+def test_use_cache_true_streams_and_returns_the_cache(name, codegen):
     """use_cache=True makes every layer's keys and values outputs of the graph (a Hugging Face
     model in train mode keeps its config's use_cache=True): the layers stream all the same and
     return them from their K/V buffers, equal to eager's; a loss that reads the cache gets its
@@ -286,7 +287,7 @@ def test_use_cache_true_streams_and_returns_the_cache(name):
         assert len(cache) == zoo.LAYERS and all(k is not None for k, _ in cache)
         return inputs.loss_of(out) + sum(0.01 * (k ** 2).sum() + 0.02 * v.sum() for k, v in cache)
 
-    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "codegen": "inductor"}, loss_of=loss_of)
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "codegen": codegen}, loss_of=loss_of)
     assert_grads_match(run.ref_grads, run.grads)
     for mine, ref in zip(run.out.past_key_values.layers, run.ref_out.past_key_values.layers):
         torch.testing.assert_close(mine.keys, ref.keys, rtol=1e-5, atol=1e-6)
