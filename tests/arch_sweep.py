@@ -2,6 +2,7 @@
 (eager codegen) on the same batch, compare, and say what streamed and what was said about the rest.
 
     PYTHONPATH=tests python tests/arch_sweep.py MODEL_TYPE...   # one JSON line per family
+    PYTHONPATH=tests python tests/arch_sweep.py --use-cache MODEL_TYPE...   # calls with use_cache=True
 
 ``check(model_type)`` returns a dict: ``status`` ("ok", "skip" with ``reason``, "eager-fails"),
 ``error`` (an exception that reached the user: none is allowed), ``loss_err`` and ``grad_err``
@@ -12,6 +13,7 @@ while streamfx said nothing).
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import sys
 import time
@@ -78,7 +80,7 @@ def build(model_type: str):
     return arch_configs.build(model_type, "eager"), "eager"
 
 
-def check(model_type: str, options: dict | None = None) -> dict:
+def check(model_type: str, options: dict | None = None, use_cache: bool = False) -> dict:
     from streamfx.backend import compile_graph
     from streamfx.config import StreamConfig
     from streamfx.session import Session
@@ -90,6 +92,14 @@ def check(model_type: str, options: dict | None = None) -> dict:
     except arch_configs.Skip as e:
         return dict(out, status="skip", reason=str(e))
     batch = arch_configs.inputs(model, B=B, T=T, seed=0, pad="left")
+    if use_cache:   # (a training call of a model whose config keeps use_cache=True: a KV cache returned)
+        try:
+            takes = "use_cache" in inspect.signature(type(model).forward).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if not takes:
+            return dict(out, status="skip", reason="forward takes no use_cache")
+        batch["use_cache"] = True
     ref = copy.deepcopy(model)
     count = _LayerCount(ref)
     try:
@@ -137,9 +147,10 @@ def check(model_type: str, options: dict | None = None) -> dict:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    for name in sys.argv[1:]:
+    cache = "--use-cache" in sys.argv[1:]
+    for name in (a for a in sys.argv[1:] if a != "--use-cache"):
         try:
-            result = check(name)
+            result = check(name, use_cache=cache)
         except Exception as e:  # noqa: BLE001
             result = dict(model_type=name, error=f"harness: {type(e).__name__}: {e}")
         print(json.dumps(result, default=str), flush=True)
