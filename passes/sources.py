@@ -42,11 +42,10 @@ def _unsliced(sd, atom: int, graph: fx.Graph) -> int:
         srcs = [find(src) for out, src in sd.table.slices if find(out) == a and find(src) != a]
         frontier += [s for s in srcs if s not in roots]
         roots += srcs
+    inputs = [n for n in graph.find_nodes(op="placeholder") if is_tensor(val(n)) and val(n).is_floating_point()]
     for root in roots:
-        for n in graph.nodes:
-            if n.op == "placeholder" and is_tensor(val(n)) and val(n).is_floating_point() \
-                    and any(find(x) == root for d in (sd.axes.get(n) or [()])[0] for x in d):
-                return root
+        if any(find(x) == root for n in inputs for d in (sd.axes.get(n) or [()])[0] for x in d):
+            return root
     return atom
 
 

@@ -551,12 +551,12 @@ class LayerProgram(RegionProgram):
         m.cache.put(reads, extra, result)
         return result
 
-    def _returned(self, KV, k: int, views) -> torch.Tensor:
+    def _returned(self, KV, k: int, views, train: bool = False) -> torch.Tensor:
         """A value the layer returns from its K/V buffers (``returned_kv``): buffer k, through
-        ``views`` where the value is a view of it."""
+        ``views`` where the value is a view of it (``train``: differentiably)."""
         if views is None:
             return KV[k]
-        return views.fn("eager", torch.is_grad_enabled())(KV[k])[0]
+        return views.fn("eager", train)(KV[k])[0]
 
     def keys_values(self, inputs, fn_kv):
         """Run the K/V graph chunk by chunk into full-length buffers; yields (s, e, the chunk's
@@ -650,7 +650,7 @@ class LayerProgram(RegionProgram):
             if views is not None:
                 with autograd_inside_op(), torch.enable_grad():
                     leaf = KV[k].detach().requires_grad_(True)
-                    g, = torch.autograd.grad(self._returned([leaf], 0, views), leaf, g.to(leaf.dtype))
+                    g, = torch.autograd.grad(self._returned([leaf], 0, views, train=True), leaf, g.to(leaf.dtype))
             dKV[k].add_(g)
         grads = grads[:n]
         acc = self._grad_buffers(inputs)

@@ -269,15 +269,17 @@ def test_inputs_embeds_streams():
     assert run.counters["region_backward"] == zoo.LAYERS + 1
 
 
-@pytest.mark.parametrize("name,codegen", [pytest.param("qwen3_sdpa", "eager", marks=pytest.mark.fast),
-                                          ("qwen3_sdpa", "inductor"), ("qwen3_eager", "eager"), ("gpt2", "eager"),
-                                          ("mistral_sliding", "eager")])
-def test_use_cache_true_streams_and_returns_the_cache(name, codegen):
+@pytest.mark.parametrize("name,codegen,extra", [
+    pytest.param("qwen3_sdpa", "eager", {}, marks=pytest.mark.fast), ("qwen3_sdpa", "inductor", {}),
+    ("qwen3_eager", "eager", {}), ("gpt2", "eager", {}), ("mistral_sliding", "eager", {}),
+    ("qwen3_sdpa", "eager", {"offload": "disk", "keep_every": 2}), ("qwen3_sdpa", "eager", {"attention": "keep"})])
+def test_use_cache_true_streams_and_returns_the_cache(name, codegen, extra):
     """use_cache=True makes every layer's keys and values outputs of the graph (a Hugging Face
     model in train mode keeps its config's use_cache=True): the layers stream all the same and
     return them from their K/V buffers, equal to eager's; a loss that reads the cache gets its
-    gradient through them, exactly. One note per graph says what the cache holds and how to drop
-    it; strict=True does not raise (the graph streams)."""
+    gradient through them, exactly, also with layer inputs offloaded and rebuilt (the offload op
+    returns the cache before its handle) and with the attention kept (before the kept tensors). One
+    note per graph says what the cache holds and how to drop it; strict=True does not raise."""
     model, make_inputs = getattr(zoo, name)()
     inputs = make_inputs("left_pad")
     inputs.kwargs["use_cache"] = True
@@ -287,13 +289,17 @@ def test_use_cache_true_streams_and_returns_the_cache(name, codegen):
         assert len(cache) == zoo.LAYERS and all(k is not None for k, _ in cache)
         return inputs.loss_of(out) + sum(0.01 * (k ** 2).sum() + 0.02 * v.sum() for k, v in cache)
 
-    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "codegen": codegen}, loss_of=loss_of)
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "codegen": codegen, **extra}, loss_of=loss_of)
     assert_grads_match(run.ref_grads, run.grads)
     for mine, ref in zip(run.out.past_key_values.layers, run.ref_out.past_key_values.layers):
         torch.testing.assert_close(mine.keys, ref.keys, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(mine.values, ref.values, rtol=1e-5, atol=1e-6)
     assert sorted(p.name for p in run.programs) == ["head"] + [f"layer.{i}" for i in range(zoo.LAYERS)], run.programs
     assert run.counters["chunks_backward"] > run.counters["region_backward"], run.counters
+    if "offload" in extra:
+        assert run.counters["inputs_offloaded"] and run.counters["inputs_rebuilt"], run.counters
+    if extra.get("attention") == "keep":
+        assert run.counters["attention_kept"], run.counters
     assert len(run.warnings) == 1 and "KV cache" in run.warnings[0] and "use_cache=False" in run.warnings[0], \
         run.warnings
     torch._dynamo.reset()
