@@ -5,9 +5,10 @@
 Both run the head (hidden -> logits -> log-softmax -> masked NLL -> mean) in chunks of tokens
 so that one chunk of logits exists at a time, with fp32 accumulation:
 
-  recompute   (what streamfx does) forward: chunks under no_grad, only the loss sum is kept;
-              backward: each chunk's logits are computed again, then differentiated.
-  precompute  forward: each chunk is differentiated right away (grad_output 1); the hidden-state
+  recompute   (streamfx's head_grad="recompute") forward: chunks under no_grad, only the loss sum
+              is kept; backward: each chunk's logits are computed again, then differentiated.
+  precompute  (streamfx's head_grad="forward", the default where one value carries a gradient)
+              forward: each chunk is differentiated right away (grad_output 1); the hidden-state
               gradient [T, d] and the fp32 weight gradient [V, d] are kept until backward,
               which only scales them by the real grad_output.
 
