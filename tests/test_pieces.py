@@ -214,6 +214,44 @@ def test_graph_break_inside_block():
     assert ran["chunks_backward"] == 3 * 4, ran  # T=17 in chunks of 5
 
 
+def train_step(model, kwargs):
+    loss = model(**kwargs).loss
+    loss.backward()
+    return loss.detach()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("how", ["step", "compiled_autograd"])
+def test_whole_train_step_compiled(how):
+    """The training step compiled as one function, forward and ``loss.backward()`` together
+    ("step": Dynamo breaks the graph at the backward call, the forward graph streams and the
+    backward runs the regions' own backward); and the same under compiled autograd, which traces
+    the backward graph itself and calls each region's backward as an opaque function. Two calls
+    with different data, each exact, every region streamed, no warning."""
+    model, make_inputs = zoo.qwen3()
+    ref = copy.deepcopy(model)
+    captures = torch._dynamo.utils.counters["compiled_autograd"]["captures"]
+    with torch._dynamo.config.patch(compiled_autograd=how == "compiled_autograd"):
+        compiled = torch.compile(train_step, backend="streambp", options=OPTIONS)
+        for case in ("right_pad", "prompt"):
+            kwargs = make_inputs(case).kwargs
+            ref.zero_grad(set_to_none=True)
+            ref_loss = train_step(ref, kwargs)
+            model.zero_grad(set_to_none=True)
+            before = dict(COUNTERS)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                loss = compiled(model, kwargs)
+            ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
+            torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+            assert_grads_match(grads_of(ref), grads_of(model), rtol=1e-5)
+            assert not [str(w.message) for w in caught if "streamfx" in str(w.message)]
+            assert ran["region_forward"] == zoo.LAYERS + 1 == ran["region_backward"], ran
+            assert ran["chunks_backward"] >= zoo.LAYERS * 4, ran  # T=16 in chunks of 5
+    traced = torch._dynamo.utils.counters["compiled_autograd"]["captures"] - captures
+    assert (traced > 0) == (how == "compiled_autograd"), traced
+
+
 class CountingBlock(zoo.LlamaBlock):
     """A block that reads counts out of a tensor (JetMoE's tokens per expert: ``.tolist()``)."""
 
