@@ -28,9 +28,10 @@ def pytest_configure(config):
 def pytest_runtest_logreport(report):
     """``STREAMFX_DURATIONS=FILE``: each test's phases and seconds appended to FILE as they end
     (what ``tests/tiers.py`` sizes the default run and the fast tier by; a run stopped early
-    still leaves the times of what finished)."""
+    still leaves the times of what finished). Under pytest-xdist the worker that ran the test
+    writes its line; the controller, which gets the same report relayed (``report.node``), does not."""
     path = os.environ.get("STREAMFX_DURATIONS")
-    if path:
+    if path and getattr(report, "node", None) is None:
         with open(path, "a") as f:
             f.write(f"{report.duration:.2f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")
 
