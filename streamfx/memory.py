@@ -524,7 +524,13 @@ def module_path(node: fx.Node | None, key: str = "nn_module_stack") -> str:
     stack = (node.meta.get(key) or {}) if node is not None else {}
     if not stack:
         return ""
-    return dotted(list(stack.values())[-1][0]) or "the model"
+    paths = [path for path, _ in stack.values()]
+    # the deepest module reached from the compiled object: a module reached through a global
+    # (a function the `kernels` package wraps as a module, transformers >= 5.25's
+    # `use_kernelized_func`: ``G['...modeling_qwen3'].apply_rotary_pos_emb``) is not one the
+    # model names; its code is in the module that called it
+    own = [p for p in paths if not p.startswith("G[")]
+    return dotted((own or paths)[-1]) or "the model"
 
 
 def dotted(path: str) -> str:

@@ -190,6 +190,46 @@ def test_breakdown_names_what_the_user_knows(report):
                              for i, role in roles.items()), roles
 
 
+class _Rotate(torch.nn.Module):
+    """A function wrapped as a module held in a global (as the `kernels` package wraps the rotary
+    embedding for transformers >= 5.25): Dynamo's module stack names it ``G['...']._ROTATE``."""
+
+    def forward(self, x):
+        return torch.cat([-x[..., 1::2], x[..., ::2]], dim=-1)
+
+
+_ROTATE = _Rotate()
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, d=8):
+        super().__init__()
+        self.proj = torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        return x + _ROTATE(self.proj(x))
+
+
+def test_code_of_a_module_held_in_a_global_is_in_the_module_that_calls_it():
+    from streamfx import memory
+
+    model = torch.nn.Sequential(_Block(), _Block())
+    nodes = []
+
+    def backend(gm, example_inputs):
+        nodes.extend(n for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(torch.randn(1, 4, 8))
+    cats = [n for n in nodes if n.target is torch.cat]
+    assert len(cats) == 2
+    for i, n in enumerate(cats):
+        assert any(p.startswith("G[") for p, _ in n.meta["nn_module_stack"].values()), n.meta["nn_module_stack"]
+        assert memory.module_path(n) == str(i)
+    assert memory.common_module([n for n in nodes if memory.module_path(n).startswith("1")]) == "1"
+
+
 # ---- the budget at run time -----------------------------------------------------------------------
 def _step(options, T):
     model, _ = zoo.qwen3("sdpa")
