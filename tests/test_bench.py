@@ -349,3 +349,37 @@ def test_hf_checkpointing_switches_every_layer_without_a_deprecation_warning():
         assert all(m.gradient_checkpointing for m in layers)
         hf_checkpointing(model, on=False)
         assert not any(m.gradient_checkpointing for m in layers)
+
+
+
+@pytest.mark.fast
+def test_compiled_checkpointing_baseline_is_one_graph_at_every_length():
+    """The ``ckpt-compiled`` / ``ckpt+compile`` baseline: the zoo's Qwen3 under Hugging Face
+    checkpointing and torch.compile(dynamic=True) is one graph, with no recompile at a second
+    length, and gives eager checkpointing's gradients. (transformers >= 5.25 layers set and reset
+    the `kernels` package's routing variable in their forward, a side effect Dynamo's checkpoint
+    operator refuses by default: without ``compile_checkpointed``'s flag each layer breaks the
+    graph.)"""
+    import copy
+
+    import torch
+    from torch._dynamo.utils import counters
+
+    import zoo
+    from streamfx.bench.methods import compile_checkpointed, hf_checkpointing
+
+    net, _ = zoo.qwen3_sdpa()
+    hf_checkpointing(net)
+    ref = copy.deepcopy(net)
+    torch._dynamo.reset()
+    counters.clear()
+    step = compile_checkpointed(net, backend="aot_eager", dynamic=True)
+    for T in (12, 20):
+        ids = torch.randint(1, zoo.VOCAB, (1, T), generator=torch.Generator().manual_seed(T))
+        for m, call in ((net, step), (ref, ref)):
+            m.zero_grad(set_to_none=True)
+            call(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])

@@ -21,7 +21,7 @@ import time
 import warnings
 
 from . import presets as presets_mod
-from .methods import hf_checkpointing
+from .methods import compile_checkpointed, hf_checkpointing
 from .worker import _malloc_trim, _proc_status_bytes, _reset_hwm, compare_grads, describe_exception, is_oom
 
 METHODS = ("streamfx", "ckpt", "ckpt+compile", "streamfx+keep")
@@ -175,7 +175,7 @@ def stepper(method: str, model, setup: Setup):
         options = {**setup.streamfx_options, **({"attention": "keep"} if method == "streamfx+keep" else {})}
         target = torch.compile(model, backend=_streambp_backend(), options=options, dynamic=True)
     else:
-        target = model if method == "ckpt" else torch.compile(model, backend=setup.compile_backend, dynamic=True)
+        target = model if method == "ckpt" else compile_checkpointed(model, backend=setup.compile_backend, dynamic=True)
 
     def step(ids, labels):
         model.zero_grad(set_to_none=True)

@@ -26,6 +26,31 @@ def hf_checkpointing(model, on: bool = True) -> None:
     getattr(model, f"{name}_{'enable' if on else 'disable'}")()
 
 
+def compile_checkpointed(model, **compile_kwargs):
+    """``torch.compile(model, **compile_kwargs)`` of a model with Hugging Face's checkpointing on,
+    as a callable that traces it with Dynamo's ``skip_fwd_side_effects_in_bwd_under_checkpoint``
+    (where torch has it). transformers >= 5.25 routes its kernel-hub functions through a context
+    variable the layer's forward sets and resets (the `kernels` package's `new_forward`): a side
+    effect Dynamo's checkpoint operator refuses, so without the flag every checkpointed layer
+    breaks the graph (its layers run eager, a recompile at the second length). The flag only
+    stops the forward's side effects from being replayed in the backward's recompute; the
+    variable is reset by the forward itself, so nothing of the step changes."""
+    import contextlib
+
+    import torch
+    import torch._dynamo.config as dynamo_config
+
+    compiled = torch.compile(model, **compile_kwargs)
+    flag = "skip_fwd_side_effects_in_bwd_under_checkpoint"
+
+    def call(*args, **kwargs):
+        scope = dynamo_config.patch(**{flag: True}) if hasattr(dynamo_config, flag) else contextlib.nullcontext()
+        with scope:
+            return compiled(*args, **kwargs)
+
+    return call
+
+
 @dataclasses.dataclass(frozen=True)
 class Method:
     name: str

@@ -58,10 +58,10 @@ def _prepare(method: str, model, options: dict):
                 options = {**options, "attention": "keep"}
             return torch.compile(model, backend=_streambp_backend(), options=options)
         if method in ("ckpt", "ckpt-compiled"):
-            from .methods import hf_checkpointing
+            from .methods import compile_checkpointed, hf_checkpointing
 
             hf_checkpointing(model)
-            return torch.compile(model) if method == "ckpt-compiled" else model
+            return compile_checkpointed(model) if method == "ckpt-compiled" else model
         if method == "ckpt-offload":
             if not hasattr(model, "activation_checkpointing_enable"):
                 raise RuntimeError("this transformers has no activation_checkpointing_enable(offload=True)")
