@@ -112,7 +112,23 @@ def _describe(code, m) -> str:
             f"eagerly and unstreamed, and only the functions it calls are compiled and streamed. Remove the "
             f"graph break (TORCH_LOGS=graph_breaks lists them), or compile the parts that should stream "
             f"on their own (each decoder layer with layer.compile(backend='streambp'); the head and its "
-            f"loss as a function of the hidden states)" + _data_dependent_hint(reason))
+            f"loss as a function of the hidden states)" + _data_dependent_hint(reason)
+            + _checkpoint_hint(m.fail_reason or ""))
+
+
+def _checkpoint_hint(reason: str) -> str:
+    """Dynamo's activation-checkpoint operator refuses a side effect in the checkpointed forward
+    (transformers >= 5.25's layers set and reset the `kernels` package's routing variable in
+    theirs), so a model with Hugging Face's gradient checkpointing on breaks at every layer."""
+    if not re.search(r"checkpoint", reason, re.I):
+        return ""
+    return (". This break is activation checkpointing's (torch.utils.checkpoint, as Hugging Face's "
+            "gradient_checkpointing_enable() / activation_checkpointing_enable() or a trainer's "
+            "gradient_checkpointing=True turn on): streambp recomputes each layer per chunk itself, so "
+            "checkpointing adds nothing to it; turn it off (model.gradient_checkpointing_disable(), "
+            "streamfx.prepare(model)), or set torch._dynamo.config."
+            "skip_fwd_side_effects_in_bwd_under_checkpoint = True before the first call, which lets "
+            "Dynamo trace the checkpointed layers whole")
 
 
 def _data_dependent_hint(reason: str) -> str:

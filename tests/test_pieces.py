@@ -329,6 +329,34 @@ def test_graph_break_inside_hf_layer(monkeypatch):
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("dynamo_flag", [False, True])
+def test_hf_gradient_checkpointing_left_on_under_a_direct_compile(dynamo_flag, monkeypatch):
+    """A Hugging Face model with its gradient checkpointing on, compiled directly with the streambp
+    backend (no ``streamfx.prepare``, which switches checkpointing off). transformers >= 5.25's
+    layers set and reset the `kernels` package's routing variable in their forward, a side effect
+    Dynamo's checkpoint operator refuses: every layer breaks the graph. Without Dynamo's
+    ``skip_fwd_side_effects_in_bwd_under_checkpoint`` the step is exact and the one warning names
+    the break as checkpointing's and both ways out (where transformers has no such side effect,
+    every layer streams and nothing is said); with it, every layer and the head stream, exact,
+    nothing said."""
+    from streamfx.bench.methods import hf_checkpointing
+
+    model, make_inputs = zoo.qwen3()
+    hf_checkpointing(model)
+    ref = copy.deepcopy(model)
+    if dynamo_flag:
+        monkeypatch.setattr(torch._dynamo.config, "skip_fwd_side_effects_in_bwd_under_checkpoint", True)
+    compiled = torch.compile(model, backend="streambp", options=OPTIONS)
+    ran, messages = compare(ref, compiled, make_inputs("odd17"))
+    streamed = ran["region_forward"] == zoo.LAYERS + 1 and ran["chunks_backward"] >= zoo.LAYERS * 4 + 5
+    if dynamo_flag or not messages:
+        assert streamed and not messages, (ran, messages)
+    else:
+        assert len(messages) == 1 and "activation checkpointing's" in messages[0], messages
+        assert "gradient_checkpointing_disable()" in messages[0] and \
+            "skip_fwd_side_effects_in_bwd_under_checkpoint = True" in messages[0], messages
+
+@pytest.mark.fast
 def test_ddp_piece_cut_inside_layer(tmp_path):
     """One-rank DDP with 5 KB buckets: Dynamo's DDPOptimizer cuts each decoder layer where a bucket
     fills, so a piece holds the attention without its query/key producers (and others the
