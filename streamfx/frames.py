@@ -120,7 +120,7 @@ def _checkpoint_hint(reason: str) -> str:
     """Dynamo's activation-checkpoint operator refuses a side effect in the checkpointed forward
     (transformers >= 5.25's layers set and reset the `kernels` package's routing variable in
     theirs), so a model with Hugging Face's gradient checkpointing on breaks at every layer."""
-    if not re.search(r"checkpoint", reason, re.I):
+    if not re.search(r"torch\.utils\.checkpoint|activation checkpointing", reason, re.I):
         return ""
     return (". This break is activation checkpointing's (torch.utils.checkpoint, as Hugging Face's "
             "gradient_checkpointing_enable() / activation_checkpointing_enable() or a trainer's "
