@@ -356,6 +356,7 @@ def test_hf_gradient_checkpointing_left_on_under_a_direct_compile(dynamo_flag, m
         assert "gradient_checkpointing_disable()" in messages[0] and \
             "skip_fwd_side_effects_in_bwd_under_checkpoint = True" in messages[0], messages
 
+
 @pytest.mark.fast
 def test_ddp_piece_cut_inside_layer(tmp_path):
     """One-rank DDP with 5 KB buckets: Dynamo's DDPOptimizer cuts each decoder layer where a bucket

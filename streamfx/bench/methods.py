@@ -35,17 +35,15 @@ def compile_checkpointed(model, **compile_kwargs):
     breaks the graph (its layers run eager, a recompile at the second length). The flag only
     stops the forward's side effects from being replayed in the backward's recompute; the
     variable is reset by the forward itself, so nothing of the step changes."""
-    import contextlib
-
     import torch
     import torch._dynamo.config as dynamo_config
 
     compiled = torch.compile(model, **compile_kwargs)
-    flag = "skip_fwd_side_effects_in_bwd_under_checkpoint"
+    if not hasattr(dynamo_config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
+        return compiled
 
     def call(*args, **kwargs):
-        scope = dynamo_config.patch(**{flag: True}) if hasattr(dynamo_config, flag) else contextlib.nullcontext()
-        with scope:
+        with dynamo_config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True):
             return compiled(*args, **kwargs)
 
     return call
