@@ -25,7 +25,9 @@ head) is still compiled. What ``prepare`` does to the model, and why:
   the input embedding is made differentiable for the call, which compiles one more graph, once.
 - Gradient checkpointing is switched off (once, with a note) the first time the model is called:
   a streamed layer already keeps only its input, which is what checkpointing keeps, and
-  recomputes chunk by chunk; a checkpointed layer inside the compiled graph would not stream.
+  recomputes chunk by chunk, so checkpointing adds nothing; where Dynamo cannot trace the
+  checkpointed forward (transformers' ``kernels`` routing variable, set in every layer's forward)
+  each layer would break the graph and not stream.
   If a trainer switches it on again, it is switched off again before the next call, so toggling
   it (DPO's reference forward, GRPO's generation) changes nothing the compiled graph guards on.
 - ``generate`` (GRPO's rollouts, evaluation callbacks) and any call with a KV cache run the
@@ -256,8 +258,9 @@ def _checkpointing_off(target, gc_modules, state) -> None:
         _noted.add(key)
         warnings.warn(
             f"streamfx: gradient checkpointing is switched off for {type(target).__name__}: streambp keeps only each "
-            "layer's input, as checkpointing does, and recomputes chunk by chunk; a checkpointed layer inside the "
-            "compiled graph would not stream (gradient_checkpointing=True in the trainer's arguments is ignored, "
+            "layer's input, as checkpointing does, and recomputes chunk by chunk, so checkpointing adds nothing, and a "
+            "checkpointed layer Dynamo cannot trace breaks the graph and does not stream (gradient_checkpointing=True "
+            "in the trainer's arguments is ignored, "
             "and the embedding hook it needs with PEFT, enable_input_require_grads, is removed)",
             stacklevel=3)
 
