@@ -14,8 +14,10 @@ offset, shape, strides and version), or a small per-token input equal to the one
 gives the same key ranges without evaluating the mask again. The inputs a call compares by value
 (a new step's position tensors) are compared at once, one read of the device, and the entry then
 names them, so the step's other layers and its backward match them by identity, with no read.
-The cache keeps no large tensor alive: it holds weak references to them (a freed tensor's entry
-never matches again).
+The cache keeps no large tensor alive: it holds weak references to their storages, not to the
+tensors (a layer's mask inputs are often views made anew in every layer, or in every call, of one
+position tensor that lives through the step): an entry whose storage is freed never matches by
+identity again.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ SMALL = 1 << 20   # inputs up to this many elements are compared by value
 
 @dataclasses.dataclass
 class _Entry:
-    refs: list        # weak references to the inputs
+    refs: list        # weak references to the inputs' storages (``_owner``)
     ids: list         # (data_ptr, offset, shape, stride, version, dtype, device) of each
     copies: list      # value copies of the small inputs (None for large ones)
     result: list
@@ -39,6 +41,17 @@ class _Entry:
 
 def identity(x: torch.Tensor) -> tuple:
     return (x.data_ptr(), x.storage_offset(), tuple(x.shape), tuple(x.stride()), x._version, x.dtype, x.device)
+
+
+def _owner(x: torch.Tensor):
+    """What keeps ``x``'s memory: its storage (one Python object per storage while it lives), or
+    ``x`` itself where it has none (a tensor subclass). While the storage lives, a tensor with
+    ``x``'s identity (memory, layout, version: views and detached aliases share the version
+    counter) holds ``x``'s values, whichever Python object it is."""
+    try:
+        return x.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return x
 
 
 class RangeCache:
@@ -66,7 +79,7 @@ class RangeCache:
                     continue
                 # the entry now names these inputs: the next call with the same live tensors (the
                 # other layers of the step, the backward) matches without reading their values
-                entry.refs, entry.ids = [weakref.ref(x) for x in inputs], ids
+                entry.refs, entry.ids = [weakref.ref(_owner(x)) for x in inputs], ids
                 self.hits += 1
                 return entry.result[1]
         self.misses += 1
@@ -74,7 +87,7 @@ class RangeCache:
 
     def put(self, inputs: list, extra: tuple, result) -> None:
         copies = [x.detach().clone() if x.numel() <= SMALL else None for x in inputs]
-        refs = [weakref.ref(x) for x in inputs]
+        refs = [weakref.ref(_owner(x)) for x in inputs]
         self.entries.insert(0, _Entry(refs, [identity(x) for x in inputs], copies, [extra, result]))
         del self.entries[self.size:]
 

@@ -134,6 +134,38 @@ def test_key_range_cache_reads_new_equal_inputs_once_then_matches_them_by_identi
     other = [new[0], new[1], torch.tensor(-2e9)]
     assert cache.get(other, ("T",)) is None and compared == [3, 1, 1]
     assert cache.get(new, ("T",)) == "ranges" and compared == [3, 1, 1]   # (still named by the entry)
+    # a layer's mask inputs are often views (or detached aliases) made anew in every layer of one
+    # tensor that lives through the step: a new Python object with the named memory, layout and
+    # version matches by identity too, while that memory lives
+    base = new[0].view(-1)
+    for _ in range(3):
+        assert cache.get([base.view(1, 6), new[1].detach(), new[2]], ("T",)) == "ranges"
+    assert compared == [3, 1, 1]
+    fresh = [torch.arange(6).view(1, 6), torch.arange(6).view(6, 1), torch.tensor(-1e9)]
+    assert cache.get(fresh, ("T",)) == "ranges" and compared == [3, 1, 1, 3]   # (other memory: compared)
+
+
+def test_a_step_reads_its_mask_inputs_from_the_device_once(monkeypatch):
+    """A padded batch through a 4-layer Hugging Face model: each layer's mask inputs are views made
+    anew of the step's position tensors. After the first step (which evaluates the masks), a step
+    compares its new position tensors with the last step's once, and every other layer, forward and
+    backward, matches them by identity: on a GPU each comparison waits for the device."""
+    import zoo
+    from streamfx import keyranges
+
+    monkeypatch.setattr(zoo, "LAYERS", 4)
+    model, make_inputs = zoo.qwen3()
+    inputs = make_inputs("left_pad")
+    compiled = torch.compile(model, backend="streambp", options={"chunk_size": 5})
+    compared = []
+    real = keyranges._values_equal
+    monkeypatch.setattr(keyranges, "_values_equal", lambda pairs: compared.append(len(pairs)) or real(pairs))
+    for step in range(3):
+        compared.clear()
+        checks = runtime.COUNTERS["mask_checks"]
+        compiled(*inputs.args, **inputs.kwargs).loss.backward()
+        if step:
+            assert len(compared) == 1 and runtime.COUNTERS["mask_checks"] == checks, (step, compared)
 
 
 def test_a_16_bit_gradient_is_summed_in_fp32_only_once_a_second_chunk_adds_to_it():
