@@ -351,7 +351,6 @@ def test_hf_checkpointing_switches_every_layer_without_a_deprecation_warning():
         assert not any(m.gradient_checkpointing for m in layers)
 
 
-@pytest.mark.fast
 def test_compiled_checkpointing_baseline_is_one_graph_at_every_length():
     """The ``ckpt-compiled`` / ``ckpt+compile`` baseline: the zoo's Qwen3 under Hugging Face
     checkpointing and torch.compile(dynamic=True) is one graph, with no recompile at a second

@@ -83,6 +83,7 @@ def test_planning_computes_no_chunk():
 
 
 @REPORT
+@pytest.mark.heavy
 def test_step_peak_grows_with_length_at_least_by_the_saved_layer_inputs(report):
     a, b = report.step_peak(2048), report.step_peak(4096)
     floor = (zoo.LAYERS + 1) * zoo.HIDDEN * 4          # fp32 layer inputs and the head's input

@@ -221,7 +221,7 @@ def train_step(model, kwargs):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("how", ["step", "compiled_autograd"])
+@pytest.mark.parametrize("how", ["step", pytest.param("compiled_autograd", marks=pytest.mark.heavy)])
 def test_whole_train_step_compiled(how):
     """The training step compiled as one function, forward and ``loss.backward()`` together
     ("step": Dynamo breaks the graph at the backward call, the forward graph streams and the

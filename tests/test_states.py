@@ -223,7 +223,7 @@ def _two_graphs_reverse(model, make_inputs):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.heavy)])
 def test_two_step_graphs_alive_backward_in_reverse_order(dtype):
     """fp32: equal to eager. bf16 (its weights' gradients summed in shared fp32 buffers): within
     the error eager bf16 has against float64, measured on the same weights and inputs."""
@@ -469,7 +469,7 @@ def test_training_states_inductor(sequence):
 
 # ---- a compiled graph reused after its inputs' requires_grad changed -------------------------------
 @pytest.mark.fast
-@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("dynamic", [False, pytest.param(True, marks=pytest.mark.heavy)])
 def test_a_graph_called_again_after_unfreezing_compiles_for_the_new_gradients(dynamic):
     """torch < 2.13's Dynamo calls a graph compiled with some parameters frozen again after they
     are unfrozen (pytorch/pytorch#139476): its compiled code returns no gradient for them. Such a
