@@ -186,6 +186,49 @@ def test_gpu_command_takes_a_part_budget_from_the_command_line(tmp_path, monkeyp
 
 
 @pytest.mark.fast
+def test_gpu_longest_length_search_makes_no_probe_that_outlasts_its_time():
+    """The GPU command's longest-length search on a device with far more memory than the measured
+    lengths use (an H200's 139 GiB against four lengths up to 32k): the memory fit guesses a length
+    whose one step would take far longer than the part's time. The step times measured before
+    (a fit of b T + c T^2) shorten the probe to one that ends in time; the search stops, saying
+    why, when no longer probe would. Without them the first probe runs past the budget."""
+    from streamfx.bench import gpu_parts
+
+    clock = [0.0]
+    seconds = lambda n: 2e-8 * n * n + 1e-5 * n          # noqa: E731 - a 36-layer 8B step's shape
+    reserved = lambda n: (1 << 30) + n * (1 << 20)       # noqa: E731 - fits up to ~200k in the cap
+
+    def step_at(step, preset, seq, setup):
+        clock[0] += seconds(seq)
+        return {"seq": seq, "status": "ok", "seconds": seconds(seq), "reserved": reserved(seq)}
+
+    class Clock:
+        monotonic = staticmethod(lambda: clock[0])
+
+    setup = gpu_parts.Setup(device="cpu", kernel_preset="", kernel_seq=0, memory_preset="", memory_seqs=(4096, 32768),
+                            speed_preset="", speed_seq=0, speed_repeats=1, max_len_step=2048,
+                            max_len_limit=262144, mem_cap_bytes=None, streamfx_options={}, compile_backend="",
+                            deadline=120.0)
+    measured = [(n, seconds(n)) for n in (4096, 8192, 16384, 32768)]
+    fit = gpu_parts._linear_fit([(n, reserved(n)) for n, _ in measured])
+    cap = reserved(200_000)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gpu_parts, "measured_step", step_at)
+        mp.setattr(gpu_parts, "time", Clock)
+        row = gpu_parts._bisect(None, None, fit, 32768, cap, setup, times=measured)
+    assert clock[0] <= setup.deadline, (clock[0], row)
+    assert row["max_len"] >= 65536 and row["first_failure"] is None, row
+    assert "would take about" in row["reason"], row
+    # no step times: the first probe at the memory fit's guess outlasts the part's time
+    clock[0] = 0.0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gpu_parts, "measured_step", step_at)
+        mp.setattr(gpu_parts, "time", Clock)
+        row = gpu_parts._bisect(None, None, fit, 32768, cap, setup)
+    assert clock[0] > setup.deadline and row["probes"][0][0] >= 190_000, row
+
+
+@pytest.mark.fast
 def test_gpu_kernel_rows_tell_a_model_torch_compile_cannot_trace_from_a_streamfx_failure():
     """A kernel row whose streamfx compile fails is "unavailable" only where torch.compile fails
     without streamfx too (Hugging Face's 4-D mask under compile given to a flash-only SDPA: the

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import math
 import statistics
 import time
 import warnings
@@ -407,7 +408,7 @@ def memory(setup: Setup, state: dict) -> list[dict]:
     Keeps the model, each method's step and its fit of memory against length in ``state``."""
     preset, model = build(setup.memory_preset, "bfloat16", setup.device, setup.max_len_limit)
     models = per_method(model)
-    state.update(preset=preset, model=model, steps={}, fits={}, longest={})
+    state.update(preset=preset, model=model, steps={}, fits={}, longest={}, times={})
     rows = []
     for method in setup.methods:
         step = state["steps"][method] = stepper(method, models[method], setup)
@@ -428,6 +429,8 @@ def memory(setup: Setup, state: dict) -> list[dict]:
             rows.append(row)
         ok = [(r["seq"], r["reserved"]) for r in rows if r["method"] == method and r["status"] == "ok"]
         state["fits"][method], state["longest"][method] = _linear_fit(ok), max((s for s, _ in ok), default=0)
+        state["times"][method] = [(r["seq"], r["seconds"]) for r in rows
+                                  if r["method"] == method and r["status"] == "ok" and r.get("seconds")]
     return rows
 
 
@@ -458,24 +461,67 @@ def max_len(setup: Setup, state: dict) -> list[dict]:
         if step is None or cap is None:
             row.update(status="skipped", reason="no memory part" if step is None else "no memory cap on this device")
             continue
-        row.update(_bisect(step, state["preset"], fit, state["longest"][method], cap, setup))
+        row.update(_bisect(step, state["preset"], fit, state["longest"][method], cap, setup,
+                           times=state.get("times", {}).get(method, [])))
     return rows
 
 
-def _bisect(step, preset, fit, fitting: int, cap, setup: Setup) -> dict:
-    """Bisection from ``fitting`` (a length known to fit) and the fit's guess."""
+def _step_seconds(times):
+    """(seconds, longest): a step's seconds as a function of its length and the longest length
+    whose step takes at most a given time, from measured (length, seconds) pairs: the
+    least-squares fit of ``b T + c T^2`` with b, c >= 0 (the projections grow with T, attention
+    with T^2); None under two pairs."""
+    if len(times) < 2:
+        return None
+    s2, s3, s4 = (sum(t ** k for t, _ in times) for k in (2, 3, 4))
+    y1, y2 = sum(t * y for t, y in times), sum(t * t * y for t, y in times)
+    det = s2 * s4 - s3 * s3
+    b, c = ((y1 * s4 - y2 * s3) / det, (s2 * y2 - s3 * y1) / det) if det > 0 else (y1 / s2, 0.0)
+    if c < 0:
+        b, c = y1 / s2, 0.0
+    elif b < 0:
+        b, c = 0.0, y2 / s4
+
+    def longest(seconds: float) -> float:
+        if c > 0:
+            return (-b + math.sqrt(b * b + 4 * c * max(0.0, seconds))) / (2 * c)
+        return seconds / b if b > 0 else math.inf
+
+    return (lambda n: b * n + c * n * n), longest
+
+
+def _bisect(step, preset, fit, fitting: int, cap, setup: Setup, times=()) -> dict:
+    """Bisection from ``fitting`` (a length known to fit) and the fit's guess. ``times``: the
+    (length, seconds) of steps measured before; with two or more, a probe that would not end
+    within the part's time left is shortened to one that would (``_step_seconds``; on a device
+    with far more memory than the measured lengths use, one probe at the guess can outlast the
+    whole command), or not made."""
     quantum = setup.max_len_step
     guess = int((cap - fit[0]) / fit[1]) if fit and fit[1] > 0 else 2 * max(setup.memory_seqs)
     lo, hi, probes, last_s, before = fitting, None, [], 0.0, _compiles()
+    times = list(times)
     probe = max(lo + quantum, min(guess, setup.max_len_limit) // quantum * quantum)
     while True:
-        if last_s * 2 > setup.left():  # (a probe takes at most about twice the last one's time)
+        model = _step_seconds(times)
+        if model is None and last_s * 2 > setup.left():  # (a probe takes at most about twice the last one's time)
             reason = "time budget spent"
             break
+        if model is not None:
+            seconds, longest = model
+            allowed = 0.8 * setup.left()   # (the fit's error, and the step's own overhead)
+            if seconds(probe) > allowed:
+                within = int(min(probe, longest(allowed))) // quantum * quantum
+                if within <= lo:
+                    reason = (f"time budget spent: a step at {probe} tokens would take about "
+                              f"{seconds(probe):.0f} s, {max(0.0, setup.left()):.0f} s left")
+                    break
+                probe = within
         r = measured_step(step, preset, probe, setup)
         fits = r["status"] == "ok" and r["reserved"] <= cap
         probes.append((probe, "fits" if fits else r.get("status")))
         last_s = r.get("seconds", last_s)
+        if r["status"] == "ok" and r.get("seconds"):
+            times.append((probe, r["seconds"]))
         lo, hi = (max(lo, probe), hi) if fits else (lo, probe if hi is None else min(hi, probe))
         if hi is None and probe >= setup.max_len_limit:
             reason = f"fits at the search limit {setup.max_len_limit}"
