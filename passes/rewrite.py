@@ -462,10 +462,15 @@ def _align_mask(g: fx.Graph, node: fx.Node, kern) -> None:
     while base.target is aten.expand.default:
         base = base.args[0]
     align = kern.mask_align
+    rank = base.meta["val"].dim()
     with g.inserting_before(node):
         n = g.call_function(aten.sym_size.int, (base, -1))
         pad = g.call_function(operator.sub, (align, g.call_function(operator.mod, (n, align))))
-        padded = g.call_function(aten.constant_pad_nd.default, (base, [0, pad], 0.0))
+        # (the zeros concatenated, not ``constant_pad_nd``: its fake kernel takes no symbolic pad,
+        # so a chunk graph traced at symbolic key lengths, its one-graph backward among them, fails)
+        zeros = g.call_function(aten.new_zeros.default,
+                                (base, [g.call_function(aten.sym_size.int, (base, d)) for d in range(rank - 1)] + [pad]))
+        padded = g.call_function(aten.cat.default, ([base, zeros], -1))
         aligned = g.call_function(aten.slice.Tensor, (padded, -1, 0, n))
         if mask.target is aten.expand.default:
             aligned = g.call_function(aten.expand.default, (aligned, mask.args[1]))
