@@ -73,12 +73,17 @@ def _no_run_time_fallback(request):
     verification off to test the user's contract.)"""
     from streamfx.chunks import COUNTERS
 
-    before = COUNTERS["region_fallbacks"]
+    before, vjp_before = COUNTERS["region_fallbacks"], COUNTERS["vjp_fallbacks"]
     yield
     ran = COUNTERS["region_fallbacks"] - before
     if ran and request.node.get_closest_marker("expect_fallback") is None:
         pytest.fail(f"{ran} streamed region call(s) failed at run time and ran whole (see the streamfx "
                     "warnings); mark the test expect_fallback if that is what it tests", pytrace=False)
+    vjp = COUNTERS["vjp_fallbacks"] - vjp_before
+    if vjp and request.node.get_closest_marker("expect_fallback") is None:
+        pytest.fail(f"{vjp} chunk graph(s) had no one-graph backward (the joint trace or Inductor did not take "
+                    "them; the training compile ran: exact, slower; see the streamfx logger's debug messages); "
+                    "mark the test expect_fallback if that is what it tests", pytrace=False)
 
 
 def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
