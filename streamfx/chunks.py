@@ -370,7 +370,9 @@ def _trace(graph: ChunkGraph, grads: tuple) -> tuple:
     from .runtime import autograd_inside_op
 
     mode, fakes = fake_inputs(graph.slots, graph.sizes, grads)
-    with mode, autograd_inside_op(), torch.enable_grad():
+    # (sizes read from data here, ``.tolist()`` of tokens per expert, are the joint trace's to
+    # bind: left pending in the shape environment, that trace finds them in none of its outputs)
+    with mode, autograd_inside_op(), torch.enable_grad(), mode.shape_env.ignore_fresh_unbacked_symbols():
         return mode, fakes, list(graph.gm(*fakes))
 
 
