@@ -466,10 +466,11 @@ def _align_mask(g: fx.Graph, node: fx.Node, kern) -> None:
     with g.inserting_before(node):
         n = g.call_function(aten.sym_size.int, (base, -1))
         pad = g.call_function(operator.sub, (align, g.call_function(operator.mod, (n, align))))
-        # (the zeros concatenated, not ``constant_pad_nd``: its fake kernel takes no symbolic pad,
-        # so a chunk graph traced at symbolic key lengths, its one-graph backward among them, fails)
-        zeros = g.call_function(aten.new_zeros.default,
-                                (base, [g.call_function(aten.sym_size.int, (base, d)) for d in range(rank - 1)] + [pad]))
+        # (zeros concatenated, not ``constant_pad_nd``: its fake kernel takes no symbolic pad, so a
+        # chunk graph traced at symbolic key lengths, its one-graph backward among them, failed;
+        # the zeros are one key's column of the mask, zeroed and broadcast to the pad's width)
+        column = g.call_function(aten.zeros_like.default, (g.call_function(aten.slice.Tensor, (base, -1, 0, 1)),))
+        zeros = g.call_function(aten.expand.default, (column, [-1] * (rank - 1) + [pad]))
         padded = g.call_function(aten.cat.default, ([base, zeros], -1))
         aligned = g.call_function(aten.slice.Tensor, (padded, -1, 0, n))
         if mask.target is aten.expand.default:
