@@ -148,24 +148,42 @@ def test_key_range_cache_reads_new_equal_inputs_once_then_matches_them_by_identi
 def test_a_step_reads_its_mask_inputs_from_the_device_once(monkeypatch):
     """A padded batch through a 4-layer Hugging Face model: each layer's mask inputs are views made
     anew of the step's position tensors. After the first step (which evaluates the masks), a step
-    compares its new position tensors with the last step's once, and every other layer, forward and
-    backward, matches them by identity: on a GPU each comparison waits for the device."""
+    with new tokens under the same padding compares its new position tensors with the last step's
+    once, and every other layer, forward and backward, matches them by identity: on a GPU each
+    comparison waits for the device. Padding that differs is compared once, found unequal and
+    evaluated again. Every step's gradients equal eager's."""
+    import copy
+
     import zoo
     from streamfx import keyranges
 
     monkeypatch.setattr(zoo, "LAYERS", 4)
     model, make_inputs = zoo.qwen3()
-    inputs = make_inputs("left_pad")
+    ref = copy.deepcopy(model)
+    # (both rows padded, so that the keys a chunk reads differ: 9 padded positions, then 2)
+    mask = torch.ones_like(make_inputs("left_pad").kwargs["attention_mask"])
+    other = mask.clone()
+    mask[:, :9] = 0
+    other[:, :2] = 0
     compiled = torch.compile(model, backend="streambp", options={"chunk_size": 5})
     compared = []
     real = keyranges._values_equal
     monkeypatch.setattr(keyranges, "_values_equal", lambda pairs: compared.append(len(pairs)) or real(pairs))
-    for step in range(3):
+    torch.manual_seed(0)
+    for step, m in enumerate([mask, mask, mask, other]):
+        ids = torch.randint(0, zoo.VOCAB, m.shape)
+        batch = {"input_ids": ids, "attention_mask": m, "labels": ids.masked_fill(m == 0, -100)}
         compared.clear()
         checks = runtime.COUNTERS["mask_checks"]
-        compiled(*inputs.args, **inputs.kwargs).loss.backward()
-        if step:
+        model.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        compiled(**batch).loss.backward()
+        ref(**batch).loss.backward()
+        assert_grads_match(grads_of(ref), grads_of(model))
+        if step in (1, 2):
             assert len(compared) == 1 and runtime.COUNTERS["mask_checks"] == checks, (step, compared)
+        if step == 3:
+            assert len(compared) == 1 and runtime.COUNTERS["mask_checks"] == checks + 1, (step, compared)
 
 
 def test_a_16_bit_gradient_is_summed_in_fp32_only_once_a_second_chunk_adds_to_it():
