@@ -212,19 +212,20 @@ def test_gpu_longest_length_search_makes_no_probe_that_outlasts_its_time():
     measured = [(n, seconds(n)) for n in (4096, 8192, 16384, 32768)]
     fit = gpu_parts._linear_fit([(n, reserved(n)) for n, _ in measured])
     cap = reserved(200_000)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gpu_parts, "measured_step", step_at)
-        mp.setattr(gpu_parts, "time", Clock)
-        row = gpu_parts._bisect(None, None, fit, 32768, cap, setup, times=measured)
+
+    def search(times=()):
+        clock[0] = 0.0
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(gpu_parts, "measured_step", step_at)
+            mp.setattr(gpu_parts, "time", Clock)
+            return gpu_parts._bisect(None, None, fit, 32768, cap, setup, times=times)
+
+    row = search(measured)
     assert clock[0] <= setup.deadline, (clock[0], row)
     assert row["max_len"] >= 65536 and row["first_failure"] is None, row
     assert "would take about" in row["reason"], row
     # no step times: the first probe at the memory fit's guess outlasts the part's time
-    clock[0] = 0.0
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gpu_parts, "measured_step", step_at)
-        mp.setattr(gpu_parts, "time", Clock)
-        row = gpu_parts._bisect(None, None, fit, 32768, cap, setup)
+    row = search()
     assert clock[0] > setup.deadline and row["probes"][0][0] >= 190_000, row
 
 
