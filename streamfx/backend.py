@@ -6,6 +6,9 @@ decide, rewrite) and hands the joint to AOTAutograd's partitioner -> codegen: In
 """
 from __future__ import annotations
 
+import dataclasses
+import warnings
+
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import RestartAnalysis
@@ -70,10 +73,104 @@ class _Partitioner(CustomPartitionerFn):
 def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None, detach=None):
     """``gm`` compiled streamed where it streams, exactly as captured where not (warned). ``detach``:
     the user outputs traced detached from the start (None: ``likely_dropped``'s guess)."""
+    if session is None and evaluates_a_loss(gm, config):
+        return _compile_evaluation(gm, example_inputs, config, detach)
     watched = _compiled_without_grad(example_inputs)
     captured = snapshot(gm) if watched else None
     compiled = _compile_graph(gm, example_inputs, config, session, detach)
     return _grad_guard(compiled, captured, watched, config) if watched else compiled
+
+
+# What an evaluation graph's streamed step changes from the user's options: its head computes
+# only its loss per chunk (no gradient in the forward), and nothing is kept for a backward.
+EVALUATION = dict(head_grad="recompute", attention="recompute", offload=None, keep_every=1)
+_SAID = {"evaluation_logits": False}
+
+
+def evaluates_a_loss(gm, config: StreamConfig) -> bool:
+    """Whether ``gm`` is a graph compiled under ``torch.no_grad()`` (an evaluation: Hugging Face's
+    Trainer, a validation loop) that computes a loss from weights that are trained: a scalar
+    floating-point output computed from an input that requires a gradient. Such a graph streams
+    as its training step's forward does (``_compile_evaluation``): its logits and layer
+    intermediates exist one chunk at a time, where an inference graph would hold them for the
+    whole sequence. Not with ``return_logits`` (the logits are returned: nothing to stream); a
+    graph that serves calls under ``torch.inference_mode()`` finds out at its first call
+    (``_compile_evaluation``)."""
+    if torch.is_grad_enabled() or torch.is_inference_mode_enabled() or config.return_logits:
+        return False
+    reached = differentiable(gm)
+    out = gm.graph.find_nodes(op="output")[0].args[0]
+    return any(x in reached and _example(x).dim() == 0 for x in (out if isinstance(out, (tuple, list)) else [out])
+               if isinstance(x, torch.fx.Node))
+
+
+def differentiable(gm) -> set:
+    """The floating-point tensor nodes of a Dynamo graph computed from an input that requires a
+    gradient: those that would need one were the graph run with gradients on."""
+    reached = set()
+    for n in gm.graph.nodes:
+        v = _example(n)
+        if v is None or not (v.is_floating_point() or v.is_complex()):
+            continue
+        if (n.op == "placeholder" and v.requires_grad) or any(x in reached for x in n.all_input_nodes):
+            reached.add(n)
+    return reached
+
+
+def _example(n):
+    v = n.meta.get("example_value", n.meta.get("val")) if isinstance(n, torch.fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _compile_evaluation(gm, example_inputs, config: StreamConfig, detach=None):
+    """An evaluation graph (``evaluates_a_loss``) compiled as a training graph is, with gradients
+    on while it is traced, and run with them off (Dynamo guards the grad mode: this compile only
+    ever serves calls under ``torch.no_grad()``): the forward of its streamed step, which keeps
+    nothing for a backward (``Session.forward_only``); its outputs need no gradient, as under
+    no_grad. Its loss and every output are those of the graph as captured; outputs the training
+    step drops (the logits beside the loss, ``return_logits=False``) are returned as None, as in
+    training. A graph that cannot be traced with its backward (an op without a derivative, fine
+    under no_grad) compiles for inference as captured, warned."""
+    captured, given = snapshot(gm), config
+    config = dataclasses.replace(config, **EVALUATION)
+    session = Session(config)
+    session.forward_only = True
+    if detach is None:
+        detach = likely_dropped(gm, config, needing_grad=differentiable(gm))
+    try:
+        with torch.enable_grad():
+            compiled = _compile_graph(gm, example_inputs, config, session, detach)
+    except (StreamBPError, RestartAnalysis):
+        raise
+    except Exception as err:  # noqa: BLE001 - the inference graph Dynamo captured serves the call
+        if verify.enabled():
+            raise
+        session.refuse("evaluation", failure(err, "tracing the evaluation graph with its backward"))
+        return _compile_graph(snapshot(captured), example_inputs, given)
+    if session.dropped_user_outputs and not _SAID["evaluation_logits"]:
+        _SAID["evaluation_logits"] = True
+        warnings.warn("streamfx: a call under torch.no_grad() that computes a loss (an evaluation) streams as the "
+                      "training step's forward and returns the logits beside its loss as None, as training calls "
+                      "do; options={'return_logits': True} returns them (the [B, T, V] logits then exist whole, "
+                      "e.g. for a Trainer's compute_metrics) (said once)", stacklevel=2)
+    inference = []
+
+    def run(*args):
+        if torch.is_inference_mode_enabled():
+            # Dynamo compiles with inference mode off, so only a call tells that this graph serves
+            # calls under torch.inference_mode(), whose tensors no graph traced with its backward
+            # can run on: the graph as captured, compiled for inference (once)
+            if not inference:
+                with torch.inference_mode(False), torch.no_grad():
+                    inference.append(_compile_graph(snapshot(captured), _traced_inputs(captured, args), given))
+            return inference[0](*args)
+        # (AOTAutograd runs a graph traced with its backward under enable_grad whatever the
+        # caller's mode: its outputs are detached, as no_grad's are, and the backward that
+        # would read the empty saved tensors is unreachable)
+        outs = compiled(*args)
+        return type(outs)(x.detach() if isinstance(x, torch.Tensor) else x for x in outs)
+
+    return run
 
 
 def _compiled_without_grad(example_inputs) -> list:
@@ -167,8 +264,8 @@ def _compile_graph(gm, example_inputs, config: StreamConfig, session: Session | 
         if cause is not None:  # no compile can hold this graph: it runs as Dynamo captured it
             session.refuse("graph", cause)
             return original.forward
-        if session.unstreamed or verify.enabled():
-            raise
+        if session.unstreamed or session.forward_only or verify.enabled():
+            raise   # (an evaluation graph's own fallback is its inference graph: ``_compile_evaluation``)
         session.refuse("graph", failure(err, "compiling the streamed graph"))
         session.run_unstreamed()
         return _compile(original, example_inputs, config, session)
@@ -192,12 +289,14 @@ def _retrace_detached(gm, indices, original, example_inputs, config, session):
         return _compile(original, example_inputs, config, session)
 
 
-def likely_dropped(gm, config: StreamConfig) -> tuple:
+def likely_dropped(gm, config: StreamConfig, needing_grad: set | None = None) -> tuple:
     """The user outputs of a Dynamo graph that its streamed step will likely drop, traced detached
     from the start (the plans decide: a wrong guess costs a trace, never a result). The
     floating-point outputs of one or more dims that need a gradient and that a scalar output
     needing one (the loss) is computed from, the last of each chain: a causal LM's logits beside
-    its loss, not the hidden states they are computed from. None with ``return_logits``."""
+    its loss, not the hidden states they are computed from. None with ``return_logits``.
+    ``needing_grad``: the nodes that need a gradient, where the graph's example values do not say
+    (an evaluation graph, captured without gradients: ``differentiable``)."""
     if config.return_logits:
         return ()
     out = gm.graph.find_nodes(op="output")[0].args[0]
@@ -205,7 +304,8 @@ def likely_dropped(gm, config: StreamConfig) -> tuple:
 
     def needs_grad(x, scalar):
         v = x.meta.get("example_value") if isinstance(x, torch.fx.Node) else None
-        return isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad and (v.dim() == 0) == scalar
+        grad = (x in needing_grad) if needing_grad is not None else isinstance(v, torch.Tensor) and v.requires_grad
+        return isinstance(v, torch.Tensor) and v.is_floating_point() and grad and (v.dim() == 0) == scalar
 
     losses = [x for x in nodes if needs_grad(x, True)]
     if not losses:

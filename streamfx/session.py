@@ -56,6 +56,7 @@ class Session:
         self.unstreamed = False    # compile without the passes (after a failure of a streamed compile)
         self.ddp_piece = False     # a piece of a graph that DDPOptimizer cut at gradient buckets
         self.keep_graphs = False   # keep the partitioned graphs (streamed and not) on the analysis
+        self.forward_only = False  # an evaluation graph: its forward saves nothing (``without_saved``)
 
     def begin_graph(self, gm, example_inputs) -> None:
         self.graph_id = next(_graph_ids)
@@ -75,7 +76,8 @@ class Session:
 
         def base_partition(joint, joint_inputs, **kwargs):  # the backward exists: gradient stops are aliases
             stops.strip(joint)
-            return partition_(joint, joint_inputs, **kwargs)
+            fw, bw = partition_(joint, joint_inputs, **kwargs)
+            return without_saved(fw, bw, nfwd) if self.forward_only else (fw, bw)
 
         if self.unstreamed:
             return base_partition(joint, joint_inputs, **kwargs)
@@ -206,6 +208,28 @@ class Session:
             return type(outs)(seq) if isinstance(outs, tuple) else seq
 
         return run
+
+
+def without_saved(fw, bw, nfwd: int):
+    """A partitioned forward and backward that save nothing: the forward returns only its own
+    outputs (what only the backward would have read is no longer computed, or dies once the
+    forward is done with it) and the backward takes no saved values and returns no gradients.
+    For a graph whose backward never runs (an evaluation graph, called under ``torch.no_grad()``
+    only, its outputs detached); AOTAutograd counts what is saved from the forward's outputs."""
+    out = fw.graph.find_nodes(op="output")[0]
+    saved = len(out.args[0]) - nfwd
+    out.args = (tuple(out.args[0][:nfwd]),)
+    if isinstance(out.meta.get("desc"), (list, tuple)):
+        out.meta["desc"] = list(out.meta["desc"])[:nfwd]
+    fw.graph.eliminate_dead_code()
+    fw.recompile()
+    back = bw.graph.find_nodes(op="output")[0]
+    back.args = (tuple(None for _ in back.args[0]),)
+    bw.graph.eliminate_dead_code()
+    for p in bw.graph.find_nodes(op="placeholder")[:saved]:   # (the saved values come first)
+        bw.graph.erase_node(p)
+    bw.recompile()
+    return fw, bw
 
 
 def _copy(gm):

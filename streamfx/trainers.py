@@ -171,9 +171,11 @@ def _install(target: torch.nn.Module, state: StreamState) -> None:
             _checkpointing_off(target, gc_modules, state)
         if _trl_fused_vars(target.forward) is not None:  # TRL installed its head after prepare()
             _adapt_trl_head(target, state)
-        if takes_use_cache and "use_cache" not in kwargs and torch.is_grad_enabled() \
+        if takes_use_cache and "use_cache" not in kwargs and (torch.is_grad_enabled() or kwargs.get("labels") is not None) \
                 and getattr(getattr(target, "config", None), "use_cache", False):
-            kwargs["use_cache"] = False  # a training forward needs no KV cache (config.use_cache is for generate)
+            # a training forward, or an evaluation's (a loss under no_grad, as Trainer.evaluate
+            # calls it: it ignores past_key_values), needs no KV cache (config.use_cache is for generate)
+            kwargs["use_cache"] = False
         if state.trl_head and kwargs.get("fused_lm_head") and not torch.is_grad_enabled():
             if any(p.requires_grad for p in target.parameters()):
                 state.no_grad_calls += 1

@@ -496,6 +496,38 @@ def test_hf_trainer(monkeypatch, tmp_path):
     assert inspect.signature(trainer.model.forward) == inspect.signature(tiny_model().forward)
 
 
+def test_hf_trainer_evaluate_streams(monkeypatch, tmp_path):
+    """Trainer.evaluate() between training steps (eval mode, no_grad, labels given): the same
+    eval_loss as the plain Trainer's, before and after training; the evaluation forward streams
+    its layers and head chunk by chunk with no backward, compiled once for all evaluations (two
+    graphs in all: the training step's and the evaluation's)."""
+    from transformers import Trainer, TrainingArguments
+
+    eval_ds = lm_dataset(6)
+
+    def build(callbacks):
+        args = TrainingArguments(**common_args(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=2,
+                                               per_device_eval_batch_size=2, eval_strategy="steps", eval_steps=1))
+        return Trainer(model=tiny_model(), args=args, train_dataset=lm_dataset(), eval_dataset=eval_ds,
+                       callbacks=callbacks)
+
+    torch._dynamo.reset()
+    ref = build([])
+    ref_losses = [ref.evaluate()["eval_loss"]]
+    ref.train()
+    ref_losses.append(ref.evaluate()["eval_loss"])
+    trainer = build([streamfx.StreamBPCallback(**OPTIONS)])
+    before = dict(COUNTERS)
+    losses = [trainer.evaluate()["eval_loss"]]
+    ran = {k: COUNTERS[k] - before[k] for k in ("region_forward", "chunks_forward", "region_backward")}
+    trainer.train()
+    losses.append(trainer.evaluate()["eval_loss"])
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+    assert ran["region_forward"] >= 3 * (LAYERS + 1) and ran["chunks_forward"] > ran["region_forward"], ran
+    assert ran["region_backward"] == 0, ran
+    assert state(trainer).compiles == 2, state(trainer)
+
+
 @pytest.mark.fast
 def test_accelerate_loop(monkeypatch):
     """A loop of one's own under accelerate: ``model = streamfx.prepare(model)`` then
