@@ -58,12 +58,21 @@ def dataflow(nodes) -> nx.DiGraph:
     return g
 
 
-def residual_chain(fwd_nodes, sd, sinks, requires_grad=frozenset()) -> list:
-    """Dominator chain from the residual source to the sinks over the hidden path."""
+def residual_chain(fwd_nodes, sd, sinks, requires_grad=frozenset(), first_site=None) -> list:
+    """Dominator chain from the residual source to the sinks over the hidden path. With
+    ``first_site`` (the first attention site), the edges into what that site's output computes
+    from tensors computed without it are left out: tensors made from the source before the
+    layers and read by every layer (per-layer embeddings computed from the token embedding,
+    Gemma 4's; the first hidden state mixed into every layer's input) are side inputs of each
+    layer, not a path around the layers' outputs, which then dominate the sinks again."""
     emb = residual_source(fwd_nodes, sd, requires_grad)
     if emb is None or not sinks:
         return []
     g = dataflow(fwd_nodes)
+    if first_site is not None and first_site.output in g:
+        after = nx.descendants(g, first_site.output)   # (the site's own inputs still reach its output)
+        g.remove_edges_from([(x, y) for x, y in list(g.edges) if y in after and x not in after
+                             and x is not first_site.output])
     hidden = nx.descendants(g, emb) | {emb}
     sub = g.subgraph(hidden).copy()
     ends = [s for s in sinks if s in hidden]
@@ -98,18 +107,15 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
         return []
     rank = order(fwd_nodes)
     g = dataflow(fwd_nodes)
-    # layer boundaries: for each attention site, the last chain node that precedes its query;
-    # sites that start from one chain node, side by side (none computed from another's output),
-    # are one layer's (DiffLlama's two attention calls)
-    starts = []
-    for site in sorted(sites, key=lambda s: rank.get(s.output, 0)):
-        before = [c for c in chain if rank[c] < rank.get(site.query, -1) and nx.has_path(g, c, site.query)]
-        if before and starts and starts[-1][0] is before[-1] and not any(
-                nx.has_path(g, other.output, x) for other in starts[-1][1]
-                for x in (site.query, site.key, site.value) if x in g):
-            starts[-1][1].append(site)  # (side by side: no site of the layer feeds this one)
-        elif before:
-            starts.append((before[-1], [site]))
+    starts = _starts(chain, sites, g, rank)
+    if len({id(s) for s, _ in starts}) < len(starts):
+        # two layers start from one chain node: a side path from the source reaches the later
+        # layers around the earlier ones' outputs (per-layer inputs); the chain without it
+        first = min((s for s in sites if s.output in rank), key=lambda s: rank[s.output], default=None)
+        side = residual_chain(fwd_nodes, sd, sinks, requires_grad, first_site=first) if first is not None else []
+        if side:   # (before the first site, the chain as it was: the first layer starts at its input)
+            side = [c for c in chain if rank[c] < rank[first.output]] + [c for c in side if rank[c] >= rank[first.output]]
+            chain, starts = side, _starts(side, sites, g, rank)
     regions: list[Region] = []
     last_attn = max((rank[s.output] for s in sites if s.output in rank), default=-1)
     tail = [c for c in chain if rank[c] > last_attn]
@@ -140,6 +146,22 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
         head.outputs = [o for o in head.outputs if o not in pulled]
         regions.append(head)
     return regions
+
+
+def _starts(chain, sites, g, rank) -> list:
+    """Layer boundaries: for each attention site, the last chain node that precedes its query;
+    sites that start from one chain node, side by side (none computed from another's output),
+    are one layer's (DiffLlama's two attention calls). [(chain node, [sites])]"""
+    starts = []
+    for site in sorted(sites, key=lambda s: rank.get(s.output, 0)):
+        before = [c for c in chain if rank[c] < rank.get(site.query, -1) and nx.has_path(g, c, site.query)]
+        if before and starts and starts[-1][0] is before[-1] and not any(
+                nx.has_path(g, other.output, x) for other in starts[-1][1]
+                for x in (site.query, site.key, site.value) if x in g):
+            starts[-1][1].append(site)  # (side by side: no site of the layer feeds this one)
+        elif before:
+            starts.append((before[-1], [site]))
+    return starts
 
 
 def _pull_merged_inputs(nodes: set, sd, classes) -> set:

@@ -626,3 +626,72 @@ def test_a_layer_returning_a_transposed_view_streams(codegen):
     assert not run.warnings, run.warnings
     assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, [p.name for p in run.programs]
     assert run.counters["chunks_backward"] >= 2 * 5, run.counters
+
+
+class SideInputs(zoo.TinyLlama):
+    """TinyLlama whose layers also read tensors computed from the token embedding before them,
+    each layer its own slice (``form="per_layer"``: Gemma 4's per-layer embeddings, a projection
+    of the embedding to [B, T, layers, p] gating each layer's output) or all the same one
+    (``form="x0"``: the first hidden state mixed into every layer's input with learned weights, as
+    value-residual and modded-nanogpt models do). Either path reaches the later layers around the
+    earlier layers' outputs."""
+
+    def __init__(self, form, p=8):
+        super().__init__()
+        self.form = form
+        n, d = len(self.layers), self.embed.embedding_dim
+        self.side = torch.nn.Linear(d, n * p, bias=False)
+        self.gates = torch.nn.ModuleList(torch.nn.Linear(d, p, bias=False) for _ in range(n))
+        self.outs = torch.nn.ModuleList(torch.nn.Linear(p, d, bias=False) for _ in range(n))
+        self.mix = torch.nn.Parameter(torch.tensor([[0.7, 0.3]] * n))
+
+    def forward(self, idx, labels=None):
+        B, T = idx.shape
+        cos, sin = self.cos[:T], self.sin[:T]
+        x = x0 = self.embed(idx)
+        side = self.side(x0).view(B, T, len(self.layers), -1) * 0.5
+        for i, layer in enumerate(self.layers):
+            if self.form == "x0":
+                x = self.mix[i, 0] * x + self.mix[i, 1] * x0
+            x = layer(x, cos, sin)
+            if self.form == "per_layer":
+                x = x + self.outs[i](F.gelu(self.gates[i](x)) * side[:, :, i])
+        logits = self.lm_head(self.norm(x))
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        return F.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1), ignore_index=-100), logits
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("form", ["per_layer", "x0"])
+def test_layers_reading_tensors_made_from_the_embedding_stream(form):
+    """Tensors computed from the token embedding before the layers and read inside every layer
+    (per-layer embeddings, the first hidden state) are side inputs of each layer: every layer
+    streams, at its own boundaries, with the gradients of eager autograd."""
+    torch.manual_seed(0)
+    model = SideInputs(form).float().train()
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
+    run = run_eager_and_compiled(model, inputs, {"codegen": "eager", "chunk_size": 5, "head_chunk_size": 4})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert not run.warnings, run.warnings
+    assert {p.name for p in run.programs} == {*(f"layer.{i}" for i in range(zoo.LAYERS)), "head"}
+    for p in run.programs:   # (each layer region holds its own attention, not its neighbour's)
+        if p.name.startswith("layer"):
+            assert run.schedules[p.name] and set(run.schedules[p.name]) == {3}, run.schedules
+
+
+def test_gemma4_per_layer_embeddings_stream(monkeypatch):
+    """Hugging Face Gemma 4 (tiny config of the installed transformers: per-layer embeddings,
+    sliding and full attention layers): every layer and the head stream under the user's
+    contract (verification off), with eager autograd's loss and gradients."""
+    import arch_configs
+    import arch_sweep
+
+    if "gemma4_text" not in {m for m, _, _ in arch_configs.causal_lm_classes()}:
+        pytest.skip("the installed transformers has no Gemma 4")
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")
+    result = arch_sweep.check("gemma4_text")
+    assert result["status"] == "ok" and result["error"] is None and not result["warnings"], result
+    assert arch_configs.tiny_config("gemma4_text").hidden_size_per_layer_input
+    assert set(result["streamed"]) == {*(f"layer.{i}" for i in range(result["layers"])), "head"}, result
+    assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result

@@ -595,6 +595,24 @@ def test_callback_refuses_a_second_compile(tmp_path):
         Trainer(model=tiny_model(), args=args, train_dataset=lm_dataset(), callbacks=[streamfx.StreamBPCallback()])
 
 
+def test_an_evaluation_call_gets_no_kv_cache():
+    """A prepared model's call with labels under no_grad (Trainer.evaluate's) gets use_cache=False
+    where the config keeps use_cache=True: no [B, heads, T, head_dim] keys and values held per
+    layer; its loss equals eager's. A no_grad call without labels keeps the config's cache."""
+    torch._dynamo.reset()
+    model, ref = tiny_model(), tiny_model()
+    assert model.config.use_cache
+    streamfx.prepare(model, **OPTIONS)
+    ids = torch.randint(3, V, (2, 15), generator=torch.Generator().manual_seed(0))
+    model.eval(), ref.eval()
+    with torch.no_grad():
+        out, want = model(input_ids=ids, labels=ids), ref(input_ids=ids, labels=ids)
+        plain = model(input_ids=ids)
+    assert out.past_key_values is None and want.past_key_values is not None
+    torch.testing.assert_close(out.loss, want.loss, rtol=1e-6, atol=1e-6)
+    assert plain.past_key_values is not None
+
+
 @pytest.mark.fast
 def test_prepare_keeps_the_model_and_its_signature():
     model = tiny_model()
