@@ -8,6 +8,7 @@ dims (scale, mask, softmax, dropout), and the matmul that contracts the key dim 
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import torch
 import torch.fx as fx
@@ -209,15 +210,19 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
                 frontier.append(user)
     if out is None:
         return None
-    # softmax statistics (max and sum over the keys) leave the two-sequence-dim shape and come back
+    # softmax statistics (max and sum over the keys) leave the two-sequence-dim shape and come back,
+    # directly or through the item of a reduction that returns several (``max(-1).values``)
     grown = True
     while grown:
         grown = False
         for n in list(interior):
             for user in n.users:
-                if user not in interior and user in forward and user is not out \
-                        and any(u in interior for u in user.users):
-                    interior.add(user)
+                if user in interior or user not in forward or user is out:
+                    continue
+                items = [u for u in user.users if u.target is operator.getitem and u in forward
+                         and any(w in interior for w in u.users)]
+                if any(u in interior for u in user.users) or items:
+                    interior.update([user, *items])
                     grown = True
     # token-by-token terms entering the scores: the mask, and score terms (a learned bias). A term
     # applied to the probabilities after the softmax (the keep mask of dropout on them) hides no

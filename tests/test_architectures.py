@@ -680,18 +680,20 @@ def test_layers_reading_tensors_made_from_the_embedding_stream(form):
             assert run.schedules[p.name] and set(run.schedules[p.name]) == {3}, run.schedules
 
 
-def test_gemma4_per_layer_embeddings_stream(monkeypatch):
-    """Hugging Face Gemma 4 (tiny config of the installed transformers: per-layer embeddings,
-    sliding and full attention layers): every layer and the head stream under the user's
-    contract (verification off), with eager autograd's loss and gradients."""
+@pytest.mark.parametrize("family", ["gemma4_text", "mimo_v2_flash"])
+def test_hf_families_stream_every_layer(monkeypatch, family):
+    """Hugging Face families (tiny configs of the installed transformers) whose every layer and
+    head stream under the user's contract (verification off), with eager autograd's loss and
+    gradients: Gemma 4 (per-layer embeddings read in every layer; sliding and full attention
+    layers), MiMo-V2-Flash (eager attention that subtracts the scores' row maximum,
+    ``max(-1).values``, before its softmax, in its layers without sinks)."""
     import arch_configs
     import arch_sweep
 
-    if "gemma4_text" not in {m for m, _, _ in arch_configs.causal_lm_classes()}:
-        pytest.skip("the installed transformers has no Gemma 4")
+    if family not in {m for m, _, _ in arch_configs.causal_lm_classes()}:
+        pytest.skip(f"the installed transformers has no {family}")
     monkeypatch.setenv("STREAMFX_VERIFY", "0")
-    result = arch_sweep.check("gemma4_text")
+    result = arch_sweep.check(family)
     assert result["status"] == "ok" and result["error"] is None and not result["warnings"], result
-    assert arch_configs.tiny_config("gemma4_text").hidden_size_per_layer_input
     assert set(result["streamed"]) == {*(f"layer.{i}" for i in range(result["layers"])), "head"}, result
     assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
