@@ -80,12 +80,20 @@ def _worker(rank, port, mode, out):
             loss.backward()
         messages = [str(w.message) for w in caught if "streamfx" in str(w.message)]
         ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
+        evaluation = None
+        if mode in ("ddp", "ddp_inner"):   # then an evaluation (no_grad, eval mode) of the same batch
+            model.eval()
+            before = dict(COUNTERS)
+            with torch.no_grad():
+                eval_loss = run(ids, labels)[0]
+            evaluation = {"loss": eval_loss, "ran": {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}}
         grads = {}
         for n, p in model.named_parameters():
             g = p.grad
             g = g.full_tensor() if hasattr(g, "full_tensor") else g
             grads[n.removeprefix("module.")] = g.detach().clone()
-        torch.save({"ran": ran, "grads": grads, "reduced": reduced, "messages": messages, "loss": loss.detach()}, f"{out}/rank{rank}.pt")
+        torch.save({"ran": ran, "grads": grads, "reduced": reduced, "messages": messages, "loss": loss.detach(),
+                    "evaluation": evaluation}, f"{out}/rank{rank}.pt")
         finish()
     finally:
         dist.destroy_process_group()
@@ -144,12 +152,19 @@ def check(results, ref, layers_streamed):
 @pytest.mark.parametrize("mode", ["ddp", "ddp_inner"])
 def test_ddp(tmp_path, mode):
     """DDP with Dynamo's DDPOptimizer at its default (the buckets do not cut this model), in both
-    wrap orders: ``torch.compile(DDP(model))`` and ``DDP(torch.compile(model))``."""
+    wrap orders: ``torch.compile(DDP(model))`` and ``DDP(torch.compile(model))``. An evaluation
+    after the step (no_grad, the weights unchanged) gives the step's loss, every layer and the
+    head streamed forward, nothing backward, nothing reduced."""
     results = launch(mode, tmp_path)
     check(results, eager_grads(), zoo.LAYERS)
     names = sorted(eager_grads())
     for res in results:
         assert sorted(res["reduced"]) == names, res["reduced"]  # each parameter once
+        evaluation = res["evaluation"]
+        torch.testing.assert_close(evaluation["loss"], res["loss"], rtol=1e-6, atol=1e-6)
+        assert not evaluation["loss"].requires_grad
+        ran = evaluation["ran"]
+        assert ran["region_forward"] == zoo.LAYERS + 1 and ran["region_backward"] == 0, ran
 
 
 @pytest.mark.slow
