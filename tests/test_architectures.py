@@ -661,8 +661,7 @@ class SideInputs(zoo.TinyLlama):
         return F.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1), ignore_index=-100), logits
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize("form", ["per_layer", "x0"])
+@pytest.mark.parametrize("form", [pytest.param("per_layer", marks=pytest.mark.fast), "x0"])
 def test_layers_reading_tensors_made_from_the_embedding_stream(form):
     """Tensors computed from the token embedding before the layers and read inside every layer
     (per-layer embeddings, the first hidden state) are side inputs of each layer: every layer

@@ -91,7 +91,6 @@ def test_evaluation_never_holds_the_whole_logits_nor_a_backward():
     assert relative_error(box[0], ref) <= 1e-6
 
 
-@pytest.mark.fast
 def test_evaluation_loss_cannot_be_differentiated():
     """As under eager no_grad, the loss of an evaluation call has no autograd graph: calling
     backward on it raises, and no gradient is written."""
@@ -144,7 +143,6 @@ def _alternate(model, ref_model, compiled, make_inputs, cases_):
         assert relative_error(got, want) <= 1e-6, (i, got.item(), want.item())
 
 
-@pytest.mark.fast
 def test_evaluation_with_return_logits_returns_them():
     """With ``return_logits=True`` the logits are returned (whole, as eager's) beside the loss."""
     torch._dynamo.reset()
@@ -158,7 +156,6 @@ def test_evaluation_with_return_logits_returns_them():
     assert relative_error(out.logits, ref.logits) <= 1e-6
 
 
-@pytest.mark.fast
 @pytest.mark.parametrize("form", ["inference_mode", "frozen"])
 def test_inference_mode_and_frozen_models_run_as_captured(form):
     """Under ``torch.inference_mode()``, or with no weight that requires a gradient (a frozen
@@ -203,7 +200,6 @@ def _(x):
     return torch.empty_like(x)
 
 
-@pytest.mark.fast
 def test_an_evaluation_that_cannot_be_traced_with_its_backward_runs_as_captured(monkeypatch):
     """An op with no derivative is fine under no_grad; the evaluation graph cannot be traced with
     its backward, so it compiles for inference as captured: one warning names the cause, the loss
