@@ -62,9 +62,9 @@ def residual_chain(fwd_nodes, sd, sinks, requires_grad=frozenset(), first_site=N
     """Dominator chain from the residual source to the sinks over the hidden path. With
     ``first_site`` (the first attention site), the edges into what that site's output computes
     from tensors computed without it are left out: tensors made from the source before the
-    layers and read by every layer (per-layer embeddings computed from the token embedding,
-    Gemma 4's; the first hidden state mixed into every layer's input) are side inputs of each
-    layer, not a path around the layers' outputs, which then dominate the sinks again."""
+    layers and read inside every layer (per-layer embeddings computed from the token embedding,
+    Gemma 4's, read after each layer's attention) are side inputs of each layer, not a path
+    around the layers' outputs, which then dominate the sinks again."""
     emb = residual_source(fwd_nodes, sd, requires_grad)
     if emb is None or not sinks:
         return []
