@@ -633,8 +633,9 @@ class SideInputs(zoo.TinyLlama):
     each layer its own slice (``form="per_layer"``: Gemma 4's per-layer embeddings, a projection
     of the embedding to [B, T, layers, p] gating each layer's output) or all the same one
     (``form="x0"``: the first hidden state mixed into every layer's input with learned weights, as
-    value-residual and modded-nanogpt models do). Either path reaches the later layers around the
-    earlier layers' outputs."""
+    value-residual and modded-nanogpt models do). The per-layer path reaches each later layer after
+    its attention, around the earlier layers' outputs; the first hidden state joins each layer's
+    input before its attention."""
 
     def __init__(self, form, p=8):
         super().__init__()
