@@ -73,8 +73,9 @@ class _Partitioner(CustomPartitionerFn):
 def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None, detach=None):
     """``gm`` compiled streamed where it streams, exactly as captured where not (warned). ``detach``:
     the user outputs traced detached from the start (None: ``likely_dropped``'s guess)."""
-    if session is None and evaluates_a_loss(gm, config):
-        return _compile_evaluation(gm, example_inputs, config, detach)
+    reached = differentiable(gm) if session is None and _evaluating(config) else None
+    if reached is not None and evaluates_a_loss(gm, reached):
+        return _compile_evaluation(gm, example_inputs, config, reached, detach)
     watched = _compiled_without_grad(example_inputs)
     captured = snapshot(gm) if watched else None
     compiled = _compile_graph(gm, example_inputs, config, session, detach)
@@ -87,7 +88,12 @@ EVALUATION = dict(head_grad="recompute", attention="recompute", offload=None, ke
 _SAID = {"evaluation_logits": False}
 
 
-def evaluates_a_loss(gm, config: StreamConfig) -> bool:
+def _evaluating(config: StreamConfig) -> bool:
+    """Whether a graph compiled now may be an evaluation graph (``evaluates_a_loss``)."""
+    return not (torch.is_grad_enabled() or torch.is_inference_mode_enabled() or config.return_logits)
+
+
+def evaluates_a_loss(gm, reached: set) -> bool:
     """Whether ``gm`` is a graph compiled under ``torch.no_grad()`` (an evaluation: Hugging Face's
     Trainer, a validation loop) that computes a loss from weights that are trained: a scalar
     floating-point output computed from an input that requires a gradient. Such a graph streams
@@ -95,10 +101,8 @@ def evaluates_a_loss(gm, config: StreamConfig) -> bool:
     intermediates exist one chunk at a time, where an inference graph would hold them for the
     whole sequence. Not with ``return_logits`` (the logits are returned: nothing to stream); a
     graph that serves calls under ``torch.inference_mode()`` finds out at its first call
-    (``_compile_evaluation``)."""
-    if torch.is_grad_enabled() or torch.is_inference_mode_enabled() or config.return_logits:
-        return False
-    reached = differentiable(gm)
+    (``_compile_evaluation``); those are ``_evaluating``'s conditions. ``reached``: the graph's
+    ``differentiable`` nodes."""
     out = gm.graph.find_nodes(op="output")[0].args[0]
     return any(x in reached and _example(x).dim() == 0 for x in (out if isinstance(out, (tuple, list)) else [out])
                if isinstance(x, torch.fx.Node))
@@ -122,7 +126,7 @@ def _example(n):
     return v if isinstance(v, torch.Tensor) else None
 
 
-def _compile_evaluation(gm, example_inputs, config: StreamConfig, detach=None):
+def _compile_evaluation(gm, example_inputs, config: StreamConfig, reached: set, detach=None):
     """An evaluation graph (``evaluates_a_loss``) compiled as a training graph is, with gradients
     on while it is traced, and run with them off (Dynamo guards the grad mode: this compile only
     ever serves calls under ``torch.no_grad()``): the forward of its streamed step, which keeps
@@ -136,7 +140,7 @@ def _compile_evaluation(gm, example_inputs, config: StreamConfig, detach=None):
     session = Session(config)
     session.forward_only = True
     if detach is None:
-        detach = likely_dropped(gm, config, needing_grad=differentiable(gm))
+        detach = likely_dropped(gm, config, needing_grad=reached)
     try:
         with torch.enable_grad():
             compiled = _compile_graph(gm, example_inputs, config, session, detach)
