@@ -5,9 +5,12 @@ runtime passes there, each dim a constant, the chunk length ("q"), the key lengt
 expression of the compiled graph's shape symbols (the batch size when Dynamo compiled it
 dynamic). Its last placeholders are sizes ("q", "k", or a symbol), which the graph's size
 arguments are computed from; the runtime reads each from the tensors it passes. Inductor
-compiles a chunk graph once, on fake inputs whose "q" and "k" dims and symbolic dims are
-symbols of a fresh shape environment (never Dynamo's: nothing guards them), so one compile
-serves every chunk length, key length, sequence length and batch size.
+compiles a chunk graph on fake inputs whose "q" and "k" dims and symbolic dims are symbols of a
+fresh shape environment (never Dynamo's), so one compile serves every chunk length, key length,
+sequence length and batch size, except where the compile decided code by the symbols' sample
+sizes: it records each such decision as a shape guard (a long reduction's accumulation, a
+kernel's launch grid, a persistent reduction's block), and a call whose sizes break one runs
+code compiled again at its own sizes (``Sized``), as Dynamo recompiles a frame whose guards fail.
 
 The compile cache is keyed on everything the compiled code depends on: the graph's structure
 (``structure_key``: its ops and how they connect, not its node names, so the layers of one model
@@ -38,11 +41,25 @@ COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chu
             "unit_backward": 0,     # (a Function's own backward, run for a chunk or a whole tensor)
             "attention_kept": 0,    # (a layer chunk's backward that read its attention kept from the forward)
             "vjp_compiles": 0,      # (a chunk graph's recomputation and backward compiled as one graph)
-            "vjp_fallbacks": 0}     # (... which the joint trace or Inductor did not take: the training compile runs)
+            "vjp_fallbacks": 0,     # (... which the joint trace or Inductor did not take: the training compile runs)
+            "guard_recompiles": 0}  # (a chunk graph compiled again: a call's sizes broke a shape guard of its compiles)
 _log = logging.getLogger("streamfx")
 _COMPILED: dict[tuple, Callable] = {}
 _CHECKED: dict[tuple, list | Exception] = {}
 _GENERATION = [0]   # bumped by ``forget``: what a chunk graph remembers of _COMPILED is stale
+
+
+def compiled_variants() -> list:
+    """(graph name, "train" | "inference" | "vjp", [each compile's shape guards, as text]) per
+    compiled chunk graph."""
+    out = []
+    for key, v in _COMPILED.items():
+        kind = "vjp" if key[-1] == "vjp" else "train" if key[-1] else "inference"
+        sized = [s for s in getattr(v, "_given", {}).values()] if kind == "vjp" else [getattr(v, "sized", None)]
+        for s in sized:
+            if s is not None:
+                out.append((s.graph.name, kind, [[str(g) for g in var.guards] for var in s.variants]))
+    return out
 
 
 def forget() -> None:
@@ -111,6 +128,14 @@ class ChunkGraph:
                 if isinstance(s, sympy.Expr) and not s.is_number:
                     where.setdefault(s, []).append((i, d))
         self.agree = tuple(tuple(v) for v in where.values() if len(v) > 1)
+        # the sizes compiled code is specialised by: "q", "k" and every shape symbol that is a
+        # whole dim of an input, each with the (input, dim) it is read from
+        seen: dict = {}
+        for i, slot in enumerate(self.slots):
+            for d, s in enumerate(slot.shape):
+                if isinstance(s, str) or (isinstance(s, sympy.Symbol)):
+                    seen.setdefault(s, (i, d))
+        self.symbols = tuple((key, i, d) for key, (i, d) in seen.items())
 
     def _locate(self, key) -> tuple:
         """(slot, dim) a size is read from at run time."""
@@ -145,8 +170,10 @@ class ChunkGraph:
         if key not in _COMPILED:
             COUNTERS["chunk_compiles"] += 1
             try:
-                compiled = compile_graph(self.gm, self.slots, self.sizes, grads, train)
-                _COMPILED[key] = self._with_sizes(compiled, fit=True)
+                located = [key for key, _, _ in self.symbols]
+                sized = Sized(self, lambda values: compile_graph(self.gm, self.slots, self.sizes, grads, train,
+                                                                 values, located))
+                _COMPILED[key] = self._with_sizes(sized, fit=True)
             except Exception as e:  # noqa: BLE001 - Inductor limits on symbolic shapes
                 COUNTERS["chunk_compile_failures"] += 1
                 warnings.warn(f"streamfx: a chunk graph of {self.name} runs as an FX graph, Inductor "
@@ -187,18 +214,91 @@ class ChunkGraph:
                 raise RuntimeError(f"streamfx: inputs of {self.name} that share an axis differ in size "
                                    f"({[tuple(args[i].shape) for i, _ in group]})")
 
-    def _with_sizes(self, f: Callable, fit: bool = False) -> Callable:
+    def _with_sizes(self, f: "Callable | Sized", fit: bool = False) -> Callable:
         """``f`` called with the sizes appended (read from the tensors), and with ``fit`` the
-        tensors in the layouts compiled code expects."""
+        tensors in the layouts compiled code expects (``Sized``: the code compiled for the
+        call's sizes)."""
         slots, locate = self.slots, self.locate
 
         def run(*args):
             self.check_agree(args)
             if fit:
                 args = [slot.fit(x) for slot, x in zip(slots, args)]
-            return f(*args, *[args[i].shape[d] for i, d in locate])
+            fn = f.pick(args) if isinstance(f, Sized) else f
+            return fn(*args, *[args[i].shape[d] for i, d in locate])
 
+        run.sized = f if isinstance(f, Sized) else None
         return run
+
+    def values(self, args) -> dict:
+        """{"q" | "k" | shape symbol: its size in this call}."""
+        return {key: int(args[i].shape[d]) for key, i, d in self.symbols}
+
+
+@dataclasses.dataclass
+class Variant:
+    """Code compiled for a chunk graph, and the shape guards its compile took: sympy conditions
+    on "q", "k" (``KEY_SYMBOLS``) and the slots' shape symbols, true where it may run."""
+    code: object
+    guards: tuple = ()
+
+
+KEY_SYMBOLS = {"q": sympy.Symbol("streamfx_q", integer=True), "k": sympy.Symbol("streamfx_k", integer=True)}
+
+
+def holds(guards, values: dict) -> bool:
+    """Whether every guard is true at ``values`` ({"q" | "k" | shape symbol: size})."""
+    subs = {KEY_SYMBOLS.get(key, key): sympy.Integer(n) for key, n in values.items()}
+    for g in guards:
+        r = g.xreplace(subs)
+        if r is sympy.true or r is True:
+            continue
+        if r is sympy.false or r is False:
+            return False
+        try:
+            if not bool(r):
+                return False
+        except TypeError:   # (a condition the sizes do not decide: not known to hold)
+            return False
+    return True
+
+
+class Sized:
+    """A chunk graph's compiled code for every size of its calls: compiled first at the symbols'
+    sample sizes, then, for a call whose sizes break a shape guard of every compile so far,
+    again at that call's sizes (a compile is valid at the sizes it was compiled at, whatever its
+    guards say). ``compile_at(values | None) -> Variant``; ``failed() -> Variant``: what runs at
+    sizes whose compile raised (default: the FX graph); the choice is cached per sizes."""
+
+    def __init__(self, graph: "ChunkGraph", compile_at: Callable, failed: Callable | None = None):
+        self.graph, self.compile_at = graph, compile_at
+        self.failed = failed or (lambda: Variant(graph.gm))
+        self.variants = [compile_at(None)]
+        self._picked: dict = {}
+
+    def pick_variant(self, args) -> Variant:
+        values = self.graph.values(args)
+        at = tuple(values.values())
+        got = self._picked.get(at)
+        if got is None:
+            got = next((v for v in self.variants if holds(v.guards, values)), None)
+            if got is None:
+                COUNTERS["guard_recompiles"] += 1
+                _log.info("streamfx: %s compiles again at %s (a shape guard of its compiles fails there)",
+                          self.graph.name, values)
+                try:
+                    got = self.compile_at(values)
+                except Exception as e:  # noqa: BLE001 - the FX graph runs at every size
+                    warnings.warn(f"streamfx: a chunk graph of {self.graph.name} runs as an FX graph at "
+                                  f"sizes {values}: Inductor could not compile it there "
+                                  f"({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+                    got = self.failed()
+                self.variants.append(got)
+            self._picked[at] = got
+        return got
+
+    def pick(self, args):
+        return self.pick_variant(args).code
 
 
 def structure_key(gm: fx.GraphModule) -> tuple:
@@ -252,9 +352,12 @@ def _constants_key(gm: fx.GraphModule) -> tuple:
     return tuple(out)
 
 
-def fake_inputs(slots, sizes=(), grads=(), hints: dict | None = None):
+def fake_inputs(slots, sizes=(), grads=(), hints: dict | None = None, values: dict | None = None):
     """(fake mode, fake inputs) for ``slots`` and then ``sizes``, in a fresh shape environment:
-    "q" and "k" dims and every symbol of the slots become symbols of their own."""
+    "q" and "k" dims and every symbol of the slots become symbols of their own, sampled at
+    ``values`` ({"q" | "k" | shape symbol: size}) where given, else at distinct sample sizes
+    (``hints``: other samples for "q" and "k"). ``shape_guards(mode)`` reads the guards a compile
+    on them took."""
     from torch._dynamo.source import ConstantSource
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
@@ -271,13 +374,16 @@ def fake_inputs(slots, sizes=(), grads=(), hints: dict | None = None):
                               do_not_specialize_zero_one=True)
         return s, env.create_symintnode(s, hint=hint)
 
-    roles = {r: symbol(r, hints[r]) for r in ("q", "k")}
+    values = values or {}
+    roles = {r: symbol(r, values.get(r, hints[r])) for r in ("q", "k")}
     outer = sorted({f for slot in slots for d in slot.shape if isinstance(d, sympy.Expr) for f in d.free_symbols},
                    key=str)
-    subs, values = {}, {}
+    subs, samples = {}, {}
+    names = {roles[r][0]: KEY_SYMBOLS[r] for r in roles}
     for i, s in enumerate(outer):
-        new, _ = symbol(f"s{i}", OTHER_HINTS[i % len(OTHER_HINTS)] + 32 * (i // len(OTHER_HINTS)))
-        subs[s], values[new] = new, OTHER_HINTS[i % len(OTHER_HINTS)] + 32 * (i // len(OTHER_HINTS))
+        sample = values.get(s, OTHER_HINTS[i % len(OTHER_HINTS)] + 32 * (i // len(OTHER_HINTS)))
+        new, _ = symbol(f"s{i}", sample)
+        subs[s], samples[new], names[new] = new, sample, s
 
     def size(d):
         if isinstance(d, int):
@@ -285,7 +391,7 @@ def fake_inputs(slots, sizes=(), grads=(), hints: dict | None = None):
         if isinstance(d, str):
             return roles[d][1]
         expr = d.xreplace(subs)
-        return env.create_symintnode(expr, hint=int(expr.xreplace(values)))
+        return env.create_symintnode(expr, hint=int(expr.xreplace(samples)))
 
     fakes = []
     with mode:
@@ -300,11 +406,34 @@ def fake_inputs(slots, sizes=(), grads=(), hints: dict | None = None):
                 t = empty_in_order(shape, slot.order, slot.dtype, slot.device)
             fakes.append(t.requires_grad_(i in grads and slot.dtype.is_floating_point))
     fakes += [roles[key][1] if isinstance(key, str) else size(key) for key in sizes]
+    mode.streamfx_names = names
     return mode, fakes
 
 
-def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool) -> Callable:
-    """Inductor-compile a chunk graph on symbolic fake inputs. With ``train``, the ``grads``
+def shape_guards(mode, located) -> tuple:
+    """The shape guards a compile on ``fake_inputs``' mode took, as conditions on "q", "k"
+    (``KEY_SYMBOLS``) and the slots' shape symbols. ``located``: the sizes a call's values give
+    (``ChunkGraph.symbols``); a guard on any other symbol raises (no call could be checked)."""
+    names = mode.streamfx_names
+    known = {KEY_SYMBOLS.get(key, key) for key in located}
+    out = []
+    for g in mode.shape_env.guards:
+        expr = g.expr.xreplace(names)
+        if expr is sympy.true:
+            continue
+        missing = expr.free_symbols - known
+        if missing:
+            raise ValueError(f"a shape guard {g.expr} of the compile is on sizes no input has as a dim "
+                             f"({sorted(map(str, missing))})")
+        out.append(expr)
+    return tuple(dict.fromkeys(out))
+
+
+def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool, values: dict | None = None,
+                  located=None) -> Variant:
+    """Inductor-compile a chunk graph on symbolic fake inputs (sampled at ``values`` where given:
+    ``fake_inputs``), with the shape guards the compile took (``located``: the sizes a call
+    gives, ``ChunkGraph.symbols``' keys; default: ``values``' keys). With ``train``, the ``grads``
     inputs require grad, so AOTAutograd also compiles the backward; without, the graph is
     compiled for inference (its outputs hold no autograd graph). AOTAutograd's and Inductor's
     caches serve it: a graph an earlier process compiled (the same model restarted, a measurement
@@ -315,13 +444,14 @@ def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool) -> Calla
     from . import onehot
     from .runtime import autograd_inside_op
 
-    mode, fakes = fake_inputs(slots, sizes, grads)
+    mode, fakes = fake_inputs(slots, sizes, grads, values=values)
     _LazyGraphModule.force_recompile(gm)
     # (a loss's one-hot gradient made pointwise, ``onehot``)
     with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
             torch.set_grad_enabled(train), inductor_config.patch(onehot.compile_config()), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
-        return compile_fx(gm, fakes)
+        code = compile_fx(gm, fakes)
+    return Variant(code, shape_guards(mode, located if located is not None else (values or {})))
 
 
 class Vjp:
@@ -340,46 +470,70 @@ class Vjp:
         # (the outputs that need a gradient: their gradients are the tangents)
         self.needs = tuple(i for i, o in enumerate(traced[2]) if isinstance(o, torch.Tensor) and o.requires_grad)
         if self.needs:
-            self._compiled(self.needs, traced)   # (the usual call: every output given a gradient)
+            self._sized(self.needs, traced)   # (the usual call: every output given a gradient)
 
-    def _compiled(self, given: tuple, traced: tuple | None = None):
+    def _sized(self, given: tuple, traced: tuple | None = None) -> Sized:
         if given not in self._given:
-            COUNTERS["vjp_compiles"] += 1
-            self._given[given] = _compile_vjp(self.graph, self.grads, given, traced or _trace(self.graph, self.grads))
+            first = [traced] if traced is not None else []
+            located = [key for key, _, _ in self.graph.symbols]
+
+            def compile_at(values):
+                COUNTERS["vjp_compiles"] += 1
+                t = first.pop() if values is None and first else _trace(self.graph, self.grads, values)
+                return _compile_vjp(self.graph, self.grads, given, t, located)
+
+            # (a later compile that fails leaves these sizes to the FX graph and autograd)
+            self._given[given] = Sized(self.graph, compile_at, failed=lambda: Variant(None))
         return self._given[given]
 
     def __call__(self, xs: list, out_grads: list):
         given = tuple(i for i in self.needs if out_grads[i] is not None)
         if not given:
             return None
-        fn, shapes, dtypes, where, present = self._compiled(given)
         graph = self.graph
         graph.check_agree(xs)
         args = [slot.fit(x) for slot, x in zip(graph.slots, xs)]
         sizes = [args[i].shape[d] for i, d in graph.locate]
+        code = self._sized(given).pick(args)
+        if code is None:
+            return self._autograd(args, sizes, out_grads, given)
+        fn, shapes, dtypes, where, present = code
         values = {sym: args[i].shape[d] for sym, (i, d) in where.items()}
         tangents = [out_grads[j].reshape([n if isinstance(n, int) else int(n.xreplace(values)) for n in shape])
                     .to(dtype).contiguous() for j, shape, dtype in zip(given, shapes, dtypes)]
         got = iter(fn(*args, *sizes, *tangents))
         return [next(got) if p else None for p in present], tangents
 
+    def _autograd(self, args, sizes, out_grads, given):
+        """The call run by the FX graph and autograd (sizes no compile took)."""
+        from .runtime import autograd_inside_op
 
-def _trace(graph: ChunkGraph, grads: tuple) -> tuple:
+        with autograd_inside_op(), torch.enable_grad():
+            xs = [x.detach().requires_grad_(i in self.grads) for i, x in enumerate(args)]
+            outs = self.graph.gm(*xs, *sizes)
+            tangents = [out_grads[j].reshape(outs[j].shape).to(outs[j].dtype) for j in given]
+            got = torch.autograd.grad([outs[j] for j in given], [xs[i] for i in self.grads], tangents,
+                                      allow_unused=True)
+        return list(got), tangents
+
+
+def _trace(graph: ChunkGraph, grads: tuple, values: dict | None = None) -> tuple:
     """(fake mode, symbolic fake inputs with ``grads`` requiring a gradient, the graph's outputs
-    on them)."""
+    on them); sampled at ``values`` where given (``fake_inputs``)."""
     from .runtime import autograd_inside_op
 
-    mode, fakes = fake_inputs(graph.slots, graph.sizes, grads)
+    mode, fakes = fake_inputs(graph.slots, graph.sizes, grads, values=values)
     # (sizes read from data here, ``.tolist()`` of tokens per expert, are the joint trace's to
     # bind: left pending in the shape environment, that trace finds them in none of its outputs)
     with mode, autograd_inside_op(), torch.enable_grad(), mode.shape_env.ignore_fresh_unbacked_symbols():
         return mode, fakes, list(graph.gm(*fakes))
 
 
-def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple):
-    """(compiled fn(*inputs, *sizes, *tangents) -> the gradients that exist, the tangents' shapes
-    in the inputs' symbols, their dtypes, {symbol: (input, dim)} to read them from, which of
-    ``grads`` has a gradient). ``traced``: ``_trace(graph, grads)``."""
+def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple, located) -> Variant:
+    """A ``Variant`` whose code is (compiled fn(*inputs, *sizes, *tangents) -> the gradients that
+    exist, the tangents' shapes in the inputs' symbols, their dtypes, {symbol: (input, dim)} to
+    read them from, which of ``grads`` has a gradient), with the shape guards of the trace and the
+    compile. ``traced``: ``_trace(graph, grads, values)``; ``located``: ``ChunkGraph.symbols``' keys."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -426,7 +580,7 @@ def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple):
             torch.set_grad_enabled(False), inductor_config.patch(onehot.compile_config()), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
         fn = compile_fx(traced, inputs)
-    return fn, shapes, [t.dtype for t in tangents], where, tuple(present)
+    return Variant((fn, shapes, [t.dtype for t in tangents], where, tuple(present)), shape_guards(mode, located))
 
 
 def check(graph: ChunkGraph) -> None:

@@ -514,3 +514,72 @@ def test_labels_shorter_than_the_logits_run_exactly(monkeypatch):
     assert_grads_match({n: p.grad for n, p in calls.ref.named_parameters()},
                        {n: p.grad for n, p in calls.model.named_parameters()})
     assert calls.compiles == 3
+
+
+class _SumsBySampleSize:
+    """An Inductor post-grad pass that compiles code valid only at some sizes, as Inductor's own
+    size-dependent choices are (a persistent reduction's block, a kernel's launch grid, a long
+    sum's accumulation): a sum over a chunk-size dim of at most 64 rows sums rows [0, 64) alone
+    (masking the rest), which is every row there and too few above. Deciding it records the
+    guard ``rows <= 64`` (or ``> 64``) in the compile's shape environment."""
+
+    def __call__(self, graph):
+        aten = torch.ops.aten
+        for n in list(graph.nodes):
+            if n.target is not aten.sum.dim_IntList:
+                continue
+            x, dims = n.args[0], n.args[1]
+            val = x.meta.get("val")
+            for d in dims:
+                size = val.shape[d]
+                if not isinstance(size, torch.SymInt):
+                    continue
+                env = size.node.shape_env
+                names = {s.name if isinstance(s.name, str) else s.name()
+                         for sym in size.node.expr.free_symbols for s in env.var_to_sources.get(sym, [])}
+                if not any(name.startswith("streamfx_") for name in names):
+                    continue
+                if size <= 64:
+                    shape = [1] * val.dim()
+                    shape[d] = -1
+
+                    def add(op, args, value):
+                        node = graph.call_function(op, args)
+                        node.meta["val"] = value
+                        return node
+
+                    with graph.inserting_before(n), val.fake_mode:
+                        rows = add(aten.sym_size.int, (x, d), size)
+                        iota = dict(start=0, step=1, dtype=torch.int64, device=val.device, requires_grad=False)
+                        idx_val = torch.ops.prims.iota.default(size, **iota)
+                        idx = add(torch.ops.prims.iota.default, (rows,), idx_val)
+                        idx.kwargs = iota
+                        keep_val = aten.lt.Scalar(idx_val, 64).to(val.dtype).view(shape)
+                        keep = add(aten.lt.Scalar, (idx, 64), aten.lt.Scalar(idx_val, 64))
+                        keep = add(torch.ops.prims.convert_element_type.default, (keep, val.dtype), keep_val.view(-1))
+                        keep = add(aten.view.default, (keep, shape), keep_val)
+                        masked = add(aten.mul.Tensor, (x, keep), val * keep_val)
+                    n.replace_input_with(x, masked)
+                break
+
+    def uuid(self):
+        return "streamfx-tests-sums-by-sample-size-2"
+
+
+def test_code_compiled_under_a_shape_guard_runs_only_where_it_holds():
+    """A chunk graph's compile may decide code by the sample sizes its symbols are compiled at,
+    recording each decision as a shape guard: a call whose sizes break a guard runs code
+    compiled again at its own sizes (counted in ``guard_recompiles``), never the code the guard
+    was taken for. Chunks of 40 rows run the code compiled at the samples (rows <= 64 holds);
+    chunks of 100 rows break the guard of every graph that sums over rows."""
+    from torch._inductor import config as inductor_config
+    from streamfx import runtime
+
+    runtime.clear_caches()
+    calls = Calls("qwen3_sdpa", codegen="inductor", chunk_size=40, head_chunk_size=40)
+    with inductor_config.patch(post_grad_custom_post_pass=_SumsBySampleSize()):
+        first = calls.call(hf_inputs(calls, 1, 80))
+        assert first["chunk_compiles"] > 0 and first["guard_recompiles"] == 0, first
+        calls = Calls("qwen3_sdpa", codegen="inductor", chunk_size=100, head_chunk_size=100)
+        second = calls.call(hf_inputs(calls, 1, 200))
+        assert second["chunk_compiles"] == 0 and second["guard_recompiles"] > 0, second
