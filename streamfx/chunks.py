@@ -1,4 +1,4 @@
-"""Chunk graphs: a region instantiated for one chunk, and how each is compiled once for all.
+"""Chunk graphs: a region instantiated for one chunk, and how each is compiled for all sizes.
 
 A ``ChunkGraph`` is an FX graph plus a ``Slot`` per tensor placeholder: the shape of what the
 runtime passes there, each dim a constant, the chunk length ("q"), the key length ("k"), or an
@@ -6,11 +6,12 @@ expression of the compiled graph's shape symbols (the batch size when Dynamo com
 dynamic). Its last placeholders are sizes ("q", "k", or a symbol), which the graph's size
 arguments are computed from; the runtime reads each from the tensors it passes. Inductor
 compiles a chunk graph on fake inputs whose "q" and "k" dims and symbolic dims are symbols of a
-fresh shape environment (never Dynamo's), so one compile serves every chunk length, key length,
-sequence length and batch size, except where the compile decided code by the symbols' sample
-sizes: it records each such decision as a shape guard (a long reduction's accumulation, a
-kernel's launch grid, a persistent reduction's block), and a call whose sizes break one runs
-code compiled again at its own sizes (``Sized``), as Dynamo recompiles a frame whose guards fail.
+fresh shape environment (never Dynamo's), sampled at the sizes of the first call that runs it,
+so one compile serves every chunk length, key length, sequence length and batch size, except
+where the compile decided code by the sample sizes: it records each such decision as a shape
+guard (a long reduction's accumulation, a kernel's launch grid), and a call whose sizes break
+one runs code compiled again at its own sizes (``Sized``), as Dynamo recompiles a frame whose
+guards fail.
 
 The compile cache is keyed on everything the compiled code depends on: the graph's structure
 (``structure_key``: its ops and how they connect, not its node names, so the layers of one model
@@ -156,8 +157,8 @@ class ChunkGraph:
 
     def fn(self, codegen: str, train: bool, grads=()) -> Callable:
         """The graph as run, taking the tensors (sizes are read from them): itself (codegen
-        "eager"), or compiled by Inductor once per key. ``grads``: the slots that get a gradient
-        (with ``train``: the training compile)."""
+        "eager"), or compiled by Inductor, once per key, at the sizes of its first call (``Sized``).
+        ``grads``: the slots that get a gradient (with ``train``: the training compile)."""
         if codegen == "eager":
             # (its forward, not the module: a module call of a GraphModule prints the failing line
             # and drops the traceback, which ``failures`` reads the failing node from)
@@ -169,16 +170,18 @@ class ChunkGraph:
         key = (self.key(), grads, train)
         if key not in _COMPILED:
             COUNTERS["chunk_compiles"] += 1
-            try:
-                located = [key for key, _, _ in self.symbols]
-                sized = Sized(self, lambda values: compile_graph(self.gm, self.slots, self.sizes, grads, train,
-                                                                 values, located))
-                _COMPILED[key] = self._with_sizes(sized, fit=True)
-            except Exception as e:  # noqa: BLE001 - Inductor limits on symbolic shapes
+            located = [key for key, _, _ in self.symbols]
+
+            def compile_at(values):
+                return compile_graph(self.gm, self.slots, self.sizes, grads, train, values, located)
+
+            def failed(e):
                 COUNTERS["chunk_compile_failures"] += 1
                 warnings.warn(f"streamfx: a chunk graph of {self.name} runs as an FX graph, Inductor "
                               f"could not compile it ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
-                _COMPILED[key] = self._with_sizes(self.gm)
+                return Variant(self.gm)
+
+            _COMPILED[key] = self._with_sizes(Sized(self, compile_at, failed), fit=True)
         self._fns[(grads, train)] = (_COMPILED[key], _GENERATION[0])
         return _COMPILED[key]
 
@@ -187,7 +190,8 @@ class ChunkGraph:
         for the chunk's recomputation and its backward together, with nothing of the forward
         computed that no gradient reads: a layer's last projection, whose output only its
         backward's input is), or None where the chunk runs as the training compile and autograd
-        (eager codegen, or a graph the joint trace or compile does not take)."""
+        (eager codegen, or a graph the joint trace does not take; sizes whose joint compile
+        raises run the training compile inside ``Vjp``)."""
         if codegen == "eager":
             return None
         grads = tuple(sorted(grads))
@@ -264,16 +268,16 @@ def holds(guards, values: dict) -> bool:
 
 
 class Sized:
-    """A chunk graph's compiled code for every size of its calls: compiled first at the symbols'
-    sample sizes, then, for a call whose sizes break a shape guard of every compile so far,
-    again at that call's sizes (a compile is valid at the sizes it was compiled at, whatever its
-    guards say). ``compile_at(values | None) -> Variant``; ``failed() -> Variant``: what runs at
-    sizes whose compile raised (default: the FX graph); the choice is cached per sizes."""
+    """A chunk graph's compiled code for every size of its calls, compiled at the sizes of the
+    first call that needs it (Inductor's choices by size, a kernel's blocks and grid, fit the
+    sizes it runs at): a call whose sizes break a shape guard of every compile so far compiles
+    again at its own sizes (a compile is valid at the sizes it was compiled at, whatever its
+    guards say). ``compile_at(values) -> Variant``; ``failed(error) -> Variant``: what runs
+    where a compile raised, at every size from then on. The choice is cached per sizes."""
 
-    def __init__(self, graph: "ChunkGraph", compile_at: Callable, failed: Callable | None = None):
-        self.graph, self.compile_at = graph, compile_at
-        self.failed = failed or (lambda: Variant(graph.gm))
-        self.variants = [compile_at(None)]
+    def __init__(self, graph: "ChunkGraph", compile_at: Callable, failed: Callable):
+        self.graph, self.compile_at, self.failed = graph, compile_at, failed
+        self.variants: list[Variant] = []
         self._picked: dict = {}
 
     def pick_variant(self, args) -> Variant:
@@ -283,16 +287,18 @@ class Sized:
         if got is None:
             got = next((v for v in self.variants if holds(v.guards, values)), None)
             if got is None:
-                COUNTERS["guard_recompiles"] += 1
-                _log.info("streamfx: %s compiles again at %s (a shape guard of its compiles fails there)",
-                          self.graph.name, values)
+                if self.variants:
+                    COUNTERS["guard_recompiles"] += 1
+                    _log.info("streamfx: %s compiles again at sizes %s (a shape guard of its compiles fails there)",
+                              self.graph.name, values)
                 try:
                     got = self.compile_at(values)
-                except Exception as e:  # noqa: BLE001 - the FX graph runs at every size
-                    warnings.warn(f"streamfx: a chunk graph of {self.graph.name} runs as an FX graph at "
-                                  f"sizes {values}: Inductor could not compile it there "
-                                  f"({type(e).__name__}: {str(e).splitlines()[0][:200]})")
-                    got = self.failed()
+                except Exception as e:  # noqa: BLE001 - Inductor limits on symbolic shapes
+                    from .failures import is_device_error
+
+                    if is_device_error(e):
+                        raise
+                    got = self.failed(e)
                 self.variants.append(got)
             self._picked[at] = got
         return got
@@ -460,30 +466,31 @@ class Vjp:
     given a gradient), or None when no output that needs a gradient got one. Traced as the
     backward of the chunk with ``make_fx`` (the chunk's forward, ``autograd.grad`` of the outputs
     given gradients) and compiled by Inductor as one inference graph, once per set of outputs
-    given a gradient, on the same symbolic inputs as ``compile_graph``: every chunk length, key
-    length and batch size runs one compile."""
+    given a gradient, on the same symbolic inputs as ``compile_graph``, at the sizes of its first
+    call: every chunk length, key length and batch size runs that compile, except sizes that
+    break one of its shape guards (``Sized``)."""
 
     def __init__(self, graph: ChunkGraph, grads: tuple):
         self.graph, self.grads = graph, grads
         self._given: dict = {}
-        traced = _trace(graph, grads)
         # (the outputs that need a gradient: their gradients are the tangents)
-        self.needs = tuple(i for i, o in enumerate(traced[2]) if isinstance(o, torch.Tensor) and o.requires_grad)
-        if self.needs:
-            self._sized(self.needs, traced)   # (the usual call: every output given a gradient)
+        outs = _trace(graph, grads)[2]
+        self.needs = tuple(i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad)
 
-    def _sized(self, given: tuple, traced: tuple | None = None) -> Sized:
+    def _sized(self, given: tuple) -> Sized:
         if given not in self._given:
-            first = [traced] if traced is not None else []
             located = [key for key, _, _ in self.graph.symbols]
 
             def compile_at(values):
                 COUNTERS["vjp_compiles"] += 1
-                t = first.pop() if values is None and first else _trace(self.graph, self.grads, values)
-                return _compile_vjp(self.graph, self.grads, given, t, located)
+                return _compile_vjp(self.graph, self.grads, given, _trace(self.graph, self.grads, values), located)
 
-            # (a later compile that fails leaves these sizes to the FX graph and autograd)
-            self._given[given] = Sized(self.graph, compile_at, failed=lambda: Variant(None))
+            def failed(e):   # (these sizes and later ones run the training compile)
+                COUNTERS["vjp_fallbacks"] += 1
+                _log.debug("streamfx: %s: no joint vjp compile (%s: %s)", self.graph.name, type(e).__name__, e)
+                return Variant(None)
+
+            self._given[given] = Sized(self.graph, compile_at, failed)
         return self._given[given]
 
     def __call__(self, xs: list, out_grads: list):
@@ -493,24 +500,26 @@ class Vjp:
         graph = self.graph
         graph.check_agree(xs)
         args = [slot.fit(x) for slot, x in zip(graph.slots, xs)]
-        sizes = [args[i].shape[d] for i, d in graph.locate]
         code = self._sized(given).pick(args)
         if code is None:
-            return self._autograd(args, sizes, out_grads, given)
+            return self._autograd(args, out_grads, given)
         fn, shapes, dtypes, where, present = code
+        sizes = [args[i].shape[d] for i, d in graph.locate]
         values = {sym: args[i].shape[d] for sym, (i, d) in where.items()}
         tangents = [out_grads[j].reshape([n if isinstance(n, int) else int(n.xreplace(values)) for n in shape])
                     .to(dtype).contiguous() for j, shape, dtype in zip(given, shapes, dtypes)]
         got = iter(fn(*args, *sizes, *tangents))
         return [next(got) if p else None for p in present], tangents
 
-    def _autograd(self, args, sizes, out_grads, given):
-        """The call run by the FX graph and autograd (sizes no compile took)."""
+    def _autograd(self, args, out_grads, given):
+        """The call run by the chunk's training compile and autograd (no joint compile)."""
         from .runtime import autograd_inside_op
 
+        fn = self.graph.fn("inductor", True, self.grads)
         with autograd_inside_op(), torch.enable_grad():
-            xs = [x.detach().requires_grad_(i in self.grads) for i, x in enumerate(args)]
-            outs = self.graph.gm(*xs, *sizes)
+            xs = [x.detach().requires_grad_(i in self.grads and x.dtype.is_floating_point)
+                  for i, x in enumerate(args)]
+            outs = fn(*xs)
             tangents = [out_grads[j].reshape(outs[j].shape).to(outs[j].dtype) for j in given]
             got = torch.autograd.grad([outs[j] for j in given], [xs[i] for i in self.grads], tangents,
                                       allow_unused=True)
