@@ -329,3 +329,56 @@ def test_parameter_gradients_reach_autograd_in_the_parameters_layout(codegen, dt
     for name, p in weights.items():
         assert p.grad.is_contiguous() and p.grad.dtype == dtype, name
         assert seen[name] == p.grad.data_ptr(), f"{name}: AccumulateGrad copied the region's gradient"
+
+
+class _Graph:
+    """What ``Sized`` reads of a chunk graph: its name and a call's sizes."""
+    name = "stub"
+
+    @staticmethod
+    def values(args):
+        return {"q": args[0], "k": args[1]}
+
+
+def test_sized_runs_each_compile_only_where_its_shape_guards_hold():
+    """A compile's guards decide where its code runs: sizes that break every compile's guards
+    compile again at their own sizes (counted), the choice is remembered per sizes, a compile
+    that raises leaves those sizes and later ones to ``failed``'s code, a device error raised
+    while compiling reaches the caller."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv, Mod
+
+    q, k = chunks.KEY_SYMBOLS["q"], chunks.KEY_SYMBOLS["k"]
+    compiled = []
+
+    def compile_at(values):
+        compiled.append((values["q"], values["k"]))
+        small = values["q"] <= 64
+        guards = (sympy.Le(q, 64) if small else sympy.Gt(q, 64), sympy.Ge(k - q, 0))
+        return chunks.Variant(("small" if small else "large", values["q"], values["k"]), guards)
+
+    sized = chunks.Sized(_Graph(), compile_at, failed=lambda e: chunks.Variant("fx"))
+    before = chunks.COUNTERS["guard_recompiles"]
+    assert sized.pick((40, 50)) == ("small", 40, 50)
+    assert sized.pick((10, 50)) == ("small", 40, 50)       # its guards hold: no compile
+    assert sized.pick((100, 120)) == ("large", 100, 120)   # q <= 64 fails: compiled again
+    assert sized.pick((100, 90)) == ("large", 100, 90)     # k >= q fails for both: again
+    assert sized.pick((40, 50)) == ("small", 40, 50) and sized.pick((300, 300)) == ("large", 100, 120)
+    assert compiled == [(40, 50), (100, 120), (100, 90)] and chunks.COUNTERS["guard_recompiles"] - before == 2
+
+    def refuse(values):
+        raise RuntimeError("no code at these sizes")
+
+    sized = chunks.Sized(_Graph(), refuse, failed=lambda e: chunks.Variant(("fx", str(e))))
+    assert sized.pick((5, 5)) == ("fx", "no code at these sizes") == sized.pick((500, 900))
+
+    def device_error(values):
+        raise torch.OutOfMemoryError("CUDA out of memory while benchmarking a kernel")
+
+    with pytest.raises(torch.OutOfMemoryError):
+        chunks.Sized(_Graph(), device_error, failed=lambda e: chunks.Variant("fx")).pick((5, 5))
+
+    # guards in Inductor's integer functions evaluate at the sizes
+    guards = (sympy.Le(FloorDiv(32 * q, 7), 100), sympy.Eq(Mod(k, 8), 0))
+    assert chunks.holds(guards, {"q": 16, "k": 32}) and not chunks.holds(guards, {"q": 24, "k": 32})
+    assert not chunks.holds(guards, {"q": 16, "k": 33})
