@@ -570,8 +570,8 @@ def test_code_compiled_under_a_shape_guard_runs_only_where_it_holds():
     """A chunk graph's compile may decide code by the sample sizes its symbols are compiled at,
     recording each decision as a shape guard: a call whose sizes break a guard runs code
     compiled again at its own sizes (counted in ``guard_recompiles``), never the code the guard
-    was taken for. Chunks of 40 rows run the code compiled at the samples (rows <= 64 holds);
-    chunks of 100 rows break the guard of every graph that sums over rows."""
+    was taken for. Chunks of 40 rows compile at 40 (the guard rows <= 64); chunks of 100 rows
+    break it in every graph that sums over rows."""
     from torch._inductor import config as inductor_config
     from streamfx import runtime
 
