@@ -121,22 +121,17 @@ class ChunkGraph:
 
     def __post_init__(self):
         self.locate = tuple(self._locate(key) for key in self.sizes)
+        where: dict = {}   # (every non-constant size: the (input, dim)s written with it)
+        for i, slot in enumerate(self.slots):
+            for d, s in enumerate(slot.shape):
+                if isinstance(s, str) or (isinstance(s, sympy.Expr) and not s.is_number):
+                    where.setdefault(s, []).append((i, d))
         # dims of several inputs written with one symbolic size: the compiled graph reads it
         # from one of them, so they must agree in every call (else the region runs whole)
-        where: dict = {}
-        for i, slot in enumerate(self.slots):
-            for d, s in enumerate(slot.shape):
-                if isinstance(s, sympy.Expr) and not s.is_number:
-                    where.setdefault(s, []).append((i, d))
-        self.agree = tuple(tuple(v) for v in where.values() if len(v) > 1)
+        self.agree = tuple(tuple(v) for s, v in where.items() if not isinstance(s, str) and len(v) > 1)
         # the sizes compiled code is specialised by: "q", "k" and every shape symbol that is a
         # whole dim of an input, each with the (input, dim) it is read from
-        seen: dict = {}
-        for i, slot in enumerate(self.slots):
-            for d, s in enumerate(slot.shape):
-                if isinstance(s, str) or (isinstance(s, sympy.Symbol)):
-                    seen.setdefault(s, (i, d))
-        self.symbols = tuple((key, i, d) for key, (i, d) in seen.items())
+        self.symbols = tuple((s, *v[0]) for s, v in where.items() if isinstance(s, (str, sympy.Symbol)))
 
     def _locate(self, key) -> tuple:
         """(slot, dim) a size is read from at run time."""
@@ -170,10 +165,8 @@ class ChunkGraph:
         key = (self.key(), grads, train)
         if key not in _COMPILED:
             COUNTERS["chunk_compiles"] += 1
-            located = [key for key, _, _ in self.symbols]
-
             def compile_at(values):
-                return compile_graph(self.gm, self.slots, self.sizes, grads, train, values, located)
+                return compile_graph(self.gm, self.slots, self.sizes, grads, train, values, self.symbols)
 
             def failed(e):
                 COUNTERS["chunk_compile_failures"] += 1
@@ -254,13 +247,8 @@ def holds(guards, values: dict) -> bool:
     """Whether every guard is true at ``values`` ({"q" | "k" | shape symbol: size})."""
     subs = {KEY_SYMBOLS.get(key, key): sympy.Integer(n) for key, n in values.items()}
     for g in guards:
-        r = g.xreplace(subs)
-        if r is sympy.true or r is True:
-            continue
-        if r is sympy.false or r is False:
-            return False
         try:
-            if not bool(r):
+            if not bool(g.xreplace(subs)):
                 return False
         except TypeError:   # (a condition the sizes do not decide: not known to hold)
             return False
@@ -416,12 +404,12 @@ def fake_inputs(slots, sizes=(), grads=(), hints: dict | None = None, values: di
     return mode, fakes
 
 
-def shape_guards(mode, located) -> tuple:
+def shape_guards(mode, symbols) -> tuple:
     """The shape guards a compile on ``fake_inputs``' mode took, as conditions on "q", "k"
-    (``KEY_SYMBOLS``) and the slots' shape symbols. ``located``: the sizes a call's values give
+    (``KEY_SYMBOLS``) and the slots' shape symbols. ``symbols``: the sizes a call gives
     (``ChunkGraph.symbols``); a guard on any other symbol raises (no call could be checked)."""
     names = mode.streamfx_names
-    known = {KEY_SYMBOLS.get(key, key) for key in located}
+    known = {KEY_SYMBOLS.get(key, key) for key, _, _ in symbols}
     out = []
     for g in mode.shape_env.guards:
         expr = g.expr.xreplace(names)
@@ -435,11 +423,11 @@ def shape_guards(mode, located) -> tuple:
     return tuple(dict.fromkeys(out))
 
 
-def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool, values: dict | None = None,
-                  located=None) -> Variant:
+def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool, values: dict | None,
+                  symbols: tuple) -> Variant:
     """Inductor-compile a chunk graph on symbolic fake inputs (sampled at ``values`` where given:
-    ``fake_inputs``), with the shape guards the compile took (``located``: the sizes a call
-    gives, ``ChunkGraph.symbols``' keys; default: ``values``' keys). With ``train``, the ``grads``
+    ``fake_inputs``), with the shape guards the compile took (``symbols``: the sizes a call
+    gives, ``ChunkGraph.symbols``). With ``train``, the ``grads``
     inputs require grad, so AOTAutograd also compiles the backward; without, the graph is
     compiled for inference (its outputs hold no autograd graph). AOTAutograd's and Inductor's
     caches serve it: a graph an earlier process compiled (the same model restarted, a measurement
@@ -457,7 +445,7 @@ def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool, values: 
             torch.set_grad_enabled(train), inductor_config.patch(onehot.compile_config()), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
         code = compile_fx(gm, fakes)
-    return Variant(code, shape_guards(mode, located if located is not None else (values or {})))
+    return Variant(code, shape_guards(mode, symbols))
 
 
 class Vjp:
@@ -479,11 +467,9 @@ class Vjp:
 
     def _sized(self, given: tuple) -> Sized:
         if given not in self._given:
-            located = [key for key, _, _ in self.graph.symbols]
-
             def compile_at(values):
                 COUNTERS["vjp_compiles"] += 1
-                return _compile_vjp(self.graph, self.grads, given, _trace(self.graph, self.grads, values), located)
+                return _compile_vjp(self.graph, self.grads, given, _trace(self.graph, self.grads, values))
 
             def failed(e):   # (these sizes and later ones run the training compile)
                 COUNTERS["vjp_fallbacks"] += 1
@@ -538,11 +524,11 @@ def _trace(graph: ChunkGraph, grads: tuple, values: dict | None = None) -> tuple
         return mode, fakes, list(graph.gm(*fakes))
 
 
-def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple, located) -> Variant:
+def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple) -> Variant:
     """A ``Variant`` whose code is (compiled fn(*inputs, *sizes, *tangents) -> the gradients that
     exist, the tangents' shapes in the inputs' symbols, their dtypes, {symbol: (input, dim)} to
     read them from, which of ``grads`` has a gradient), with the shape guards of the trace and the
-    compile. ``traced``: ``_trace(graph, grads, values)``; ``located``: ``ChunkGraph.symbols``' keys."""
+    compile. ``traced``: ``_trace(graph, grads, values)``."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -589,7 +575,7 @@ def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple, l
             torch.set_grad_enabled(False), inductor_config.patch(onehot.compile_config()), \
             functorch_config.patch(force_non_lazy_backward_lowering=True):
         fn = compile_fx(traced, inputs)
-    return Variant((fn, shapes, [t.dtype for t in tangents], where, tuple(present)), shape_guards(mode, located))
+    return Variant((fn, shapes, [t.dtype for t in tangents], where, tuple(present)), shape_guards(mode, graph.symbols))
 
 
 def check(graph: ChunkGraph) -> None:
