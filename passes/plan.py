@@ -16,7 +16,7 @@ from . import unit_axes
 from .graphs import ALIASES, ancestors, in_order, per_token, same
 from .kv import kv_outputs, returned_chain
 from .positions import rebuild_positions
-from .schedule import AUTO_CHUNK_RULE, auto_head_chunk, chunk_size
+from .schedule import AUTO_CHUNK_RULE, auto_head_chunk, chunk_count, chunk_size
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
 from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL, UNKNOWN_MIXING
 from .specs import SUM, WHOLE, Spec
@@ -87,7 +87,7 @@ class RegionPlan:
         chunk it chose at this length, or True where the length is symbolic (chosen per call)."""
         if isinstance(self.length, int):
             c = budget if budget is not None and not isinstance(budget, bool) else self.chunk_at(self.length)
-            schedule = f"{-(-self.length // c)} chunk(s) of {c} tokens (T={self.length})" \
+            schedule = f"{chunk_count(self.length, c)} chunk(s) of {c} tokens (T={self.length})" \
                 + (", sized by the memory budget" if budget is not None else "")
         else:
             c = "the largest size the memory budget fits at the call's length" if budget \

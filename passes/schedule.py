@@ -55,6 +55,26 @@ def chunk_size(kind: str, T: int, fixed: int | None, policy=None) -> int:
     return min(fixed or auto_chunk(T), T)
 
 
+def chunk_bounds(T: int, c: int) -> list:
+    """The chunks [s, e) of a length-T sequence in chunks of c tokens: c tokens each, the
+    last what remains, except that one token is never a chunk of its own where more are: a last
+    chunk of one token takes one from the chunk before it (c - 1 and 2 tokens; with c = 2, the
+    two join into one of 3). A chunk graph is compiled for chunks of two or more rows (a size of 1
+    is where broadcasting, and the guards a compile takes on it, differ), so one row left over
+    would compile every graph of the region again."""
+    out = [(s, min(s + c, T)) for s in range(0, T, c)]
+    if c > 1 and len(out) > 1 and out[-1][1] - out[-1][0] == 1:
+        s = out[-2][0]
+        out[-2:] = [(s, T - 2), (T - 2, T)] if c > 2 else [(s, T)]
+    return out
+
+
+def chunk_count(T: int, c: int) -> int:
+    """How many chunks ``chunk_bounds(T, c)`` has."""
+    n = -(-T // c)
+    return n - 1 if c == 2 and n > 1 and T % 2 == 1 else n
+
+
 def chunk_candidates(T: int) -> list:
     """Chunk sizes a memory budget chooses from, largest first: T, then powers of two below it."""
     out, c = [T], 1

@@ -21,7 +21,7 @@ import warnings
 import torch
 import torch.fx as fx
 
-from streamfx.passes.schedule import chunk_size
+from streamfx.passes.schedule import chunk_bounds, chunk_size
 
 from . import failures, keyranges
 from .passes.graphs import hint
@@ -128,8 +128,7 @@ class RegionProgram:
 
     def bounds(self, inputs):
         T = self.length(inputs)
-        c = self.size_for(T)
-        return [(s, min(s + c, T)) for s in range(0, T, c)]
+        return chunk_bounds(T, self.size_for(T))
 
     def chunk_inputs(self, inputs, s, e, lo=0, ke=None, reuse=None):
         """The chunk's inputs, with the keys [lo, ke) (default [0, e)); ``reuse``: inputs already

@@ -97,3 +97,22 @@ def test_automatic_layer_chunk_grows_with_the_length_and_bounds_chunk_by_length(
         c = auto_chunk(T)
         assert c >= 512 and (c * T <= 1 << 25 or c == 512), (T, c)
     assert auto_chunk(32768) == 1024 and auto_chunk(1 << 20) == 512
+
+
+def test_no_chunk_is_one_token_where_the_sequence_has_more():
+    """The schedule's chunks cover the sequence in order, none empty, none longer than the chunk
+    size (but with chunks of 2, where a last token joins the chunk before it), and none of one
+    token where the sequence has more: a chunk graph compiled for chunks of several rows takes
+    guards a chunk of one row breaks (``tests/test_dynamic.py``'s Inductor loop counts them)."""
+    from streamfx.passes.schedule import chunk_bounds, chunk_count
+
+    assert chunk_bounds(16, 5) == [(0, 5), (5, 10), (10, 14), (14, 16)]
+    assert chunk_bounds(7, 2) == [(0, 2), (2, 4), (4, 7)] and chunk_bounds(1, 4) == [(0, 1)]
+    assert chunk_bounds(4097, 1024)[-2:] == [(3072, 4095), (4095, 4097)]
+    for T in range(1, 70):
+        for c in range(1, 18):
+            b = chunk_bounds(T, c)
+            assert len(b) == chunk_count(T, c) and b[0][0] == 0 and b[-1][1] == T, (T, c, b)
+            assert all(s < e and e == s2 for (s, e), (s2, _) in zip(b, b[1:] + [(T, None)])), (T, c, b)
+            assert all(e - s <= c for s, e in b) or (c == 2 and b[-1][1] - b[-1][0] == 3), (T, c, b)
+            assert len(b) == 1 or c == 1 or all(e - s >= 2 for s, e in b), (T, c, b)
