@@ -228,6 +228,8 @@ def _meta(ns) -> dict:
 
 
 # ---------------------------------------------------------------- report
+# chunk graphs compiled again for a call whose sizes broke a shape guard of their compiles: "+N"
+COMPILED = "graphs compiled (Dynamo+chunk[+at new sizes])"
 COLUMNS = {
     "kernels": [("model", "model"), ("kernel", "kernel"), ("dtype", "dtype"), ("status", "status"), ("streamed", "streamed"),
                 ("grad_error", "grad error vs eager"), ("eager_rounding", "eager vs fp32 math"), ("reason", "note")],
@@ -236,17 +238,17 @@ COLUMNS = {
                 ("moved", "inputs offloaded / dropped / rebuilt / loaded"), ("reason", "note")],
     "memory": [("method", "method"), ("seq", "T"), ("status", "status"), ("allocated", "peak allocated GiB"),
                ("before", "allocated before GiB"), ("reserved", "peak reserved GiB"), ("seconds", "step s"),
-               ("first_seconds", "first step s (compile)"), ("compiled", "graphs compiled (Dynamo+chunk)"), ("chunks", "chunk calls / region calls"),
+               ("first_seconds", "first step s (compile)"), ("compiled", COMPILED), ("chunks", "chunk calls / region calls"),
                ("vjp", "backward chunk graphs compiled / fallen back (first step)"), ("reason", "note")],
     "plan": [("quantity", "quantity"), ("method", "method"), ("seq", "T"), ("chunks", "chunks (layer head)"),
              ("predicted", "predicted"), ("measured", "measured"), ("ratio", "predicted / measured"),
              ("reason", "note")],
     "max_len": [("method", "method"), ("status", "status"), ("max_len", "longest T that fits"),
-                ("first_failure", "first T that does not"), ("compiles", "compiles while probing"),
+                ("first_failure", "first T that does not"), ("compiles", "compiled while probing (Dynamo+chunk[+at new sizes])"),
                 ("probes", "probes"), ("reason", "note")],
     "speed": [("method", "method"), ("seq", "T"), ("status", "status"), ("seconds", "median step s"),
               ("first_seconds", "first step s (compile)"), ("reserved", "peak reserved GiB"),
-              ("compiled", "graphs compiled (Dynamo+chunk)"), ("chunks", "chunk calls / region calls"),
+              ("compiled", COMPILED), ("chunks", "chunk calls / region calls"),
               ("vjp", "backward chunk graphs compiled / fallen back (first step)"), ("reason", "note")],
 }
 

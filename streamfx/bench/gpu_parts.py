@@ -202,7 +202,7 @@ def measured_step(step, preset, seq: int, setup: Setup) -> dict:
 
     ids, labels = presets_mod.make_batch(preset, seq, setup.device)
     row = {"seq": seq}
-    before = (_compiles(), CHUNK_COUNTERS["chunk_compiles"], COUNTERS["chunks_forward"], COUNTERS["region_forward"],
+    before = (_compiles(), COUNTERS["chunks_forward"], COUNTERS["region_forward"],
               CHUNK_COUNTERS["vjp_compiles"], CHUNK_COUNTERS["vjp_fallbacks"])
     caught = []
     step.clear()   # (memory held before the step: the weights, not the last step's gradients)
@@ -220,12 +220,13 @@ def measured_step(step, preset, seq: int, setup: Setup) -> dict:
         row.update(status="ok", allocated=peak.allocated, reserved=peak.reserved)
     except Exception as exc:  # noqa: BLE001 - reported in the table
         row.update(status="oom" if is_oom(exc) else "error", reason=describe_exception(exc))
-    # what the step did: graphs compiled (Dynamo's and streamfx's chunk graphs), regions run, of
-    # them chunk by chunk, and the first streamfx warning
-    row["compiled"] = f"{_compiles() - before[0]}+{CHUNK_COUNTERS['chunk_compiles'] - before[1]}"
-    row["chunks"] = f"{COUNTERS['chunks_forward'] - before[2]}/{COUNTERS['region_forward'] - before[3]}"
+    # what the step did: graphs compiled (Dynamo's and streamfx's chunk graphs, and chunk graphs
+    # compiled again at this step's sizes), regions run, of them chunk by chunk, and the first
+    # streamfx warning
+    row["compiled"] = _compiled_since(before[0])
+    row["chunks"] = f"{COUNTERS['chunks_forward'] - before[1]}/{COUNTERS['region_forward'] - before[2]}"
     # backward chunks compiled as one graph each, and those that fell back to the training compile
-    row["vjp"] = f"{CHUNK_COUNTERS['vjp_compiles'] - before[4]}/{CHUNK_COUNTERS['vjp_fallbacks'] - before[5]}"
+    row["vjp"] = f"{CHUNK_COUNTERS['vjp_compiles'] - before[3]}/{CHUNK_COUNTERS['vjp_fallbacks'] - before[4]}"
     notes = _streamfx_notes(caught)
     if notes and "reason" not in row:
         row["reason"] = notes[0][:300]
@@ -238,10 +239,21 @@ def _streamfx_notes(caught) -> list[str]:
     return [str(w.message) for w in caught if "streamfx" in str(w.message)]
 
 
-def _compiles() -> int:
+def _compiles() -> tuple:
+    """(Dynamo's graphs, streamfx's chunk graphs, chunk graphs compiled again for a call whose sizes
+    broke a shape guard of their compiles) compiled so far in this process."""
     from torch._dynamo.utils import counters
+    from streamfx.chunks import COUNTERS
 
-    return int(counters["stats"].get("unique_graphs", 0))
+    return int(counters["stats"].get("unique_graphs", 0)), COUNTERS["chunk_compiles"], COUNTERS["guard_recompiles"]
+
+
+def _compiled_since(before: tuple) -> str:
+    """What compiled since ``before`` (``_compiles()``): "Dynamo+chunk", then "+N" where N chunk
+    graphs compiled again at a call's sizes."""
+    now = _compiles()
+    again = now[2] - before[2]
+    return f"{now[0] - before[0]}+{now[1] - before[1]}" + (f"+{again}" if again else "")
 
 
 # ---------------------------------------------------------------- part 1: kernel forms
@@ -535,7 +547,7 @@ def _bisect(step, preset, fit, fitting: int, cap, setup: Setup, times=()) -> dic
             reason = ""
             break
     return {"status": "ok" if lo else "none fits", "max_len": lo or None, "first_failure": hi,
-            "probes": probes, "compiles": _compiles() - before, "reason": reason}
+            "probes": probes, "compiles": _compiled_since(before), "reason": reason}
 
 
 # ---------------------------------------------------------------- part 4: step time
