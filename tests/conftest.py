@@ -299,7 +299,9 @@ def assert_streamed(run: Run, T: int | None = None, head_chunk_size: int | None 
         # (one program per partition attempt: dropping the logits output re-traces once)
         assert all(p.chunk_size == head_chunk_size for p in heads), [p.chunk_size for p in heads]
         if T is not None:
-            n = -(-T // head_chunk_size)
+            from streamfx.passes.schedule import chunk_count
+
+            n = chunk_count(T, head_chunk_size)
     assert c["chunks_forward"] >= n and c["chunks_backward"] >= n, (c, n, run.warnings)
     if T is not None and head_chunk_size is not None:
         runs = run.schedules.get("head", [])

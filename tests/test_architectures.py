@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import streamfx
 import zoo
 from conftest import assert_grads_match, run_eager_and_compiled
+from streamfx.passes.schedule import chunk_count
 
 PLAIN = ("sinks", "alibi", "chunked", "mla")
 HF = ("falcon", "bloom")
@@ -33,7 +34,7 @@ def check(name, case, options, *, T=T):
     assert layers == {f"layer.{i}" for i in range(zoo.LAYERS)}, (sorted(layers), run.warnings)
     chunk = options.get("chunk_size")
     if chunk is not None:
-        n = -(-inputs.T // chunk)
+        n = chunk_count(inputs.T, chunk)
         for name_ in layers:  # forward, then the backward's recomputation: every run in n chunks
             assert run.schedules[name_] and set(run.schedules[name_]) == {n}, (name_, run.schedules)
     return run

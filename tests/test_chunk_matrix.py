@@ -11,7 +11,6 @@ symbolic chunk and prefix length, so one compile serves every chunk size: the In
 runs the chunk sizes of a model on one case and checks that no chunk size after the first
 compiles anything: two models at all six sizes, the rest of the zoo (slow tier) at three.
 """
-import math
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ import torch
 import zoo
 from tiers import cases
 from conftest import assert_grads_match, assert_streamed, run_eager_and_compiled
+from streamfx.passes.schedule import chunk_count
 
 T = 18
 LAYER_CHUNKS = [1, 5, 16, T - 1, T, 40]
@@ -44,7 +44,7 @@ def check(run, case, chunk, head_chunk):
     layers = {p.name for p in run.programs if p.name.startswith("layer")}
     assert layers == {f"layer.{i}" for i in range(zoo.LAYERS)}, [p.name for p in run.programs]
     for name in layers:
-        assert all(n == math.ceil(T / chunk) for n in run.schedules[name]), (name, run.schedules)
+        assert all(n == chunk_count(T, chunk) for n in run.schedules[name]), (name, run.schedules)
     assert_streamed(run, T=T, head_chunk_size=head_chunk)
 
 

@@ -21,6 +21,7 @@ from conftest import assert_grads_match
 from streamfx.backend import streambp_backend
 from streamfx.runtime import COUNTERS
 from streamfx.passes.compat import TORCH
+from streamfx.passes.schedule import chunk_count
 
 # torch 2.11's C++ code generation fails on a few chunk graphs (Falcon's rotary backward under
 # symbolic sizes: a transposed store indexed by a value loaded in a loop it is not declared in, a
@@ -158,8 +159,8 @@ def forms_loop(name, shapes, codegen):
     chunk_compiles = []
     for i, (B, T) in enumerate(shapes):
         ran = calls.call((varied if hf else plain)(calls, B, T, i))
-        head = ran["chunks_forward"] - calls.layers * -(-T // 5)
-        assert head in (-(-T // 4), -(-(T - 1) // 4)), (name, B, T, ran)  # head chunks of 4 over T or T - 1 rows
+        head = ran["chunks_forward"] - calls.layers * chunk_count(T, 5)
+        assert head in (chunk_count(T, 4), chunk_count(T - 1, 4)), (name, B, T, ran)  # head chunks of 4 over T or T - 1 rows
         chunk_compiles.append(ran["chunk_compiles"])
         assert ran["chunk_compile_failures"] == ran["cpp_codegen_faults"], ran
     assert calls.compiles == 2
@@ -269,7 +270,7 @@ def test_automatic_chunk_size_follows_the_length():
         schedules.append(ran["chunks_backward"])
     # layers: ceil(T / auto_chunk(T)) chunks each (auto: T/4, at least 64); the head: one chunk
     from streamfx.passes.schedule import auto_chunk
-    assert schedules == [zoo.LAYERS * -(-T // auto_chunk(T)) + 1 for T in (70, 300, 130)]
+    assert schedules == [zoo.LAYERS * chunk_count(T, auto_chunk(T)) + 1 for T in (70, 300, 130)]
 
 
 def test_automatic_chunks_above_512_tokens_are_exact():
@@ -452,7 +453,7 @@ def test_trl_grpo_every_length_and_completion_length():
         args = (ids, attention_mask, completion_mask, old, torch.randn(B, generator=g))
         ran = calls.call(zoo.Inputs(args, {}, zoo.Case("t", B, T), lambda o: o, None, zoo.VOCAB))
         # the head streams over the K completion tokens in chunks of 4; each layer over T in chunks of 5
-        assert ran["chunks_backward"] == -(-K // 4) + calls.layers * -(-T // 5), (B, T, K, ran)
+        assert ran["chunks_backward"] == chunk_count(K, 4) + calls.layers * chunk_count(T, 5), (B, T, K, ran)
     # the per-row stack is a Python loop over the batch, so Dynamo keeps B static: the first
     # shape, then one graph with symbolic T and K per batch size (2 and 3)
     assert calls.compiles == 3

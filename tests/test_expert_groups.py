@@ -12,6 +12,7 @@ from streamfx.passes.seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, UNKNOWN_MIXING,
 
 import zoo
 from tiers import compiling
+from streamfx.passes.schedule import chunk_count
 
 T = 13
 
@@ -23,7 +24,7 @@ def _run(B, length, chunk, options=None, **model_kw):
                                      {"chunk_size": chunk, "strict": True, **(options or {})})
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
-    n = -(-length // min(chunk, length))
+    n = chunk_count(length, min(chunk, length))
     layers = {name: runs for name, runs in run.schedules.items() if name.startswith("layer.")}
     assert sorted(layers) == [f"layer.{i}" for i in range(zoo.LAYERS)], (run.schedules, run.warnings)
     assert all(runs and set(runs) == {n} for runs in layers.values()), layers

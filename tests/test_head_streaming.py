@@ -17,6 +17,7 @@ import zoo
 from streamfx.passes.specs import SUM
 from conftest import (assert_grads_match, assert_head_not_streamed, assert_streamed, at_chunk_size, head_plans,
                       relative_error, run_eager_and_compiled)
+from streamfx.passes.schedule import chunk_count
 
 EAGER = {"codegen": "eager"}
 
@@ -42,7 +43,7 @@ def test_head_chunk_sizes(chunk):
     model, make_inputs = zoo.nanogpt()
     inputs = make_inputs("prompt")
     run = parity(model, inputs, chunk)
-    n_chunks = -(-T_PROMPT // chunk)  # 16, 3, 2, 1, 1
+    n_chunks = chunk_count(T_PROMPT, chunk)  # 16, 3, 2, 1, 1
     # one forward pass that also computes the loss's gradients (a scalar loss: head_grad="auto")
     assert run.head_passes == 1 and run.schedules["head"] == [n_chunks]
 
@@ -493,7 +494,7 @@ def test_grpo_logit_shift_parity(chunk):
     run = run_eager_and_compiled(model, inputs, {**EAGER, "head_chunk_size": chunk})
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
-    n = -(-15 // chunk)
+    n = chunk_count(15, chunk)
     assert_streamed(run, T=15, head_chunk_size=chunk)
     assert run.schedules["head"] == [n] * run.head_passes, run.schedules
 
@@ -776,7 +777,7 @@ def test_head_grad_modes(case, mode):
     T = 15 if case == "grpo" else inputs.T
     run = parity(model, inputs, 4, T=T, head_grad=mode)
     head = run.programs_named("head")[-1]
-    n = -(-T // 4)
+    n = chunk_count(T, 4)
     if mode == "forward":
         assert head.seeds is not None and run.schedules["head"] == [n], (head.seeds, run.schedules)
     else:

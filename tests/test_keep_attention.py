@@ -19,6 +19,7 @@ from test_failures import _failing_chunk
 from test_kernels import CASES, CHUNK, T, kernel_context, rel
 
 from streamfx import StreamBPError, blocks, emulate
+from streamfx.passes.schedule import chunk_count
 
 
 def _count_attention_forwards(monkeypatch) -> list:
@@ -89,7 +90,7 @@ def test_kept_attention_runs_its_forward_once_and_is_exact(monkeypatch, kernel, 
     ``attention="recompute"``): causal as blocks or flash's own call, and with a data mask
     (padding, packed documents, a sliding window) the kernel's masked call, whose backward reads
     the kept output with the chunk's mask."""
-    chunks = zoo.LAYERS * -(-T // CHUNK)
+    chunks = zoo.LAYERS * chunk_count(T, CHUNK)
     run, calls, _, _ = _run(monkeypatch, kernel, case, "keep")
     forwards = len(calls)
     said = [w for w in run.warnings if "its backward recomputes the attention" in w]
@@ -130,13 +131,13 @@ def test_kept_attention_of_rows_that_read_every_key(monkeypatch, codegen):
     assert not run.warnings, run.warnings
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
-    assert run.counters["attention_kept"] == zoo.LAYERS * -(-T // CHUNK), run.counters
+    assert run.counters["attention_kept"] == zoo.LAYERS * chunk_count(T, CHUNK), run.counters
 
 
 @pytest.mark.fast
 def test_recompute_runs_the_attention_forward_twice(monkeypatch):
     """The control of the test above: the default recomputes each chunk's attention."""
-    chunks = zoo.LAYERS * -(-T // CHUNK)
+    chunks = zoo.LAYERS * chunk_count(T, CHUNK)
     run, forwards, _, _ = _run(monkeypatch, "cpu", "hf_causal", "recompute")
     assert len(forwards) == 2 * chunks and run.counters["attention_kept"] == 0
     assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
@@ -147,7 +148,7 @@ def test_recompute_runs_the_attention_forward_twice(monkeypatch):
                                          pytest.param("flash", "causal", marks=pytest.mark.extended),
                                          pytest.param("efficient", "left_pad", marks=pytest.mark.slow)])
 def test_kept_attention_under_inductor(monkeypatch, kernel, case):
-    chunks = zoo.LAYERS * -(-T // CHUNK)
+    chunks = zoo.LAYERS * chunk_count(T, CHUNK)
     run, forwards, _, _ = _run(monkeypatch, kernel, case, "keep", codegen="inductor")
     assert not run.warnings, run.warnings
     assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
@@ -269,7 +270,7 @@ def test_kept_attention_at_later_lengths_and_batch_sizes():
         said = [str(w.message) for w in caught if "attention='keep'" in str(w.message)]
         assert len(said) == (0 if kept else zoo.LAYERS) and all(f"(T={length})" in w for w in said), said
         assert_grads_match(grads_of(ref), grads_of(mine), rtol=1e-5)
-        assert COUNTERS["attention_kept"] - before == (zoo.LAYERS * -(-length // CHUNK) if kept else 0)
+        assert COUNTERS["attention_kept"] - before == (zoo.LAYERS * chunk_count(length, CHUNK) if kept else 0)
 
 
 @pytest.mark.fast
@@ -284,7 +285,7 @@ def test_kept_attention_in_layers_compiled_alone():
         layer.compile(backend="streambp", options={**OPTIONS, "attention": "keep", "strict": True})
     ran, messages = compare(ref, model, make_inputs("odd17"))
     assert not messages, messages
-    chunks = zoo.LAYERS * -(-17 // OPTIONS["chunk_size"])
+    chunks = zoo.LAYERS * chunk_count(17, OPTIONS["chunk_size"])
     assert ran["region_backward"] == zoo.LAYERS and ran["attention_kept"] == chunks, ran
 
 

@@ -23,6 +23,7 @@ from conftest import assert_grads_match, grads_of, run_eager_and_compiled
 from streamfx import emulate
 from streamfx.passes import kernels
 from streamfx.passes.graphs import bind
+from streamfx.passes.schedule import chunk_count
 
 T = 24     # no other dim of the zoo's models is 24
 CHUNK = 5
@@ -130,7 +131,7 @@ def run_form(kernel, case, dtype=torch.float32, codegen="eager"):
         run = run_eager_and_compiled(model, inputs, options)
     assert sorted({p.name for p in run.programs}) == ["head"] + [f"layer.{i}" for i in range(zoo.LAYERS)], (
         [p.name for p in run.programs], run.warnings)
-    assert run.counters["chunks_backward"] >= (zoo.LAYERS + 1) * -(-T // CHUNK), run.counters
+    assert run.counters["chunks_backward"] >= (zoo.LAYERS + 1) * chunk_count(T, CHUNK), run.counters
     assert not run.warnings, run.warnings
     check_kernel_use(kernel, case, attention_calls(run.programs))
     no_token_by_token(saved)
@@ -213,7 +214,7 @@ def _masked_form(kernel, form, options):
         run = run_eager_and_compiled(model, inputs, {"chunk_size": CHUNK, **options})
     layers = {p.name for p in run.programs if p.name.startswith("layer")}
     assert layers == {f"layer.{i}" for i in range(zoo.LAYERS)}, ([p.name for p in run.programs], run.warnings)
-    assert run.counters["chunks_backward"] >= zoo.LAYERS * -(-T // CHUNK), run.counters
+    assert run.counters["chunks_backward"] >= zoo.LAYERS * chunk_count(T, CHUNK), run.counters
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
     return run

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 import zoo
 from conftest import assert_grads_match, grads_of, run_eager_and_compiled
 from tiers import cases
+from streamfx.passes.schedule import chunk_count
 
 FORMS = ("diff", "diff-own", "diff-eager", "where", "where-local", "mul")
 WINDOW = 5
@@ -145,7 +146,7 @@ def check(form, case, options):
     assert not run.warnings, run.warnings
     layers = {p.name for p in run.programs if p.name.startswith("layer")}
     assert layers == {f"layer.{i}" for i in range(zoo.LAYERS)}, (sorted(layers), run.warnings)
-    n = -(-inputs.T // options["chunk_size"])
+    n = chunk_count(inputs.T, options["chunk_size"])
     for name in layers:  # forward, then the backward's recomputation: every run in n chunks
         assert run.schedules[name] and set(run.schedules[name]) == {n}, (name, run.schedules)
     return run, errors

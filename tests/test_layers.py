@@ -14,6 +14,7 @@ from test_analysis import TinyLM
 
 import zoo
 from tiers import examples
+from streamfx.passes.schedule import chunk_count
 
 
 def run_parity(model, args, options, rtol=1e-4):
@@ -42,7 +43,7 @@ def test_layer_parity_per_chunk_size(chunk, attn):
     idx = torch.randint(0, 24, (2, T))
     before = COUNTERS["chunks_backward"]
     run_parity(model, (idx, idx), {"codegen": "eager", "chunk_size": chunk, "head_chunk_size": 7})
-    layer_chunks = 2 * -(-T // chunk)
+    layer_chunks = 2 * chunk_count(T, chunk)
     assert COUNTERS["chunks_backward"] - before >= layer_chunks
 
 
@@ -173,6 +174,7 @@ def test_sliding_window_reads_only_the_window(name, attn, pad, codegen, monkeypa
     whole prefix, in the forward and the backward; gradients stay exact. Gemma3 alternates a
     sliding layer (W=4) with a global one, which reads every key up to e."""
     from conftest import assert_grads_match, run_eager_and_compiled
+    from streamfx.passes.schedule import chunk_bounds
     from streamfx.runtime import LayerProgram
 
     reads = []
@@ -192,7 +194,7 @@ def test_sliding_window_reads_only_the_window(name, attn, pad, codegen, monkeypa
     assert_grads_match(run.ref_grads, run.grads)
     sliding = {"mistral_sliding": {"layer.0", "layer.1"}, "gemma3": {"layer.0"}}[name]
     assert {r[0] for r in reads} == {"layer.0", "layer.1"}
-    start_of = {min(s + c, T): s for s in range(0, T, c)}  # chunk end -> chunk start
+    start_of = {e: s for s, e in chunk_bounds(T, c)}  # chunk end -> chunk start (16 in chunks of 3: the last two of 2 rows)
     wide = [r for r in reads if r[1:3] == (0, T)]
     # a padding row can see no key (left padding; right padding past the window): HF's eager
     # attention then averages it over every key, so its chunk reads all of them ("wide")
@@ -355,7 +357,7 @@ def test_dropout_on_attention_probabilities_streams_and_replays_per_chunk(form):
 def test_layer_streaming_property(data):
     """Random (T, chunk size, batch, padding side and length, prompt span, GQA ratio, sliding
     window, attention implementation) on a Mistral-style model: loss and every gradient match
-    eager autograd, and the layers really stream in ceil(T / chunk) chunks."""
+    eager autograd, and the layers really stream in the schedule's chunks (``chunk_count``)."""
     from conftest import assert_grads_match, run_eager_and_compiled
     from transformers import MistralConfig, MistralForCausalLM
 
@@ -385,7 +387,7 @@ def test_layer_streaming_property(data):
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
     for name in ("layer.0", "layer.1"):
-        assert run.schedules.get(name) and set(run.schedules[name]) == {-(-T // chunk)}, run.schedules
+        assert run.schedules.get(name) and set(run.schedules[name]) == {chunk_count(T, chunk)}, run.schedules
 
 
 @pytest.mark.fast

@@ -13,7 +13,7 @@ import torch
 import streamfx
 from streamfx import membudget, runtime, stepmodel
 from streamfx.chunks import COUNTERS
-from streamfx.passes.schedule import chunk_candidates, largest_fitting
+from streamfx.passes.schedule import chunk_candidates, chunk_count, largest_fitting
 
 import zoo
 
@@ -355,7 +355,7 @@ def test_explain_under_a_budget_chooses_the_chunks_the_compile_chooses(offload):
     assert len(lines) >= 3 and "automatic size" not in text, text
     for line in lines:
         chunk = c if line.startswith("layer") else h
-        assert per_call in line or f": {-(-T // chunk)} chunk(s) of {chunk} tokens (T={T}), sized by the memory budget;" \
+        assert per_call in line or f": {chunk_count(T, chunk)} chunk(s) of {chunk} tokens (T={T}), sized by the memory budget;" \
             in line, line
 
 

@@ -12,6 +12,7 @@ from streamfx.passes.seq_dims import TOKEN_LOCAL, UNKNOWN_MIXING, infer_axes
 
 import zoo
 from tiers import cases, compiling
+from streamfx.passes.schedule import chunk_count
 
 pytestmark = pytest.mark.skipif(not zoo.moe_streams(), reason="transformers < 5.24: grouped_mm_fallback's "
                                 "backward reads offs.tolist(); tests/test_untraceable.py checks the refusal")
@@ -29,7 +30,7 @@ def _parity(inputs, options, model=None):
 
 def _layers_streamed(run, chunk, length=T, n_layers=zoo.LAYERS):
     """Every layer region ran chunk by chunk, forward and backward, with ceil(T / chunk) chunks."""
-    n = -(-length // min(chunk, length))
+    n = chunk_count(length, min(chunk, length))
     layers = {name: runs for name, runs in run.schedules.items() if name.startswith("layer.")}
     assert sorted(layers) == [f"layer.{i}" for i in range(n_layers)], (run.schedules, run.warnings)
     for name, runs in layers.items():
@@ -214,7 +215,7 @@ def test_router_aux_loss_streams(case):
     inputs = make_inputs(zoo.Case("t", 2, T)) if case == "t" else make_inputs(case)
     run = _parity(inputs, {"chunk_size": 5, "head_chunk_size": 6}, model)
     _layers_streamed(run, 5, inputs.T)
-    assert set(run.schedules["head"]) == {-(-inputs.T // 6)}, run.schedules
+    assert set(run.schedules["head"]) == {chunk_count(inputs.T, 6)}, run.schedules
     for got, ref in zip(run.out.router_logits, run.ref_out.router_logits, strict=True):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(run.out.aux_loss, run.ref_out.aux_loss, rtol=1e-5, atol=1e-7)
@@ -288,7 +289,7 @@ def test_eager_expert_loop_is_exact():
     model.config._experts_implementation = "eager"
     assert model.model.layers[0].mlp.experts.config._experts_implementation == "eager"
     run = _parity(make_inputs("right_pad"), {"chunk_size": 5}, model)
-    n = -(-T // 5)
+    n = chunk_count(T, 5)
     assert run.schedules.get("layer.0") and set(run.schedules["layer.0"]) == {n}, run.schedules
     # one layer region per graph piece (the loop splits the model inside each layer's MoE block),
     # each asked for its schedule four times over a forward and backward, as in a one-graph model
