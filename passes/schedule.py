@@ -71,8 +71,7 @@ def chunk_bounds(T: int, c: int) -> list:
 
 def chunk_count(T: int, c: int) -> int:
     """How many chunks ``chunk_bounds(T, c)`` has."""
-    n = -(-T // c)
-    return n - 1 if c == 2 and n > 1 and T % 2 == 1 else n
+    return len(chunk_bounds(T, c))
 
 
 def chunk_candidates(T: int) -> list:
