@@ -15,7 +15,7 @@ import torch
 
 import zoo
 from conftest import assert_grads_match
-from test_distributed import CASE, OPTIONS, WORLD, eager_grads, finish, launch
+from test_distributed import CASE, OPTIONS, WORLD, eager_grads, finish, init_ranks, launch
 
 try:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -25,8 +25,11 @@ except ImportError as err:  # not installed: .ci/setup installs it (its CPU comm
     MISSING = f"deepspeed is not importable: {err}"
 
 
-def _worker(rank, port, mode, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+def _worker(rank, rendezvous, mode, out):
+    # DeepSpeed's init_distributed looks for the launcher's variables (else it tries MPI discovery)
+    # before it adopts the group already joined; the ranks meet through init_ranks' file store, and
+    # nothing listens on MASTER_PORT
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500", RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", STREAMFX_VERIFY="1", DS_ACCELERATOR="cpu")
     sys.path.insert(0, os.path.dirname(__file__))
     import deepspeed
@@ -36,7 +39,7 @@ def _worker(rank, port, mode, out):
     from streamfx.runtime import COUNTERS
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    init_ranks(rank, rendezvous)
     deepspeed.init_distributed(dist_backend="gloo")  # adopts the process group
     try:
         if mode == "zero3_hf_head":

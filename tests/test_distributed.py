@@ -8,7 +8,6 @@ bucket it reduces).
 """
 import faulthandler
 import os
-import socket
 import sys
 import time
 import warnings
@@ -26,22 +25,24 @@ OPTIONS = {"codegen": "eager", "chunk_size": 8, "head_chunk_size": 8}
 CASE = zoo.Case("dist", 2, 24)          # the global batch: one row per rank
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def init_ranks(rank, rendezvous):
+    """Joins the 2 ranks' gloo group through a file store in the test's own directory: no port to
+    choose, so tests launched at once (pytest-xdist workers) cannot race for one; gloo's own
+    connections bind ports the system picks."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=WORLD)
 
 
-def _worker(rank, port, mode, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
-                      OMP_NUM_THREADS="1", STREAMFX_VERIFY="1")
+def _worker(rank, rendezvous, mode, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", STREAMFX_VERIFY="1")
     sys.path.insert(0, os.path.dirname(__file__))
     import torch.distributed as dist
 
     from streamfx.runtime import COUNTERS
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    init_ranks(rank, rendezvous)
     try:
         model, make_inputs = zoo.tiny_llama()
         ids, labels = make_inputs(CASE).args
@@ -119,8 +120,10 @@ def _watched(rank, worker, *args):
 
 
 def launch(mode, tmp_path, worker=None) -> list:
-    """Run ``worker(rank, port, mode, out)`` (``_worker`` by default) on 2 ranks; each rank's saved results."""
-    ctx = mp.start_processes(_watched, args=(worker or _worker, _free_port(), mode, str(tmp_path)), nprocs=WORLD,
+    """Run ``worker(rank, rendezvous, mode, out)`` (``_worker`` by default) on 2 ranks; each rank's
+    saved results. ``rendezvous`` is the ``init_method`` of ``init_ranks``."""
+    rendezvous = f"file://{tmp_path}/rendezvous"
+    ctx = mp.start_processes(_watched, args=(worker or _worker, rendezvous, mode, str(tmp_path)), nprocs=WORLD,
                              join=False, start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
     while not ctx.join(timeout=5):
