@@ -64,10 +64,11 @@ class RangeCache:
 
     def get(self, inputs: list, extra: tuple):
         ids = [identity(x) for x in inputs]
+        candidates = []   # (entry, the (copy, input) pairs it must equal by value), most recent first
         for entry in self.entries:
             if entry.result[0] != extra:
                 continue
-            compare = []   # (copy, input) pairs to compare by value
+            compare = []
             for x, i, r, j, c in zip(inputs, ids, entry.refs, entry.ids, entry.copies):
                 if i == j and r() is not None:
                     continue
@@ -75,15 +76,26 @@ class RangeCache:
                     break
                 compare.append((c, x))
             else:
-                if compare and not _values_equal(compare):
-                    continue
-                # the entry now names these inputs: the next call with the same live tensors (the
-                # other layers of the step, the backward) matches without reading their values
-                entry.refs, entry.ids = [weakref.ref(_owner(x)) for x in inputs], ids
-                self.hits += 1
-                return entry.result[1]
+                if not compare:   # the same live tensors, unchanged: a hit with no read
+                    return self._hit(entry, inputs, ids)
+                candidates.append((entry, compare))
+        # (an entry's result is a function of its inputs' values, so any entry equal to these gives
+        # the same result): every candidate compared in one read of the device, however many
+        if candidates:
+            for (entry, _), equal in zip(candidates, _values_equal([compare for _, compare in candidates])):
+                if equal:
+                    return self._hit(entry, inputs, ids)
         self.misses += 1
         return None
+
+    def _hit(self, entry: _Entry, inputs: list, ids: list):
+        # the entry now names these inputs: the next call with the same live tensors (the other
+        # layers of the step, the backward) matches without reading their values
+        entry.refs, entry.ids = [weakref.ref(_owner(x)) for x in inputs], ids
+        self.entries.remove(entry)
+        self.entries.insert(0, entry)
+        self.hits += 1
+        return entry.result[1]
 
     def put(self, inputs: list, extra: tuple, result) -> None:
         copies = [x.detach().clone() if x.numel() <= SMALL else None for x in inputs]
@@ -96,13 +108,20 @@ def _alike(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
 
 
-def _values_equal(pairs: list) -> bool:
-    """Whether each pair of tensors is equal in value, read with one device-to-host transfer per
-    device (on a GPU each read waits for the device: one read per call, not one per input)."""
+def _values_equal(groups: list) -> list:
+    """For each group of (a, b) pairs, whether every pair is equal in value; all groups read with
+    one device-to-host transfer per device (on a GPU each read waits for the device: one read per
+    call, not one per input or per cache entry)."""
     by_device: dict = {}
-    for a, b in pairs:
-        by_device.setdefault(a.device, []).append((a == b).all())
-    return all(bool(torch.stack(flags).all()) for flags in by_device.values())
+    where = []   # per group: the (device, index) of each pair's flag
+    for pairs in groups:
+        where.append([])
+        for a, b in pairs:
+            flags = by_device.setdefault(a.device, [])
+            where[-1].append((a.device, len(flags)))
+            flags.append((a == b).all())
+    read = {d: torch.stack(flags).tolist() for d, flags in by_device.items()}
+    return [all(read[d][i] for d, i in group) for group in where]
 
 
 def reach(block: torch.Tensor, rows: tuple, kind: str, fill_finite: bool, key_dim: int,

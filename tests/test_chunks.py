@@ -121,7 +121,8 @@ def test_key_range_cache_reads_new_equal_inputs_once_then_matches_them_by_identi
 
     compared = []
     real = keyranges._values_equal
-    monkeypatch.setattr(keyranges, "_values_equal", lambda pairs: compared.append(len(pairs)) or real(pairs))
+    monkeypatch.setattr(keyranges, "_values_equal",
+                        lambda groups: compared.append(sum(map(len, groups))) or real(groups))
     cache = keyranges.RangeCache()
     old = [torch.arange(6).view(1, 6), torch.arange(6).view(6, 1), torch.tensor(-1e9)]
     cache.put(old, ("T",), "ranges")
@@ -145,6 +146,28 @@ def test_key_range_cache_reads_new_equal_inputs_once_then_matches_them_by_identi
     assert cache.get(fresh, ("T",)) == "ranges" and compared == [3, 1, 1, 3]   # (other memory: compared)
 
 
+@pytest.mark.fast
+def test_key_range_cache_compares_every_entry_in_one_read(monkeypatch):
+    """Entries left by earlier steps (other paddings, other models of one structure in the same
+    process) are compared in one read together, however many there are: a value no entry holds
+    costs one read, and one equal to an older entry's is found with one read and returns that
+    entry's result, not a newer one's."""
+    from streamfx import keyranges
+
+    reads = []
+    real = keyranges._values_equal
+    monkeypatch.setattr(keyranges, "_values_equal", lambda groups: reads.append(len(groups)) or real(groups))
+    cache = keyranges.RangeCache()
+    for v in range(4):
+        cache.put([torch.full((1, 6), v)], ("T",), f"ranges {v}")
+    assert cache.get([torch.full((1, 6), 9)], ("T",)) is None and reads == [4]
+    assert cache.get([torch.full((1, 6), 1)], ("T",)) == "ranges 1" and reads == [4, 4]
+    assert cache.get([torch.full((1, 6), 2)], ("T",)) == "ranges 2" and reads == [4, 4, 4]
+    named = torch.full((1, 6), 0)
+    assert cache.get([named], ("T",)) == "ranges 0" and reads == [4, 4, 4, 4]
+    assert cache.get([named], ("T",)) == "ranges 0" and reads == [4, 4, 4, 4]   # (named: no read)
+
+
 def test_a_step_reads_its_mask_inputs_from_the_device_once(monkeypatch):
     """A padded batch through a 4-layer Hugging Face model: each layer's mask inputs are views made
     anew of the step's position tensors. After the first step (which evaluates the masks), a step
@@ -166,9 +189,13 @@ def test_a_step_reads_its_mask_inputs_from_the_device_once(monkeypatch):
     mask[:, :9] = 0
     other[:, :2] = 0
     compiled = torch.compile(model, backend="streambp", options={"chunk_size": 5})
+    # (key ranges are cached per mask graph structure, process-wide: an earlier test's model of this
+    # structure would have left entries for these paddings)
+    monkeypatch.setattr(runtime, "_RANGE_CACHES", {})
     compared = []
     real = keyranges._values_equal
-    monkeypatch.setattr(keyranges, "_values_equal", lambda pairs: compared.append(len(pairs)) or real(pairs))
+    monkeypatch.setattr(keyranges, "_values_equal",
+                        lambda groups: compared.append(sum(map(len, groups))) or real(groups))
     torch.manual_seed(0)
     for step, m in enumerate([mask, mask, mask, other]):
         ids = torch.randint(0, zoo.VOCAB, m.shape)
