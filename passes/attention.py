@@ -93,6 +93,7 @@ class AttentionSite:
     # analysis reads is their effect on zero scores, one additive mask per (query, key)
     mask_chain: tuple = ()
     dropout: object = None             # a fused kernel's dropout probability where it draws dropout inside
+    mask_note: str | None = None       # why a mask that looks causal is not read as causal (masks.classify)
 
     @property
     def plain_causal_mask(self) -> bool:

@@ -62,6 +62,9 @@ def classify(site, constants: dict, length) -> None:
     if kind == "unknown":
         site.mask_kind = kind
         return
+    if kind is None and value is not None:
+        with unset_fake_temporarily():
+            site.mask_note = _finite_fill_note(value)
     site.is_causal = kind is not None or site.is_causal
     site.mask_kind = kind or "unknown"
     site.window = window
@@ -190,6 +193,27 @@ def _allowed(value: torch.Tensor) -> tuple:
     v = value if value.dtype == torch.bool else ~kernels.hidden(value) if value.is_floating_point() else value != 0
     v = v.reshape(-1, *v.shape[-2:]) if v.dim() > 2 else v.unsqueeze(0)
     return v.any(0), not bool((v == v[:1]).all())
+
+
+def _finite_fill_note(value: torch.Tensor) -> str | None:
+    """Where an additive mask lets every key through by the hiding rule (``kernels.hidden``) but
+    the positions at its lowest value, a finite negative fill, form a causal pattern: the cause to
+    give instead of "not causal", with what to change (GPT-1's ``w * b + -1e4 * (1 - b)``)."""
+    if not value.is_floating_point() or value.numel() == 0:
+        return None
+    fill = float(value.min())
+    if not -float("inf") < fill < 0:
+        return None
+    v = value > fill
+    v = v.reshape(-1, *v.shape[-2:]) if v.dim() > 2 else v.unsqueeze(0)
+    kind, _ = pattern(v.any(0))
+    if kind is None:
+        return None
+    limit = max(kernels.HIDDEN_AT_MOST, torch.finfo(value.dtype).min / 2)
+    return (f"attention with a {kind} mask whose hidden keys get {fill:g}, a finite value above {limit:g} (the "
+            f"highest value read as hiding a key): a masked key's weight, exp(score + mask - row max), is not zero "
+            f"for every score, so every key may count; fill masked scores with torch.finfo(dtype).min, or use a "
+            f"boolean mask, to stream")
 
 
 def _adds_values(value: torch.Tensor) -> bool:

@@ -357,7 +357,8 @@ def _check_site(site) -> None:
                            "attention or a state-space scan over blocks of the sequence), whose pattern is "
                            "not causal attention's", site.output)
     if not site.is_causal:
-        raise CannotStream("attention that is not causal mixes every token with every other", site.output)
+        raise CannotStream(site.mask_note or "attention that is not causal mixes every token with every other",
+                           site.output)
 
 
 def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=None) -> LayerPlan:

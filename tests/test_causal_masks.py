@@ -117,3 +117,52 @@ def test_cuda_kernels_run_their_causal_form_under_an_all_ones_mask(kernel):
         blocks = [n.args[0] for n in prog.causal.gm.graph.nodes
                   if n.target is torch.ops.streamfx.causal_blocks.default]
         assert masked == [fused] and blocks == [fused], (masked, blocks)
+
+
+class _ProductMaskLM(torch.nn.Module):
+    """GPT-1's attention mask: a registered [T, T] tril of ones ``b`` applied to the scores as
+    ``w * b + fill * (1 - b)``: masked scores are ``fill`` whatever their value."""
+
+    def __init__(self, fill, vocab=zoo.VOCAB, d=32, heads=4, layers=2, max_pos=64):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fill, self.heads, self.vocab = fill, heads, vocab
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(d, 3 * d) for _ in range(layers))
+        self.out = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(layers))
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+        self.register_buffer("bias", torch.tril(torch.ones(max_pos, max_pos)).view(1, 1, max_pos, max_pos),
+                             persistent=False)
+
+    def forward(self, idx, labels):
+        B, T = idx.shape
+        x = self.embed(idx)
+        for qkv, out in zip(self.qkv, self.out):
+            q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in qkv(x).chunk(3, -1))
+            w = q @ k.transpose(-1, -2) / 8 ** 0.5
+            b = self.bias[:, :, :T, :T]
+            w = w * b + self.fill * (1 - b)
+            x = x + out((torch.softmax(w, -1) @ v).transpose(1, 2).reshape(B, T, -1))
+        logits = self.head(x)
+        shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1)), logits
+
+
+def test_a_causal_mask_with_a_finite_fill_says_why_it_does_not_stream_and_what_to_change():
+    """A causal mask whose hidden scores get a finite value above the hiding rule's (GPT-1's
+    -1e4): a masked key's weight is then not zero for every score, so the layer does not stream;
+    the warning gives that cause (not "not causal") and the remedy, and strict raises it. With the
+    remedy (``finfo.min``) the same model streams every layer, exactly."""
+    from streamfx import StreamBPError
+
+    inputs = zoo._plain_inputs(zoo.VOCAB)("left_pad")
+    run = run_eager_and_compiled(_ProductMaskLM(-1e4), inputs, {"chunk_size": 5})
+    assert_grads_match(run.ref_grads, run.grads)
+    said = [m for m in run.warnings if "not streamed" in m]
+    assert len(said) == 2 and all("-10000" in m and "torch.finfo(dtype).min" in m and "causal mask" in m
+                                  and "not causal" not in m for m in said), run.warnings
+    assert not [p for p in run.programs if p.kind == "layer"]
+    with pytest.raises(StreamBPError, match="-10000"):
+        run_eager_and_compiled(_ProductMaskLM(-1e4), inputs, {"chunk_size": 5, "strict": True})
+    run = _run(_ProductMaskLM(torch.finfo(torch.float32).min), inputs)
+    assert len([p for p in run.programs if p.kind == "layer"]) == 2
