@@ -48,7 +48,9 @@ def dims_arg(node: fx.Node, pos: int, ndim: int, default=None) -> list[int]:
 
 
 def broadcast(node, table: AxisTable, ax, inputs) -> tuple:
-    """Right-aligned broadcasting: non-size-1 dims of all inputs that line up are one axis."""
+    """Right-aligned broadcasting: non-size-1 dims of all inputs that line up are one axis. A flat
+    dim lined up with a product of axes (random numbers drawn as ``[B*T, E]`` beside tokens
+    flattened to ``[B*T, E]``: Phi-3.5-MoE's router) is that product (``AxisTable.identify``)."""
     shp = out_shape(node)
     result = []
     for k in range(len(shp)):
@@ -59,7 +61,12 @@ def broadcast(node, table: AxisTable, ax, inputs) -> tuple:
             if j >= 0 and a[j]:
                 dims.append(a[j])
         for d in dims[1:]:
-            table.unify(dims[0], d)
+            if len(d) == 1 and len(dims[0]) > 1:
+                table.identify(d, dims[0])
+            elif len(dims[0]) == 1 and len(d) > 1:
+                table.identify(dims[0], d)
+            else:
+                table.unify(dims[0], d)
         result.append(dims[0] if dims else table.fresh(shp[k]))
     return tuple(result)
 

@@ -129,3 +129,21 @@ def test_broken_rule_fails_loudly_under_verification(monkeypatch):
     gm, sd, out, classes = analyse(fn, torch.randn(2, 5, 3))
     gelu = next(n for n in gm.graph.nodes if n.target is aten.gelu.default)
     assert classes[gelu] == seq_dims.UNKNOWN_MIXING
+
+
+def test_a_flat_dim_broadcast_with_merged_tokens_is_their_product():
+    """Random numbers drawn flat, ``[B*T, E]``, beside tokens flattened to ``[B*T, E]``
+    (Phi-3.5-MoE's router noise): broadcasting lines the two up, so the drawn values' rows are
+    the tokens' (batch x sequence), in either operand order; the values, and what is computed
+    from them, are per token."""
+    def fn(x, w):
+        B, T, d = x.shape
+        scores = x.reshape(B * T, d) @ w
+        noise = torch.rand(B * T, w.shape[1]).log()
+        return (scores - noise, noise + scores)
+
+    gm, sd, out, classes = analyse(fn, torch.randn(2, 5, 4), torch.randn(4, 3))
+    outs = gm.graph.find_nodes(op="output")[0].args[0]
+    noise = next(n for n in gm.graph.nodes if n.target is aten.log.default)
+    for n in (*outs, noise):
+        assert sd.roles(n) == ("q", None) and not sd.seq_is_atomic(n), (n, sd.roles(n))
