@@ -13,13 +13,13 @@ import torch
 
 from streamfx.errors import CannotStream
 from . import unit_axes
-from .graphs import ALIASES, ancestors, in_order, per_token, same
+from .graphs import ALIASES, ancestors, hint, in_order, per_token, same
 from .kv import kv_outputs, returned_chain
 from .positions import rebuild_positions
 from .schedule import AUTO_CHUNK_RULE, auto_head_chunk, chunk_count, chunk_size
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
 from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL, UNKNOWN_MIXING
-from .specs import SUM, WHOLE, Spec
+from .specs import SUM, WHOLE, Spec, dim_order
 
 aten = torch.ops.aten
 SUM_OPS = (aten.sum.dim_IntList, aten.sum.default)
@@ -173,8 +173,9 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
         d = sd.seq_dim(x)
         if d is not None and "k" in sd.roles(x):
             raise CannotStream("an input of the head region has two sequence dims", x)
-        in_specs.append(Spec.chunk(d) if d is not None else WHOLE)
-        if d is not None:
+        spec = _chunk_spec(x, sd, requires_grad, "head") if d is not None else WHOLE
+        in_specs.append(spec)
+        if d is not None and spec.merged is None:
             lengths.append((x, x.meta["val"].shape[d]))
     T = _one_length(lengths, "head")
     grad_inputs = [i for i, x in enumerate(region.inputs) if x.meta["val"].is_floating_point()
@@ -257,6 +258,24 @@ def _merged(node, sd) -> str | None:
     if len(where) != 1:
         return "none"
     return "inner" if where[0] == len(atoms) - 1 else "outer" if where[0] == 0 else "none"
+
+
+def _chunk_spec(x, sd, requires_grad, what: str) -> Spec:
+    """How a region reads an input with query rows: rows [s, e) of its sequence dim, or of the
+    sequence within a dim that merges it with another (``[B*T, E]``: Phi-3.5-MoE's router noise,
+    drawn flat), read per chunk as ``[B*c, E]`` (a row-major copy: an input laid out in another
+    order is refused), and given no gradient (none is written back per chunk into a merged dim)."""
+    d = sd.seq_dim(x)
+    merged = _merged(x, sd)
+    if merged is None:
+        return Spec.chunk(d)
+    v = x.meta["val"]
+    needs_grad = v.is_floating_point() and (requires_grad is None or x in requires_grad)
+    row_major = dim_order([hint(n) for n in v.shape], [hint(n) for n in v.stride()]) is None
+    if merged == "none" or needs_grad or not row_major:
+        why = " and needs a gradient" if merged != "none" and needs_grad else ""
+        raise CannotStream(f"an input of the {what} merges the sequence with another dim{why}", x)
+    return Spec.chunk(d, merged)
 
 
 def _nonempty(x) -> bool:
@@ -397,13 +416,11 @@ def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=
                 raise CannotStream("a per-key input of the attention scores needs a gradient", x)
             spec = Spec.prefix(roles.index("q"))
         elif "q" in roles:
-            if not sd.seq_is_atomic(x):
-                raise CannotStream("an input of the layer merges the sequence with another dim", x)
-            spec = Spec.chunk(roles.index("q"))
+            spec = _chunk_spec(x, sd, requires_grad, "layer")
         else:
             spec = WHOLE
         in_specs.append(spec)
-        lengths += [(x, v.shape[d]) for d, _ in spec.seq_dims()]
+        lengths += [(x, v.shape[d]) for d, _ in spec.seq_dims() if spec.merged is None]
     T = _one_length(lengths, "layer")
     # every input the joint differentiates gets its gradient, mask and score inputs included (a
     # learned bias, slope or temperature): rows of the chunk, [rows, keys] blocks of a

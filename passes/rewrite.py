@@ -53,7 +53,8 @@ def chunk_graph(name, inputs, specs, nodes, outputs, sd, extra=(), extra_dims=()
                             zeros=zeros)
     if edit is not None:
         edit(gm)
-    roles = [{d: ("q" if whole else r) for d, r in spec.seq_dims()} for spec in specs]
+    roles = [{d: _merged_rows(x, spec, sd) if spec.merged else ("q" if whole else r) for d, r in spec.seq_dims()}
+             for x, spec in zip(inputs, specs)]
     slots = [_slot(x, r, sd) for x, r in zip(inputs, roles)]
     slots += [_slot(x, {d: "k"}, sd, layout="seq_major") for x, d in zip(extra, extra_dims)]
     slots += list(more_slots)
@@ -78,6 +79,19 @@ def _returned(plan, o) -> tuple:
         return plan.kv_outputs.index(source), None
     spec = Spec.chunk(plan.sd.seq_dim(source))
     return plan.kv_outputs.index(source), chunk_graph(plan.name, [source], [spec], chain, [o], plan.sd, whole=True)
+
+
+def _merged_rows(x, spec, sd):
+    """The size of a chunk's dim that merges its rows with other axes (``Spec.chunk(d, merged)``):
+    the other axes' sizes times the chunk's rows (``chunks.KEY_SYMBOLS["q"]``)."""
+    import sympy
+
+    expr = chunks.KEY_SYMBOLS["q"]
+    for a in sd.table.canon(sd.axes[x][0][spec.dim]):
+        if not sd.has_seq((a,)):
+            size = sd.table.size[a]
+            expr = expr * (sympy.Integer(size) if isinstance(size, int) else size.node.expr)
+    return expr
 
 
 def _slot(x, roles: dict, sd, layout: str = "dense") -> Slot:

@@ -5,6 +5,8 @@ and the runtime (which slices and accumulates by it). For a chunk of query rows 
 queries see keys [lo, ke) (lo = 0 and ke = e for causal attention):
 
   inputs   chunk(d)      rows [s, e) along dim d
+           chunk(d, merged) dim d merges the sequence with another dim, as for cat below: rows
+                         [s, e) of the sequence within it, for each index of the other dim
            prefix(d)     the keys [lo, ke) along dim d (key positions, padding flags)
            qk(dq, dk)    rows [s, e) along dq and keys [lo, ke) along dk (a token-by-token mask)
            WHOLE         as it is (parameters, sequence-free values)
@@ -30,8 +32,8 @@ class Spec:
 
     # inputs ------------------------------------------------------------------------------
     @staticmethod
-    def chunk(d: int) -> "Spec":
-        return Spec("chunk", d)
+    def chunk(d: int, merged: str | None = None) -> "Spec":
+        return Spec("chunk", d, merged=merged)
 
     @staticmethod
     def prefix(d: int) -> "Spec":
@@ -88,9 +90,14 @@ class Spec:
             return ((self.dim, "q"), (self.kdim, "k"))
         return ()
 
-    def take(self, x: torch.Tensor, s: int, e: int, lo: int = 0, ke: int | None = None) -> torch.Tensor:
-        """The part of input ``x`` a chunk [s, e) with keys [lo, ke) reads (ke defaults to e)."""
+    def take(self, x: torch.Tensor, s: int, e: int, lo: int = 0, ke: int | None = None,
+             T: int | None = None) -> torch.Tensor:
+        """The part of input ``x`` a chunk [s, e) with keys [lo, ke) reads (ke defaults to e); ``T``:
+        the call's length (read where the sequence is merged with another dim)."""
         ke = e if ke is None else ke
+        if self.kind == "chunk" and self.merged is not None:
+            # rows [s, e) of the sequence for each index of the other dim, merged again as one dim
+            return self.rows(x, s, e, T).contiguous().flatten(self.dim, self.dim + 1)
         if self.kind == "chunk":
             return dense(x.narrow(self.dim, s, e - s), dim_order(x.shape, x.stride()))
         if self.kind == "prefix":

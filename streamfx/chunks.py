@@ -76,7 +76,8 @@ OTHER_HINTS = (3, 7, 11, 17, 19, 23, 29, 31)
 
 @dataclasses.dataclass(frozen=True)
 class Slot:
-    shape: tuple               # per dim: int, "q", "k", or a sympy expression of shape symbols
+    shape: tuple               # per dim: int, "q", "k", or a sympy expression of shape symbols (and of
+                               # KEY_SYMBOLS["q"]: a dim that merges the chunk's rows with other axes)
     dtype: torch.dtype
     device: str
     layout: str = "dense"      # "dense", or "seq_major" (the key dim outermost: a K/V prefix view)
@@ -370,9 +371,11 @@ def fake_inputs(slots, sizes=(), grads=(), hints: dict | None = None, values: di
 
     values = values or {}
     roles = {r: symbol(r, values.get(r, hints[r])) for r in ("q", "k")}
-    outer = sorted({f for slot in slots for d in slot.shape if isinstance(d, sympy.Expr) for f in d.free_symbols},
-                   key=str)
-    subs, samples = {}, {}
+    # (a dim that merges the chunk's rows with other axes is written with KEY_SYMBOLS["q"])
+    outer = sorted({f for slot in slots for d in slot.shape if isinstance(d, sympy.Expr) for f in d.free_symbols}
+                   - set(KEY_SYMBOLS.values()), key=str)
+    subs = {KEY_SYMBOLS[r]: roles[r][0] for r in roles}
+    samples = {roles[r][0]: values.get(r, hints[r]) for r in roles}
     names = {roles[r][0]: KEY_SYMBOLS[r] for r in roles}
     for i, s in enumerate(outer):
         sample = values.get(s, OTHER_HINTS[i % len(OTHER_HINTS)] + 32 * (i // len(OTHER_HINTS)))

@@ -117,7 +117,8 @@ class RegionProgram:
     # -- chunk schedule ------------------------------------------------------------------
     def length(self, inputs) -> int:
         """The sequence length of this call (every input with query rows has it)."""
-        lengths = {x.shape[d] for x, spec in zip(inputs, self.in_specs) for d, role in spec.seq_dims() if role == "q"}
+        lengths = {x.shape[d] for x, spec in zip(inputs, self.in_specs) for d, role in spec.seq_dims()
+                   if role == "q" and spec.merged is None}
         if len(lengths) != 1:
             raise RuntimeError(f"streamfx: the inputs of region {self.name} disagree on the sequence length "
                                f"({sorted(lengths)})")
@@ -133,7 +134,8 @@ class RegionProgram:
     def chunk_inputs(self, inputs, s, e, lo=0, ke=None, reuse=None):
         """The chunk's inputs, with the keys [lo, ke) (default [0, e)); ``reuse``: inputs already
         sliced for rows [s, e), whose row slices are taken as they are."""
-        return [reuse[j] if reuse is not None and spec.kind in ("chunk", "whole") else spec.take(x, s, e, lo, ke)
+        T = self.length(inputs) if any(spec.merged for spec in self.in_specs) else None
+        return [reuse[j] if reuse is not None and spec.kind in ("chunk", "whole") else spec.take(x, s, e, lo, ke, T)
                 for j, (x, spec) in enumerate(zip(inputs, self.in_specs))]
 
     def fn(self, graph: ChunkGraph | None = None, train: bool = True) -> callable:

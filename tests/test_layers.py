@@ -425,3 +425,61 @@ def test_a_float64_model_streams_to_float64_precision(attn, attention, head_grad
     for (name, p), r in zip(model.named_parameters(), ref.parameters()):
         error = ((p.grad - r.grad).abs().max() / r.grad.abs().max()).item()
         assert error <= 1e-11, (name, error)
+
+
+class _FlatNoiseLayer(torch.nn.Module):
+    """Attention, then an MLP over the tokens flattened to ``[B*T, 2d]`` scaled by random numbers
+    drawn flat, one per token (``rand(B*T, 1)``: Phi-3.5-MoE's router draws its noise this way)."""
+
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.o = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.up, self.down = torch.nn.Linear(d, 2 * d), torch.nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        x = x + self.o(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, d))
+        noise = torch.rand(B * T, 1, device=x.device) + 0.5
+        return x + self.down(F.gelu(self.up(x).reshape(B * T, -1) * noise)).reshape(B, T, d)
+
+
+class _FlatNoiseLM(torch.nn.Module):
+    def __init__(self, vocab=32, d=16, layers=2):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.head = torch.nn.Embedding(vocab, d), torch.nn.Linear(d, vocab)
+        self.layers = torch.nn.ModuleList(_FlatNoiseLayer(d) for _ in range(layers))
+
+    def forward(self, idx, targets):
+        x = self.emb(idx)
+        for layer in self.layers:
+            x = layer(x)
+        return F.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("codegen", ["eager", "inductor"])
+def test_an_input_drawn_flat_over_batch_and_tokens_is_read_per_chunk(codegen, monkeypatch):
+    """A layer input laid out ``[B*T, 1]`` (random numbers drawn flat beside the tokens flattened
+    to ``[B*T, 2d]``) streams: each chunk reads rows [s, e) of every batch row's tokens as one
+    ``[B*c, 1]`` block. Same seed, same draws: loss and gradients equal eager's (B=3, 20 tokens,
+    chunks of 6: 6, 6, 6, 2), and every layer streamed. (Under Inductor with torch's own random
+    ops, ``fallback_random``, so that the draws are eager's.)"""
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    model = _FlatNoiseLM()
+    ref = copy.deepcopy(model)
+    idx, targets = torch.randint(0, 32, (3, 20)), torch.randint(0, 32, (3, 20))
+    torch.manual_seed(7)
+    ref(idx, targets).backward()
+    compiled = torch.compile(model, backend="streambp", options={"codegen": codegen, "chunk_size": 6, "strict": True})
+    before = COUNTERS["region_forward"]
+    torch.manual_seed(7)
+    loss = compiled(idx, targets)
+    loss.backward()
+    assert COUNTERS["region_forward"] - before == 3   # (both layers and the head)
+    layers = [p for p in _PROGRAMS.values() if p.kind == "layer" and any(s.merged for s in p.in_specs)]
+    assert layers and all(str(s) == "chunk(0,inner)" for p in layers for s in p.in_specs if s.merged)
+    for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-5, atol=1e-6, msg=name)
