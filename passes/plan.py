@@ -162,8 +162,12 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
         if _reaches_only_outputs(o, fwd, inside) and not config.return_logits and wide(o):
             dropped.append(o)
             continue
+        merged = _merged(o, sd)
+        if merged == "none":
+            raise CannotStream("a value leaves the head region without a plain sequence dim (nor one that "
+                               "merges the sequence with one other dim)", o)
         outputs.append(o)
-        out_specs.append(Spec.cat(d))
+        out_specs.append(Spec.cat(d, merged))   # (per-token losses flattened to [B*T]: merged)
     if not config.return_logits:
         # the whole-sequence logits of a shifted loss (the head computes their slice itself)
         # follow the same convention: returned as None

@@ -819,3 +819,44 @@ def test_head_grad_twice_with_retain_graph():
 def test_head_grad_option_is_checked():
     with pytest.raises(streamfx.StreamBPError, match="'auto', 'forward', 'recompute'"):
         streamfx.StreamConfig(head_grad="fused")
+
+
+class _FlatTokenLossLM(nn.Module):
+    """Returns the mean loss and the per-token losses flattened over the batch and tokens
+    (``cross_entropy(..., reduction="none")`` on ``[B*T, V]``: a ``[B*T]`` output)."""
+
+    def __init__(self, vocab=zoo.VOCAB, d=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.mix, self.head = nn.Embedding(vocab, d), nn.Linear(d, d), nn.Linear(d, vocab)
+
+    def forward(self, idx, labels):
+        h = self.emb(idx)
+        h = h + torch.tanh(self.mix(h))
+        tokens = F.cross_entropy(self.head(h).flatten(0, 1), labels.flatten(), reduction="none")
+        return tokens.mean(), tokens
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("B", [1, 3])
+def test_per_token_losses_flattened_over_the_batch_stream(B):
+    """A per-token output laid out batch x tokens as one dim leaves the head row by row: each
+    chunk's ``[B*c]`` values go to rows [s, e) of every batch row, and its gradient is read the
+    same way. The caller weighs every token (so the flattened output gets a gradient of its own):
+    loss and gradients equal eager's, the head streamed (chunks of 7 over 20 tokens), strict."""
+    idx, labels = torch.randint(0, zoo.VOCAB, (B, 20)), torch.randint(0, zoo.VOCAB, (B, 20))
+    weights = torch.rand(B * 20)
+    model = _FlatTokenLossLM()
+    ref = copy.deepcopy(model)
+    mean, tokens = ref(idx, labels)
+    (mean + (tokens * weights).sum()).backward()
+    compiled = torch.compile(model, backend="streambp", options={**EAGER, "head_chunk_size": 7, "strict": True})
+    before = dict(streamfx.runtime.COUNTERS)
+    got_mean, got_tokens = compiled(idx, labels)
+    (got_mean + (got_tokens * weights).sum()).backward()
+    ran = {k: streamfx.runtime.COUNTERS[k] - before.get(k, 0) for k in ("region_forward", "chunks_forward")}
+    assert ran == {"region_forward": 1, "chunks_forward": 3}, ran   # (the head, in chunks of 7, 7, 6)
+    torch.testing.assert_close(got_tokens, tokens.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_mean, mean.detach(), rtol=1e-5, atol=1e-6)
+    for (name, p), r in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, r.grad, rtol=1e-5, atol=1e-6, msg=name)
