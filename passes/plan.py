@@ -177,7 +177,7 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
         d = sd.seq_dim(x)
         if d is not None and "k" in sd.roles(x):
             raise CannotStream("an input of the head region has two sequence dims", x)
-        spec = _chunk_spec(x, sd, requires_grad, "head") if d is not None else WHOLE
+        spec = _chunk_spec(x, sd, "head") if d is not None else WHOLE
         in_specs.append(spec)
         if d is not None and spec.merged is None:
             lengths.append((x, x.meta["val"].shape[d]))
@@ -264,21 +264,19 @@ def _merged(node, sd) -> str | None:
     return "inner" if where[0] == len(atoms) - 1 else "outer" if where[0] == 0 else "none"
 
 
-def _chunk_spec(x, sd, requires_grad, what: str) -> Spec:
+def _chunk_spec(x, sd, what: str) -> Spec:
     """How a region reads an input with query rows: rows [s, e) of its sequence dim, or of the
     sequence within a dim that merges it with another (``[B*T, E]``: Phi-3.5-MoE's router noise,
     drawn flat), read per chunk as ``[B*c, E]`` (a row-major copy: an input laid out in another
-    order is refused), and given no gradient (none is written back per chunk into a merged dim)."""
+    order is refused), its gradient written back the same way."""
     d = sd.seq_dim(x)
     merged = _merged(x, sd)
     if merged is None:
         return Spec.chunk(d)
     v = x.meta["val"]
-    needs_grad = v.is_floating_point() and (requires_grad is None or x in requires_grad)
-    row_major = dim_order([hint(n) for n in v.shape], [hint(n) for n in v.stride()]) is None
-    if merged == "none" or needs_grad or not row_major:
-        why = " and needs a gradient" if merged != "none" and needs_grad else ""
-        raise CannotStream(f"an input of the {what} merges the sequence with another dim{why}", x)
+    if merged == "none" or dim_order([hint(n) for n in v.shape], [hint(n) for n in v.stride()]) is not None:
+        raise CannotStream(f"an input of the {what} merges the sequence with another dim"
+                           + ("" if merged == "none" else " and is laid out in another order than its dims'"), x)
     return Spec.chunk(d, merged)
 
 
@@ -420,7 +418,7 @@ def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=
                 raise CannotStream("a per-key input of the attention scores needs a gradient", x)
             spec = Spec.prefix(roles.index("q"))
         elif "q" in roles:
-            spec = _chunk_spec(x, sd, requires_grad, "layer")
+            spec = _chunk_spec(x, sd, "layer")
         else:
             spec = WHOLE
         in_specs.append(spec)

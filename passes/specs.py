@@ -7,6 +7,7 @@ queries see keys [lo, ke) (lo = 0 and ke = e for causal attention):
   inputs   chunk(d)      rows [s, e) along dim d
            chunk(d, merged) dim d merges the sequence with another dim, as for cat below: rows
                          [s, e) of the sequence within it, for each index of the other dim
+                         (read as one [other*c] dim; its gradient written back the same way)
            prefix(d)     the keys [lo, ke) along dim d (key positions, padding flags)
            qk(dq, dk)    rows [s, e) along dq and keys [lo, ke) along dk (a token-by-token mask)
            WHOLE         as it is (parameters, sequence-free values)
@@ -55,6 +56,16 @@ class Spec:
             return full.narrow(self.dim, s, e - s)
         seq = self.dim + (1 if self.merged == "inner" else 0)
         return self.split(full.contiguous(), T).narrow(seq, s, e - s)
+
+    def put_rows(self, buf: torch.Tensor, g: torch.Tensor, s: int, e: int, T: int, add: bool = False) -> None:
+        """A chunk's rows [s, e) ``g`` of a per-row input's gradient into its full-length buffer
+        ``buf`` (added, or written where each row gets one value): rows of a dim that merges the
+        sequence with another for a merged spec (``buf`` then dense, so that its view is written)."""
+        if self.merged is not None and not buf.is_contiguous():
+            raise RuntimeError("streamfx: a merged input's gradient buffer must be dense")
+        rows = self.rows(buf, s, e, T)
+        g = self.split(g, e - s)
+        rows.add_(g) if add else rows.copy_(g)
 
     def split(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """``x`` with a merged dim split into (other, n) ("inner") or (n, other) ("outer");

@@ -211,7 +211,7 @@ class RegionProgram:
                 if stored[n] is None:
                     stored[n] = self._stored_zeros(inputs, i)
                 if g is not None:
-                    stored[n].narrow(spec.dim, s, e - s).copy_(g)
+                    spec.put_rows(stored[n], g, s, e, self.length(inputs))
             elif g is not None:
                 stored[n] = _sum_into(stored[n], g, _others(got, n))
 
@@ -306,7 +306,7 @@ class RegionProgram:
                     continue
                 got = torch.autograd.grad([p[0] for p in pairs], [xs[i] for i in self.grad_inputs],
                                           [p[1] for p in pairs], allow_unused=True)
-            self._accumulate(acc, got, s, e, given=[p[1] for p in pairs])
+            self._accumulate(acc, got, s, e, given=[p[1] for p in pairs], T=T)
             del xs, outs, pairs, got   # (before the next chunk runs)
         return self._gradients(acc, inputs)
 
@@ -330,15 +330,18 @@ class RegionProgram:
             xs[i].requires_grad_(True)
         return xs
 
-    def _accumulate(self, acc, got, s, e, lo=0, ke=None, given=()):
+    def _accumulate(self, acc, got, s, e, lo=0, ke=None, given=(), T=None):
         """Chunk [s, e)'s gradients (keys [lo, ke)) into the buffers; ``given``: the output
-        gradients autograd was called with."""
+        gradients autograd was called with; ``T``: the call's length (read by an input that
+        merges the sequence with another dim)."""
         ke = e if ke is None else ke
         for n, (i, g) in enumerate(zip(self.grad_inputs, got)):
             if g is None:
                 continue
             spec = self.in_specs[i]
-            if spec.kind == "chunk":
+            if spec.kind == "chunk" and spec.merged is not None:
+                spec.put_rows(acc[i], g, s, e, T, add=True)
+            elif spec.kind == "chunk":
                 acc[i].narrow(spec.dim, s, e - s).add_(g)
             elif spec.kind == "qk":
                 acc[i].narrow(spec.dim, s, e - s).narrow(spec.kdim, lo, ke - lo).add_(g)
@@ -687,7 +690,7 @@ class LayerProgram(RegionProgram):
                     xs = sliced if sliced is not None else self.chunk_inputs(inputs, s, e)
                     ran = vjp_kv(xs, [g.narrow(d, s, e - s) for g, d in zip(dKV, self.kv_dims)])
                 if ran is not None:
-                    self._accumulate(acc, ran[0], s, e, given=ran[1])
+                    self._accumulate(acc, ran[0], s, e, given=ran[1], T=T)
                 del xs, ran, sliced
                 continue
             with failures.chunk("backward", s, e, T), autograd_inside_op(), torch.enable_grad():
@@ -701,7 +704,7 @@ class LayerProgram(RegionProgram):
                     continue
                 got = torch.autograd.grad([p[0] for p in pairs], [xs[i] for i in self.grad_inputs],
                                           [p[1] for p in pairs], allow_unused=True)
-            self._accumulate(acc, got, s, e, given=[p[1] for p in pairs])
+            self._accumulate(acc, got, s, e, given=[p[1] for p in pairs], T=T)
             del xs, kvs, pairs, got, sliced   # (before the next chunk runs)
         return self._gradients(acc, inputs)
 
@@ -720,7 +723,8 @@ class LayerProgram(RegionProgram):
             if ran is None:
                 return sliced
             got, n = ran[0], len(prefix)
-            self._accumulate(acc, got[:-n], s, e, lo, hi, given=list(ran[1]) + [g for g in got[-n:] if g is not None])
+            self._accumulate(acc, got[:-n], s, e, lo, hi, given=list(ran[1]) + [g for g in got[-n:] if g is not None],
+                             T=T)
             for buf, g, d in zip(dKV, got[-n:], self.kv_dims):
                 if g is not None:
                     buf.narrow(d, lo, hi - lo).add_(g)
@@ -738,7 +742,7 @@ class LayerProgram(RegionProgram):
             got = torch.autograd.grad([p[0] for p in pairs], wrt, [p[1] for p in pairs], allow_unused=True)
         n = len(prefix)
         self._accumulate(acc, got[:-n], s, e, lo, hi,
-                         given=[p[1] for p in pairs] + [g for g in got[-n:] if g is not None])
+                         given=[p[1] for p in pairs] + [g for g in got[-n:] if g is not None], T=T)
         for buf, g, d in zip(dKV, got[-n:], self.kv_dims):
             if g is not None:
                 buf.narrow(d, lo, hi - lo).add_(g)
