@@ -8,6 +8,7 @@ dims (scale, mask, softmax, dropout), and the matmul that contracts the key dim 
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 
 import torch
@@ -237,7 +238,7 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
             xa = (sd.axes.get(x) or [None])[0]
             if x not in interior and xa and len(xa) >= 2 and xa[-1] and sd.table.canon(xa[-1]) == seq \
                     and xa[-2] and sd.table.canon(xa[-2]) == seq and x is not scores \
-                    and all(c[0] is not x for c in candidates):
+                    and all(c[0] is not x for c in candidates) and not _same_everywhere(x):
                 candidates.append((x, n))
     mask, mask_user, conflict, terms = _choose_mask(candidates)
     chain = ()
@@ -248,6 +249,28 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
     return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
                          frozenset(interior | {out}), False, mask, mask_user=mask_user, conflict=conflict,
                          softmax=softmax, mask_chain=chain)
+
+
+# tensors made from sizes and one scalar: the same value at every (query, key) pair
+FILLED = {aten.full.default: 1, aten.zeros.default: None, aten.ones.default: None, aten.new_full.default: 2,
+          aten.new_zeros.default: None, aten.new_ones.default: None, aten.zeros_like.default: None,
+          aten.ones_like.default: None, aten.full_like.default: 1, aten.scalar_tensor.default: 0}
+
+
+def _same_everywhere(x: fx.Node) -> bool:
+    """Whether a token-by-token term entering the scores has one finite value at every (query,
+    key) pair (``baddbmm``'s zeros input, GPT-NeoX-Japanese's): it hides no key and weighs every
+    key alike, so it is no mask; the chunk graphs make their own block of it from its sizes."""
+    while x.target in (aten.expand.default, aten.view.default, aten._unsafe_view.default, aten.clone.default,
+                       aten._to_copy.default, torch.ops.prims.convert_element_type.default):
+        x = x.args[0]
+        if not isinstance(x, fx.Node):
+            return False
+    if x.target not in FILLED:
+        return False
+    at = FILLED[x.target]
+    value = x.args[at] if at is not None and len(x.args) > at else x.kwargs.get("fill_value", 0)
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 FUSED_SOFTMAX_OPS = (aten._softmax.default, aten._safe_softmax.default)

@@ -166,3 +166,41 @@ def test_a_causal_mask_with_a_finite_fill_says_why_it_does_not_stream_and_what_t
         run_eager_and_compiled(_ProductMaskLM(-1e4), inputs, {"chunk_size": 5, "strict": True})
     run = _run(_ProductMaskLM(torch.finfo(torch.float32).min), inputs)
     assert len([p for p in run.programs if p.kind == "layer"]) == 2
+
+
+class _BaddbmmLM(torch.nn.Module):
+    """GPT-NeoX-Japanese's attention: scores from ``baddbmm`` on a zeros ``[B*H, T, T]`` input
+    (``fill``), then an additive causal mask."""
+
+    def __init__(self, fill=0.0, vocab=zoo.VOCAB, d=32, heads=4, layers=2):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fill, self.heads, self.vocab = fill, heads, vocab
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(d, 3 * d) for _ in range(layers))
+        self.out = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(layers))
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx, labels):
+        B, T = idx.shape
+        x = self.embed(idx)
+        pos = torch.arange(T, device=idx.device)
+        mask = torch.zeros(T, T).masked_fill(pos[None, :] > pos[:, None], NEG)
+        for qkv, out in zip(self.qkv, self.out):
+            q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2).reshape(B * self.heads, T, -1)
+                       for t in qkv(x).chunk(3, -1))
+            w = torch.baddbmm(torch.full((B * self.heads, T, T), self.fill), q, k.transpose(1, 2), alpha=8 ** -0.5)
+            w = w.view(B, self.heads, T, T) + mask
+            y = (torch.softmax(w, -1).view(B * self.heads, T, T) @ v).view(B, self.heads, T, -1)
+            x = x + out(y.transpose(1, 2).reshape(B, T, -1))
+        shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+        return torch.nn.functional.cross_entropy(self.head(x).reshape(-1, self.vocab), shifted.reshape(-1)), x
+
+
+@pytest.mark.parametrize("fill", [0.0, 2.5])
+def test_a_constant_term_in_the_scores_is_no_mask(fill):
+    """A term with one value at every (query, key) pair entering the scores (``baddbmm``'s zeros
+    input) hides no key: beside the additive causal mask it is not a second mask term (which
+    refused the layer as masks "not read as one"); every layer streams, exactly, strict."""
+    run = _run(_BaddbmmLM(fill), zoo._plain_inputs(zoo.VOCAB)("left_pad"))
+    assert len([p for p in run.programs if p.kind == "layer"]) == 2
