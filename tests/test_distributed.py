@@ -9,6 +9,7 @@ bucket it reduces).
 import faulthandler
 import os
 import sys
+import tempfile
 import time
 import warnings
 
@@ -122,7 +123,7 @@ def _watched(rank, worker, *args):
 def launch(mode, tmp_path, worker=None) -> list:
     """Run ``worker(rank, rendezvous, mode, out)`` (``_worker`` by default) on 2 ranks; each rank's
     saved results. ``rendezvous`` is the ``init_method`` of ``init_ranks``."""
-    rendezvous = f"file://{tmp_path}/rendezvous"
+    rendezvous = f"file://{tempfile.mkdtemp(dir=tmp_path)}/rendezvous"   # (a fresh store for every launch)
     ctx = mp.start_processes(_watched, args=(worker or _worker, rendezvous, mode, str(tmp_path)), nprocs=WORLD,
                              join=False, start_method="spawn")
     deadline = time.monotonic() + TIMEOUT_S
