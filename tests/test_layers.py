@@ -461,13 +461,12 @@ class _FlatNoiseLM(torch.nn.Module):
 
 @pytest.mark.fast
 @pytest.mark.parametrize("codegen", ["eager", "inductor"])
-def test_an_input_drawn_flat_over_batch_and_tokens_is_read_per_chunk(codegen, monkeypatch):
+def test_an_input_drawn_flat_over_batch_and_tokens_is_read_per_chunk(codegen):
     """A layer input laid out ``[B*T, 1]`` (random numbers drawn flat beside the tokens flattened
     to ``[B*T, 2d]``) streams: each chunk reads rows [s, e) of every batch row's tokens as one
     ``[B*c, 1]`` block. Same seed, same draws: loss and gradients equal eager's (B=3, 20 tokens,
     chunks of 6: 6, 6, 6, 2), and every layer streamed. (Under Inductor with torch's own random
     ops, ``fallback_random``, so that the draws are eager's.)"""
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
     model = _FlatNoiseLM()
     ref = copy.deepcopy(model)
     idx, targets = torch.randint(0, 32, (3, 20)), torch.randint(0, 32, (3, 20))
@@ -475,9 +474,11 @@ def test_an_input_drawn_flat_over_batch_and_tokens_is_read_per_chunk(codegen, mo
     ref(idx, targets).backward()
     compiled = torch.compile(model, backend="streambp", options={"codegen": codegen, "chunk_size": 6, "strict": True})
     before = COUNTERS["region_forward"]
-    torch.manual_seed(7)
-    loss = compiled(idx, targets)
-    loss.backward()
+    # (the config's own patch: pytest's monkeypatch restores a config option by deleting it)
+    with torch._inductor.config.patch(fallback_random=True):
+        torch.manual_seed(7)
+        loss = compiled(idx, targets)
+        loss.backward()
     assert COUNTERS["region_forward"] - before == 3   # (both layers and the head)
     layers = [p for p in _PROGRAMS.values() if p.kind == "layer" and any(s.merged for s in p.in_specs)]
     assert layers and all(str(s) == "chunk(0,inner)" for p in layers for s in p.in_specs if s.merged)
