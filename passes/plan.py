@@ -416,6 +416,8 @@ def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=
         elif "q" in roles and keys_only(x, inside, sd):
             if requires_grad is not None and x in requires_grad:
                 raise CannotStream("a per-key input of the attention scores needs a gradient", x)
+            if not sd.seq_is_atomic(x):   # (keys [lo, ke) are read as one range of the dim)
+                raise CannotStream("a per-key input of the attention scores merges the sequence with another dim", x)
             spec = Spec.prefix(roles.index("q"))
         elif "q" in roles:
             spec = _chunk_spec(x, sd, "layer")

@@ -548,7 +548,7 @@ class LayerProgram(RegionProgram):
         with torch.no_grad():
             for s, e in bounds:
                 with failures.chunk("mask check", s, e, T):
-                    blocks = fn(*[spec.take(x, s, e, 0, T) for x, spec in zip(reads, specs)])
+                    blocks = fn(*[spec.take(x, s, e, 0, T, T) for x, spec in zip(reads, specs)])
                     rows.append(keyranges.union([keyranges.reach(b, (s, e), *form) for b, form in zip(blocks, m.forms)]))
         rows = torch.stack(rows)
         result = keyranges.ranges_from_reach(rows, bounds, T), keyranges.all_causal(rows)
