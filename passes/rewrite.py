@@ -86,12 +86,16 @@ def _merged_rows(x, spec, sd):
     the other axes' sizes times the chunk's rows (``chunks.KEY_SYMBOLS["q"]``)."""
     import sympy
 
-    expr = chunks.KEY_SYMBOLS["q"]
-    for a in sd.table.canon(sd.axes[x][0][spec.dim]):
-        if not sd.has_seq((a,)):
-            size = sd.table.size[a]
-            expr = expr * (sympy.Integer(size) if isinstance(size, int) else size.node.expr)
-    return expr
+    other = _atoms_size([a for a in sd.table.canon(sd.axes[x][0][spec.dim]) if not sd.has_seq((a,))], sd)
+    return chunks.KEY_SYMBOLS["q"] * (sympy.Integer(other) if isinstance(other, int) else other.node.expr)
+
+
+def _atoms_size(atoms, sd):
+    """The product of the sizes of ``atoms`` (an int, or a SymInt written with their symbols)."""
+    size = 1
+    for a in atoms:
+        size = size * sd.table.size[a]
+    return size
 
 
 def _slot(x, roles: dict, sd, layout: str = "dense") -> Slot:
@@ -104,10 +108,7 @@ def _slot(x, roles: dict, sd, layout: str = "dense") -> Slot:
         if j in roles or isinstance(size, int) or axes is None:
             shape.append(size)
             continue
-        expr = 1
-        for a in sd.table.canon(axes[j]):
-            expr = expr * sd.table.size[a]
-        shape.append(expr)
+        shape.append(_atoms_size(sd.table.canon(axes[j]), sd))
     return Slot.of(v, roles, layout, shape=shape)
 
 

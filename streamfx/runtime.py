@@ -339,10 +339,8 @@ class RegionProgram:
             if g is None:
                 continue
             spec = self.in_specs[i]
-            if spec.kind == "chunk" and spec.merged is not None:
+            if spec.kind == "chunk":
                 spec.put_rows(acc[i], g, s, e, T, add=True)
-            elif spec.kind == "chunk":
-                acc[i].narrow(spec.dim, s, e - s).add_(g)
             elif spec.kind == "qk":
                 acc[i].narrow(spec.dim, s, e - s).narrow(spec.kdim, lo, ke - lo).add_(g)
             elif spec.kind == "prefix":

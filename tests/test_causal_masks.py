@@ -119,11 +119,11 @@ def test_cuda_kernels_run_their_causal_form_under_an_all_ones_mask(kernel):
         assert masked == [fused] and blocks == [fused], (masked, blocks)
 
 
-class _ProductMaskLM(torch.nn.Module):
-    """GPT-1's attention mask: a registered [T, T] tril of ones ``b`` applied to the scores as
-    ``w * b + fill * (1 - b)``: masked scores are ``fill`` whatever their value."""
+class _TinyScoresLM(torch.nn.Module):
+    """Layers of attention written out (``attend``, each subclass's scores), a residual, an LM head
+    and a shifted cross-entropy; ``fill`` is the subclass's constant in its scores."""
 
-    def __init__(self, fill, vocab=zoo.VOCAB, d=32, heads=4, layers=2, max_pos=64):
+    def __init__(self, fill, vocab=zoo.VOCAB, d=32, heads=4, layers=2):
         super().__init__()
         torch.manual_seed(0)
         self.fill, self.heads, self.vocab = fill, heads, vocab
@@ -131,21 +131,33 @@ class _ProductMaskLM(torch.nn.Module):
         self.qkv = torch.nn.ModuleList(torch.nn.Linear(d, 3 * d) for _ in range(layers))
         self.out = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(layers))
         self.head = torch.nn.Linear(d, vocab, bias=False)
-        self.register_buffer("bias", torch.tril(torch.ones(max_pos, max_pos)).view(1, 1, max_pos, max_pos),
-                             persistent=False)
 
     def forward(self, idx, labels):
         B, T = idx.shape
         x = self.embed(idx)
         for qkv, out in zip(self.qkv, self.out):
             q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in qkv(x).chunk(3, -1))
-            w = q @ k.transpose(-1, -2) / 8 ** 0.5
-            b = self.bias[:, :, :T, :T]
-            w = w * b + self.fill * (1 - b)
-            x = x + out((torch.softmax(w, -1) @ v).transpose(1, 2).reshape(B, T, -1))
+            x = x + out(self.attend(q, k, v).transpose(1, 2).reshape(B, T, -1))
         logits = self.head(x)
         shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
         return torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1)), logits
+
+
+class _ProductMaskLM(_TinyScoresLM):
+    """GPT-1's attention mask: a registered [T, T] tril of ones ``b`` applied to the scores as
+    ``w * b + fill * (1 - b)``: masked scores are ``fill`` whatever their value."""
+
+    def __init__(self, fill, max_pos=64):
+        super().__init__(fill)
+        self.register_buffer("bias", torch.tril(torch.ones(max_pos, max_pos)).view(1, 1, max_pos, max_pos),
+                             persistent=False)
+
+    def attend(self, q, k, v):
+        T = q.shape[-2]
+        w = q @ k.transpose(-1, -2) / 8 ** 0.5
+        b = self.bias[:, :, :T, :T]
+        w = w * b + self.fill * (1 - b)
+        return torch.softmax(w, -1) @ v
 
 
 def test_a_causal_mask_with_a_finite_fill_says_why_it_does_not_stream_and_what_to_change():
@@ -168,33 +180,18 @@ def test_a_causal_mask_with_a_finite_fill_says_why_it_does_not_stream_and_what_t
     assert len([p for p in run.programs if p.kind == "layer"]) == 2
 
 
-class _BaddbmmLM(torch.nn.Module):
-    """GPT-NeoX-Japanese's attention: scores from ``baddbmm`` on a zeros ``[B*H, T, T]`` input
-    (``fill``), then an additive causal mask."""
+class _BaddbmmLM(_TinyScoresLM):
+    """GPT-NeoX-Japanese's attention: scores from ``baddbmm`` on a ``[B*H, T, T]`` input of
+    ``fill`` (zeros there), then an additive causal mask."""
 
-    def __init__(self, fill=0.0, vocab=zoo.VOCAB, d=32, heads=4, layers=2):
-        super().__init__()
-        torch.manual_seed(0)
-        self.fill, self.heads, self.vocab = fill, heads, vocab
-        self.embed = torch.nn.Embedding(vocab, d)
-        self.qkv = torch.nn.ModuleList(torch.nn.Linear(d, 3 * d) for _ in range(layers))
-        self.out = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(layers))
-        self.head = torch.nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx, labels):
-        B, T = idx.shape
-        x = self.embed(idx)
-        pos = torch.arange(T, device=idx.device)
+    def attend(self, q, k, v):
+        B, H, T, _ = q.shape
+        pos = torch.arange(T, device=q.device)
         mask = torch.zeros(T, T).masked_fill(pos[None, :] > pos[:, None], NEG)
-        for qkv, out in zip(self.qkv, self.out):
-            q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2).reshape(B * self.heads, T, -1)
-                       for t in qkv(x).chunk(3, -1))
-            w = torch.baddbmm(torch.full((B * self.heads, T, T), self.fill), q, k.transpose(1, 2), alpha=8 ** -0.5)
-            w = w.view(B, self.heads, T, T) + mask
-            y = (torch.softmax(w, -1).view(B * self.heads, T, T) @ v).view(B, self.heads, T, -1)
-            x = x + out(y.transpose(1, 2).reshape(B, T, -1))
-        shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
-        return torch.nn.functional.cross_entropy(self.head(x).reshape(-1, self.vocab), shifted.reshape(-1)), x
+        w = torch.baddbmm(torch.full((B * H, T, T), self.fill), q.reshape(B * H, T, -1),
+                          k.reshape(B * H, T, -1).transpose(1, 2), alpha=8 ** -0.5)
+        w = w.view(B, H, T, T) + mask
+        return (torch.softmax(w, -1).view(B * H, T, T) @ v.reshape(B * H, T, -1)).view(B, H, T, -1)
 
 
 @pytest.mark.parametrize("fill", [0.0, 2.5])
