@@ -42,6 +42,10 @@ class AxisTable:
         self.slices: list[tuple[int, int]] = []  # (atom of a slice's dim, atom of the dim it slices)
         self.perms: dict = {}     # sort node -> (atoms of its sorted dim, atoms of the dim it permutes)
         self.expand: dict = {}    # atom -> the product of atoms it was identified with
+        # (product of atoms, atom): a product identified with an older atom (the sequence split
+        # into [T/2, 2] inside a scan and merged back) is that atom wherever the product appears
+        # whole in a dim; each of its atoms alone stays a part of it
+        self.runs: list = []
         # (size, size) of two axes made one whose symbolic sizes are not provably equal (a
         # gather's index may be shorter than its input in Dynamo's view): equal in every call
         # that streams, which the runtime checks (each compiled chunk graph reads one size per axis)
@@ -72,22 +76,43 @@ class AxisTable:
         return a
 
     def canon(self, dim: tuple) -> tuple:
-        """Root atoms of a dim, with atoms identified with a product replaced by its atoms."""
+        """Root atoms of a dim, with atoms identified with a product replaced by its atoms, and
+        products identified with an older atom (``runs``) replaced by it."""
         out: list = []
         for a in dim:
             r = self.find(a)
             out.extend(self.canon(self.expand[r]) if r in self.expand else (r,))
-        return tuple(out)
+        return self._collapse(out) if self.runs and len(out) > 1 else tuple(out)
 
-    def identify(self, dim: tuple, product: tuple) -> None:
+    def _collapse(self, atoms: list) -> tuple:
+        changed = True
+        while changed:
+            changed = False
+            for product, atom in self.runs:
+                run = [self.find(a) for a in product]
+                for i in range(len(atoms) - len(run) + 1):
+                    if atoms[i:i + len(run)] == run:
+                        atoms[i:i + len(run)] = [self.find(atom)]
+                        changed = True
+                        break
+        return tuple(atoms)
+
+    def identify(self, dim: tuple, product: tuple, keep_older: bool = False) -> None:
         """Make a one-atom dim (a flat ``empty(n)`` or ``arange(n)``) the product ``product`` of
-        the same size, where an op aligns the two (unify() only pairs dims atom by atom)."""
+        the same size, where an op aligns the two (unify() only pairs dims atom by atom).
+        ``keep_older``: where the atom is older than every atom of the product (made by an op
+        that split it, a scan's ``[T/2, 2]`` view), the product is written as that atom instead,
+        so the tensors before the split keep their one axis."""
         dim, product = self.canon(dim), self.canon(product)
         if len(dim) == 1 and len(product) > 1 and dim[0] not in product:
             whole = 1
             for a in product:
                 whole = whole * self.size[a]
-            if same(self.size[dim[0]], whole):
+            if not same(self.size[dim[0]], whole):
+                return
+            if keep_older and dim[0] < min(product):
+                self.runs.append((product, dim[0]))
+            else:
                 self.expand[dim[0]] = product
         else:
             self.unify(dim, product)
@@ -143,9 +168,11 @@ class AxisTable:
     def fresh_like(self, shape) -> Axes:
         return tuple(self.fresh(s) for s in shape)
 
-    def regroup(self, in_axes: Axes, in_shape, out_shape) -> Axes:
+    def regroup(self, in_axes: Axes, in_shape, out_shape, lost: list | None = None) -> Axes:
         """Axes of a view/reshape: group dims by running products; merges concatenate atoms,
-        splits hand out the atoms of the merged dim in order (fresh atoms if sizes disagree)."""
+        splits hand out the atoms of the merged dim in order (fresh atoms if sizes disagree).
+        ``lost``: gets the input dims an atom of which no output dim carries (split into fresh
+        atoms: the sequence viewed as ``[T/2, 2]`` is two new axes, neither of them the tokens)."""
         out: list = []
         i = j = 0
         n_in, n_out = len(in_shape), len(out_shape)
@@ -176,7 +203,13 @@ class AxisTable:
             if len(go) == 1:
                 out.append(tuple(atoms))
             else:
-                out.extend(self._split(atoms, [out_shape[k] for k in go]))
+                parts = self._split(atoms, [out_shape[k] for k in go])
+                out.extend(parts)
+                if lost is not None:
+                    kept = {self.find(a) for d in parts for a in d}
+                    kept |= {self.find(f) for d in parts for a in d for g, lead in self.leads.items()
+                             if self.find(g) == self.find(a) for f in lead}
+                    lost.extend(k for k in gi if k < n_in and any(self.find(a) not in kept for a in in_axes[k]))
             i, j = gi[-1] + 1, go[-1] + 1
         return tuple(out)
 

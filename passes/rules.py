@@ -50,7 +50,9 @@ def dims_arg(node: fx.Node, pos: int, ndim: int, default=None) -> list[int]:
 def broadcast(node, table: AxisTable, ax, inputs) -> tuple:
     """Right-aligned broadcasting: non-size-1 dims of all inputs that line up are one axis. A flat
     dim lined up with a product of axes (random numbers drawn as ``[B*T, E]`` beside tokens
-    flattened to ``[B*T, E]``: Phi-3.5-MoE's router) is that product (``AxisTable.identify``)."""
+    flattened to ``[B*T, E]``: Phi-3.5-MoE's router) is that product, and a product lined up with
+    an older flat axis it was split from (a scan's ``[T/2, 2]`` halves merged back beside the
+    tokens) is that axis (``AxisTable.identify``)."""
     shp = out_shape(node)
     result = []
     for k in range(len(shp)):
@@ -62,9 +64,9 @@ def broadcast(node, table: AxisTable, ax, inputs) -> tuple:
                 dims.append(a[j])
         for d in dims[1:]:
             if len(d) == 1 and len(dims[0]) > 1:
-                table.identify(d, dims[0])
+                table.identify(d, dims[0], keep_older=True)
             elif len(dims[0]) == 1 and len(d) > 1:
-                table.identify(dims[0], d)
+                table.identify(dims[0], d, keep_older=True)
             else:
                 table.unify(dims[0], d)
         result.append(dims[0] if dims else table.fresh(shp[k]))
@@ -195,7 +197,11 @@ def view(node, table, ax):
         lead = len(shp) - len(s)
         return RuleOut([tuple(table.fresh(shp[k]) if k < lead or not ax(x)[k - lead] else ax(x)[k - lead]
                               for k in range(len(shp)))])
-    return RuleOut([table.regroup(ax(x), shape(x), out_shape(node))])
+    lost: list = []
+    out = table.regroup(ax(x), shape(x), out_shape(node), lost)
+    # a dim split into new axes (the tokens viewed as [T/2, 2] pairs): its positions are combined
+    # into others, which no chunk of tokens holds whole (mixing where the dim is the sequence)
+    return RuleOut([out], mixed=tuple((x, k) for k in lost))
 
 
 @register(aten.view_as_complex.default)

@@ -143,7 +143,7 @@ def infer_axes(graph: fx.Graph) -> SeqDims:
         elif node.op == "call_function":
             result.axes[node] = _apply_rule(node, table, ax, result)
     _check_permutations(table, result)
-    if table.expand:  # flat dims identified with products: every dim written in root atoms
+    if table.expand or table.runs:  # flat dims identified with products: every dim written in root atoms
         result.axes = {n: [None if a is None else tuple(table.canon(d) for d in a) for a in axes]
                        for n, axes in result.axes.items()}
     return result

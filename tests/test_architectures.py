@@ -214,6 +214,61 @@ def test_no_attention_warns_once_and_the_head_streams():
     assert "no causal attention found: layers run unstreamed; the head streams" in text, text
 
 
+class _CausalBlock(torch.nn.Module):
+    def __init__(self, d=zoo.HIDDEN, heads=2):
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, d // self.heads).unbind(2)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return x + self.out(o.transpose(1, 2).reshape(B, T, d))
+
+
+class PairScanLM(torch.nn.Module):
+    """A scan in Mamba's parallel form (its ``associative_scan`` traced): the sequence viewed as
+    [T/2, 2] pairs, combined within each pair, merged back and added to the layer's input times a
+    per-channel weight. ``attention``: a causal attention layer after it (a hybrid model)."""
+
+    def __init__(self, vocab=zoo.VOCAB, d=zoo.HIDDEN, attention=False):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.mix = torch.nn.Embedding(vocab, d), torch.nn.Linear(d, d)
+        self.D = torch.nn.Parameter(torch.randn(d))
+        self.attn = _CausalBlock(d) if attention else None
+        self.lm_head = torch.nn.Linear(d, vocab, bias=False)
+        self.vocab = vocab
+
+    def forward(self, idx, labels):
+        x = self.embed(idx)
+        B, T, d = x.shape
+        pairs = torch.tanh(self.mix(x)).view(B, T // 2, 2, d)
+        scanned = torch.cat([pairs[:, :, :1], pairs[:, :, :1] + pairs[:, :, 1:]], dim=2).reshape(B, T, d)
+        x = x + scanned + x * self.D
+        if self.attn is not None:
+            x = self.attn(x)
+        logits = self.lm_head(x)
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        return F.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1)), logits
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("attention", [False, True])
+def test_a_scan_that_splits_the_sequence_leaves_the_other_regions_streaming(attention):
+    """The scan's pairs merged back beside the layer's input line up a product of two new axes
+    with the sequence: the sequence stays one axis (the product is written as it), so the head
+    streams, and so does a causal attention layer after the scan. The view that splits the tokens
+    into pairs combines positions (no chunk holds a pair cut at its edge): warned at its line."""
+    model = PairScanLM(attention=attention)
+    inputs = zoo._plain_inputs(zoo.VOCAB)("prompt")
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    assert_grads_match(run.ref_grads, run.grads)
+    assert sorted(p.name for p in run.programs) == (["head", "layer.0"] if attention else ["head"]), run.warnings
+    said = [w for w in run.warnings if "aten.view" in w and "pairs = torch.tanh" in w]
+    assert len(said) == 1, run.warnings
+
+
 def _broken_regions(fwd_nodes, sd, sites, *rest):
     node = sites[0].output  # the pass was looking at this node when it failed
     raise RuntimeError(f"an analysis bug at {node.name}")
