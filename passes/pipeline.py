@@ -24,7 +24,7 @@ from .plan import plan_head, plan_layer
 from .pulls import RANDOM_OPS
 from .record import NodeRecord, tag
 from .regions import find_regions
-from .rewrite import dropped_outputs, stream_joint
+from .rewrite import RegionFailed, dropped_outputs, stream_joint
 from .seq_dims import SEQ_REDUCTION, UNKNOWN_MIXING, infer_axes
 from .sources import seed_sequence
 from .units import projects
@@ -88,16 +88,30 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
     joint, a = move_slices(joint, a, config, constants)
     if a.moved:
         dump("moved", joint, a)
+    fwd_outs = graph_outputs(joint.graph)[:num_fwd_outputs]
+    dropped = dropped_outputs(fwd_outs, a.plans)
     if planned is not None:
-        planned(dropped_outputs(graph_outputs(joint.graph)[:num_fwd_outputs], a.plans))
+        planned(dropped)
+    while a.plans:
+        try:
+            streamed = stream_joint(joint, num_fwd_outputs, a.fwd_nodes, a.plans, config.codegen,
+                                    storage=offload.Options.of(config), attention=config.attention)
+            break
+        except RegionFailed as err:
+            # that region runs unstreamed and the others stream, where the outputs dropped stay
+            # those the graph was traced for (a layer drops none; a head drops the logits)
+            rest = [p for p in a.plans if p is not err.plan]
+            if dropped_outputs(fwd_outs, rest) != dropped:
+                a.refusals.append(("all", err.error))
+                a.plans = []
+                return joint, a
+            a.refusals.append((err.plan.name, err.error))
+            a.plans = rest
+        except CannotStream as err:
+            a.refusals.append(("all", err))
+            a.plans = []
+            return joint, a
     if not a.plans:
-        return joint, a
-    try:
-        streamed = stream_joint(joint, num_fwd_outputs, a.fwd_nodes, a.plans, config.codegen,
-                                storage=offload.Options.of(config), attention=config.attention)
-    except CannotStream as err:
-        a.refusals.append(("all", err))
-        a.plans = []
         return joint, a
     for _, program in streamed.programs:  # a chunk that fails at run time raises under strict
         program.strict = config.strict

@@ -63,9 +63,13 @@ def chunk_graph(name, inputs, specs, nodes, outputs, sd, extra=(), extra_dims=()
         if not whole:
             chunks.check(graph)
     except Exception as e:  # noqa: BLE001 - any failure to instantiate the region per chunk
-        if verify.enabled() and not isinstance(e, CannotStream):
-            raise
-        raise CannotStream(f"the region does not instantiate per chunk ({type(e).__name__}: {str(e).splitlines()[0]})")
+        failed = e.error if isinstance(e, chunks.ChunkCheckFailed) else e
+        if verify.enabled() and not isinstance(failed, CannotStream):
+            raise failed from None
+        first = str(failed).splitlines()[0] if str(failed) else ""
+        # (the op the chunk's propagation failed at, with its source line, where it is known)
+        raise CannotStream(f"the region does not instantiate per chunk ({type(failed).__name__}: {first})",
+                           getattr(e, "node", None) if isinstance(e, chunks.ChunkCheckFailed) else None)
     if not whole:
         verify.chunk_graph(gm, name)
     return graph
@@ -577,6 +581,15 @@ class Streamed:
     stores: list = dataclasses.field(default_factory=list)  # offload.StorePlan of each layer that stores inputs
 
 
+class RegionFailed(CannotStream):
+    """A region's program cannot be built (``error``, with its node): that region alone cannot
+    stream; nothing has been changed yet."""
+
+    def __init__(self, plan, error: CannotStream):
+        super().__init__(error.reason, error.node)
+        self.plan, self.error = plan, error
+
+
 def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, codegen: str,
                  storage=None, attention: str = "recompute") -> Streamed:
     """A new joint graph in which every planned region runs as a streamed region op.
@@ -590,7 +603,14 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     tangent_outputs = _tangent_outputs(joint, ts, num_fwd_outputs)
 
     # everything that can fail happens here, before any new graph exists
-    programs = [_program(plan, codegen, attention if storage is None else "recompute") for plan in plans]
+    programs = []
+    for plan in plans:
+        try:
+            programs.append(_program(plan, codegen, attention if storage is None else "recompute"))
+        except RegionFailed:
+            raise
+        except CannotStream as err:   # (this region only: the caller streams the others without it)
+            raise RegionFailed(plan, err) from err
     for _, prog in programs:
         prog.register()
     stores = offload.plans(programs, storage) if storage is not None else {}

@@ -32,6 +32,7 @@ import torch
 import torch.fx as fx
 from torch._functorch import config as functorch_config
 from torch.fx._lazy_graph_module import _LazyGraphModule
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from .passes.graphs import hint
 from .passes.specs import dense, dim_order, empty_in_order, leading
@@ -581,22 +582,44 @@ def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple) -
     return Variant((fn, shapes, [t.dtype for t in tangents], where, tuple(present)), shape_guards(mode, graph.symbols))
 
 
+class ChunkCheckFailed(Exception):
+    """A chunk graph that does not propagate at symbolic chunk shapes: ``error``, raised at
+    ``node`` (a copy of the joint graph's node: its op and source line), or None."""
+
+    def __init__(self, error: Exception, node):
+        super().__init__(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        self.error, self.node = error, node
+
+
+class _Propagation(FakeTensorProp):
+    """FakeTensorProp that remembers the position of the node it is running (``at``)."""
+
+    def run_node(self, n):
+        self.at = self._positions[n]
+        return super().run_node(n)
+
+    def propagate_dont_convert_inputs(self, *args):
+        self._positions = {n: i for i, n in enumerate(self.module.graph.nodes)}
+        return super().propagate_dont_convert_inputs(*args)
+
+
 def check(graph: ChunkGraph) -> None:
     """Propagate symbolic chunk-shaped fake inputs through the graph (raises where it does not
     instantiate per chunk). Cached on the graph's key: every layer of a model, and every later
     compile of it, has its chunk graphs checked once."""
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     key = graph.key()
     if key not in _CHECKED:
+        prop = None
         try:
             mode, fakes = fake_inputs(graph.slots, graph.sizes)
-            FakeTensorProp(graph.gm, mode).propagate_dont_convert_inputs(*fakes)
+            prop = _Propagation(graph.gm, mode)
+            prop.propagate_dont_convert_inputs(*fakes)
             _CHECKED[key] = [n.meta.get("val") for n in graph.gm.graph.nodes]
         except Exception as e:  # noqa: BLE001 - raised again below, and for every graph with this key
-            _CHECKED[key] = e
-    if isinstance(_CHECKED[key], Exception):
-        raise _CHECKED[key]
+            _CHECKED[key] = (e, getattr(prop, "at", None))
+    if isinstance(_CHECKED[key], tuple):
+        err, at = _CHECKED[key]
+        raise ChunkCheckFailed(err, None if at is None else list(graph.gm.graph.nodes)[at]) from err
     for n, v in zip(graph.gm.graph.nodes, _CHECKED[key]):   # the values at chunk shapes, as propagated
         n.meta["val"] = v
         # no unbacked-size bindings (``.tolist()`` of tokens per expert) of the check's own shape

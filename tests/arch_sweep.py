@@ -3,6 +3,7 @@
 
     PYTHONPATH=tests python tests/arch_sweep.py MODEL_TYPE...   # one JSON line per family
     PYTHONPATH=tests python tests/arch_sweep.py --use-cache MODEL_TYPE...   # calls with use_cache=True
+    PYTHONPATH=tests python tests/arch_sweep.py --record OUT.json RESULTS.jsonl...   # the streamed floor
 
 ``check(model_type)`` returns a dict: ``status`` ("ok", "skip" with ``reason``, "eager-fails"),
 ``error`` (an exception that reached the user: none is allowed), ``loss_err`` and ``grad_err``
@@ -145,7 +146,42 @@ def check(model_type: str, options: dict | None = None, use_cache: bool = False)
     return out
 
 
+STREAMS = __file__.rsplit("/", 1)[0] + "/arch_streams.json"
+
+
+def record(out: str, results: list) -> None:
+    """Write what each family streamed (from result lines of this script) as the floor the sweep
+    holds later runs to, for the installed transformers version."""
+    import transformers
+
+    streamed = {}
+    for path in results:
+        for line in open(path):
+            r = json.loads(line)
+            if r.get("status") == "ok" and not r.get("error"):
+                streamed[r["model_type"]] = sorted(r["streamed"])
+    rows = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in sorted(streamed.items()))
+    with open(out, "w") as f:
+        f.write(f'{{"transformers": {json.dumps(transformers.__version__)},\n "streamed": {{\n{rows}\n}}}}\n')
+
+
+def streams_less(result: dict, floor: dict | None = None) -> list:
+    """The regions a family streamed in the recorded run and not in this one (``arch_streams.json``;
+    only for the transformers version it was recorded with: another version's models differ)."""
+    import transformers
+
+    if floor is None:
+        with open(STREAMS) as f:
+            floor = json.load(f)
+    if floor.get("transformers") != transformers.__version__ or result.get("status") != "ok":
+        return []
+    return sorted(set(floor["streamed"].get(result["model_type"], ())) - set(result.get("streamed") or ()))
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--record"]:
+        record(sys.argv[2], sys.argv[3:])
+        sys.exit(0)
     torch.set_num_threads(1)
     cache = "--use-cache" in sys.argv[1:]
     for name in (a for a in sys.argv[1:] if a != "--use-cache"):

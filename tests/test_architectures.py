@@ -269,6 +269,68 @@ def test_a_scan_that_splits_the_sequence_leaves_the_other_regions_streaming(atte
     assert len(said) == 1, run.warnings
 
 
+class _KeyBiasLayer(torch.nn.Module):
+    """Causal attention whose mask adds a per-key bias computed from the values (Doge's
+    ``dt_states``); ``bias=False``: a plain causal layer."""
+
+    def __init__(self, d=zoo.HIDDEN, heads=2, bias=True):
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.dt = torch.nn.Linear(d, heads) if bias else None
+
+    def forward(self, x, hidden):
+        B, T, d = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, d // self.heads).unbind(2)
+        mask = None
+        if self.dt is not None:
+            per_key = F.softplus(self.dt(v.reshape(B, T, d))).transpose(1, 2)   # [B, H, T]
+            mask = per_key[:, :, None, :].expand(-1, -1, T, -1).masked_fill(hidden, torch.finfo(x.dtype).min)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                           is_causal=mask is None)
+        return x + self.out(o.transpose(1, 2).reshape(B, T, d))
+
+
+class KeyBiasLM(torch.nn.Module):
+    """A plain causal layer, then one whose mask is computed from its values."""
+
+    def __init__(self, vocab=zoo.VOCAB, d=zoo.HIDDEN):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.layers = torch.nn.ModuleList([_KeyBiasLayer(d, bias=False), _KeyBiasLayer(d)])
+        self.lm_head = torch.nn.Linear(d, vocab, bias=False)
+        self.vocab = vocab
+
+    def forward(self, idx, labels):
+        T = idx.shape[1]
+        hidden = torch.ones(T, T, dtype=torch.bool, device=idx.device).triu(1)
+        x = self.embed(idx)
+        for layer in self.layers:
+            x = layer(x, hidden)
+        logits = self.lm_head(x)
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        return F.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1)), logits
+
+
+@pytest.mark.fast
+def test_a_region_that_does_not_instantiate_per_chunk_leaves_the_others_streaming(monkeypatch):
+    """A layer whose graph fails at chunk shapes (its mask reads a per-key bias the query graph
+    computes from its own rows) runs unstreamed, warned with the failure, the op and its line;
+    the other layer and the head stream, and every gradient is eager's. strict=True raises."""
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")   # (as users run: a failure is a warning)
+    model = KeyBiasLM()
+    inputs = zoo._plain_inputs(zoo.VOCAB)("prompt")
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    assert_grads_match(run.ref_grads, run.grads)
+    assert sorted(p.name for p in run.programs) == ["head", "layer.0"], run.warnings
+    said = [w for w in run.warnings if "region 'layer.1' is not streamed: the region does not instantiate per chunk" in w]
+    assert len(said) == 1 and "aten.where" in said[0] and "masked_fill(hidden" in said[0], run.warnings
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "strict": True, "chunk_size": 5})
+    with pytest.raises(streamfx.StreamBPError, match="does not instantiate per chunk"):
+        compiled(*inputs.args)
+
+
 def _broken_regions(fwd_nodes, sd, sites, *rest):
     node = sites[0].output  # the pass was looking at this node when it failed
     raise RuntimeError(f"an analysis bug at {node.name}")
