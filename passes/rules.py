@@ -525,16 +525,45 @@ def _one_index(indices):
     return used[0] if len(used) == 1 and isinstance(used[0][1], fx.Node) else None
 
 
-def _gathers_rows(x_dim, idx, table, ax) -> bool:
-    """True when ``idx`` holds positions of dim ``x_dim`` computed from the same tokens."""
+def _gathers_rows(x_dim, idx, table, ax, x=None) -> bool:
+    """True when ``idx`` holds positions of dim ``x_dim`` computed from the same tokens. Where
+    the two differ only in axes along which ``x`` holds copies of one value (Ergo's
+    ``hidden.repeat_interleave(top_k, 0)``: a row per route, gathered by route positions), those
+    axes are made one: any copy is the same row."""
     target = index_target(idx, table, ax)
-    return target is not None and target == table.canon(x_dim)
+    if target is None:
+        return False
+    mine = table.canon(x_dim)
+    if target == mine:
+        return True
+    if x is None or len(target) != len(mine):
+        return False
+    copied = _copied_atoms(x, table, ax)
+    pairs = [(p, q) for p, q in zip(mine, target) if p != q]
+    if not all(p in copied and same(table.size[p], table.size[q]) for p, q in pairs):
+        return False
+    for p, q in pairs:
+        table.unify((p,), (q,))
+    return True
+
+
+def _copied_atoms(x, table, ax) -> set:
+    """Root atoms along which ``x`` holds copies of one value: the dims an ``expand`` made from
+    size-1 (or new) dims, seen through the views and copies between it and ``x``."""
+    copied = set()
+    while isinstance(x, fx.Node) and x.op == "call_function" and isinstance(x.args[0], fx.Node) and (
+            x.target in VALUE_COPIES or x.target in (aten.expand.default, aten.unsqueeze.default)):
+        if x.target is aten.expand.default:
+            before = {a for d in ax(x.args[0]) for a in table.canon(d)}
+            copied |= {a for d in ax(x) for a in table.canon(d)} - before
+        x = x.args[0]
+    return copied
 
 
 def _gather(node, table, ax, x, d, idx):
     a = ax(x)
     out = tuple(a[:d]) + tuple(ax(idx)) + tuple(a[d + 1:])
-    mixed = () if not a[d] or _gathers_rows(a[d], idx, table, ax) else ((x, d),)
+    mixed = () if not a[d] or _gathers_rows(a[d], idx, table, ax, x) else ((x, d),)
     return RuleOut([out], mixed=mixed)
 
 
