@@ -27,6 +27,15 @@ def files_under(path) -> list:
     return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
 
 
+@pytest.fixture(autouse=True)
+def _no_earlier_garbage():
+    """Collect what earlier tests in this worker left in reference cycles (a step that raised
+    keeps its entries alive through its traceback until a collection), so that ``STORE.live``
+    holds only this test's entries: each of its steps must release them by reference counts."""
+    gc.collect()
+    yield
+
+
 def left_under(path) -> list:
     """Files and directories under ``path`` (a step leaves neither, not even an empty directory)."""
     return [os.path.join(d, f) for d, ds, fs in os.walk(path) for f in ds + fs]
