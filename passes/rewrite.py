@@ -607,8 +607,6 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     for plan in plans:
         try:
             programs.append(_program(plan, codegen, attention if storage is None else "recompute"))
-        except RegionFailed:
-            raise
         except CannotStream as err:   # (this region only: the caller streams the others without it)
             raise RegionFailed(plan, err) from err
     for _, prog in programs:

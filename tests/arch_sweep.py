@@ -14,6 +14,7 @@ while streamfx said nothing).
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
 import sys
@@ -165,14 +166,18 @@ def record(out: str, results: list) -> None:
         f.write(f'{{"transformers": {json.dumps(transformers.__version__)},\n "streamed": {{\n{rows}\n}}}}\n')
 
 
+@functools.cache
+def _recorded() -> dict:
+    with open(STREAMS) as f:
+        return json.load(f)
+
+
 def streams_less(result: dict, floor: dict | None = None) -> list:
     """The regions a family streamed in the recorded run and not in this one (``arch_streams.json``;
     only for the transformers version it was recorded with: another version's models differ)."""
     import transformers
 
-    if floor is None:
-        with open(STREAMS) as f:
-            floor = json.load(f)
+    floor = _recorded() if floor is None else floor
     if floor.get("transformers") != transformers.__version__ or result.get("status") != "ok":
         return []
     return sorted(set(floor["streamed"].get(result["model_type"], ())) - set(result.get("streamed") or ()))

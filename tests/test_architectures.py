@@ -214,15 +214,25 @@ def test_no_attention_warns_once_and_the_head_streams():
     assert "no causal attention found: layers run unstreamed; the head streams" in text, text
 
 
-class _CausalBlock(torch.nn.Module):
-    def __init__(self, d=zoo.HIDDEN, heads=2):
+class _KeyBiasLayer(torch.nn.Module):
+    """Causal attention whose mask adds a per-key bias computed from the values (Doge's
+    ``dt_states``), ``hidden`` the [T, T] positions no query sees; ``bias=False``: a plain causal
+    layer (``hidden`` unused)."""
+
+    def __init__(self, d=zoo.HIDDEN, heads=2, bias=True):
         super().__init__()
         self.heads, self.qkv, self.out = heads, torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.dt = torch.nn.Linear(d, heads) if bias else None
 
-    def forward(self, x):
+    def forward(self, x, hidden=None):
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.heads, d // self.heads).unbind(2)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        mask = None
+        if self.dt is not None:
+            per_key = F.softplus(self.dt(v.reshape(B, T, d))).transpose(1, 2)   # [B, H, T]
+            mask = per_key[:, :, None, :].expand(-1, -1, T, -1).masked_fill(hidden, torch.finfo(x.dtype).min)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                           is_causal=mask is None)
         return x + self.out(o.transpose(1, 2).reshape(B, T, d))
 
 
@@ -236,7 +246,7 @@ class PairScanLM(torch.nn.Module):
         torch.manual_seed(0)
         self.embed, self.mix = torch.nn.Embedding(vocab, d), torch.nn.Linear(d, d)
         self.D = torch.nn.Parameter(torch.randn(d))
-        self.attn = _CausalBlock(d) if attention else None
+        self.attn = _KeyBiasLayer(d, bias=False) if attention else None
         self.lm_head = torch.nn.Linear(d, vocab, bias=False)
         self.vocab = vocab
 
@@ -267,27 +277,6 @@ def test_a_scan_that_splits_the_sequence_leaves_the_other_regions_streaming(atte
     assert sorted(p.name for p in run.programs) == (["head", "layer.0"] if attention else ["head"]), run.warnings
     said = [w for w in run.warnings if "aten.view" in w and "pairs = torch.tanh" in w]
     assert len(said) == 1, run.warnings
-
-
-class _KeyBiasLayer(torch.nn.Module):
-    """Causal attention whose mask adds a per-key bias computed from the values (Doge's
-    ``dt_states``); ``bias=False``: a plain causal layer."""
-
-    def __init__(self, d=zoo.HIDDEN, heads=2, bias=True):
-        super().__init__()
-        self.heads, self.qkv, self.out = heads, torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
-        self.dt = torch.nn.Linear(d, heads) if bias else None
-
-    def forward(self, x, hidden):
-        B, T, d = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.heads, d // self.heads).unbind(2)
-        mask = None
-        if self.dt is not None:
-            per_key = F.softplus(self.dt(v.reshape(B, T, d))).transpose(1, 2)   # [B, H, T]
-            mask = per_key[:, :, None, :].expand(-1, -1, T, -1).masked_fill(hidden, torch.finfo(x.dtype).min)
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
-                                           is_causal=mask is None)
-        return x + self.out(o.transpose(1, 2).reshape(B, T, d))
 
 
 class KeyBiasLM(torch.nn.Module):

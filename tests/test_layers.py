@@ -550,12 +550,11 @@ class _RouteRowExperts(torch.nn.Module):
         return (back.view(-1, self.k, d) * weights.unsqueeze(-1)).sum(1).view(B, T, d)
 
 
-class _RouteRowLM(torch.nn.Module):
+class _RouteRowLM(_FlatNoiseLM):
+    """``_FlatNoiseLM`` with a gate of ones and route-row experts after each layer."""
+
     def __init__(self, vocab=32, d=16, layers=2):
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb, self.head = torch.nn.Embedding(vocab, d), torch.nn.Linear(d, vocab)
-        self.layers = torch.nn.ModuleList(_FlatNoiseLayer(d) for _ in range(layers))
+        super().__init__(vocab, d, layers)
         self.experts = torch.nn.ModuleList(_RouteRowExperts(d) for _ in range(layers))
 
     def forward(self, idx, targets):
