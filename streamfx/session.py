@@ -106,8 +106,8 @@ class Session:
             return base_partition(joint, joint_inputs, **kwargs)
         if self.ddp_piece:
             analysis.refusals = _ddp_refusals(analysis)
-        for region, err in analysis.refusals:
-            self.refuse(region, err)
+        for regions, err in _grouped(analysis.refusals):
+            self.refuse(regions[0], err, also=regions[1:])
         for region, err in analysis.notes:
             self.note(region, err)
         if analysis.programs:
@@ -175,10 +175,17 @@ class Session:
                 if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.FakeTensor)
                 and isinstance(p.meta.get("val"), torch.Tensor) and tuple(p.meta["val"].shape) == tuple(x.shape)}
 
-    def refuse(self, region: str, err: CannotStream) -> None:
+    def refuse(self, region: str, err: CannotStream, also=()) -> None:
         """Warn once per compiled graph and refusal (each new compile that does not fully stream
-        warns again; the graph number tells the compiles apart), or raise with ``strict``."""
-        cause = f"streamfx: region '{region}' is not streamed: {err.describe()}"
+        warns again; the graph number tells the compiles apart), or raise with ``strict``.
+        ``also``: other regions refused for the same cause (the layers of one model), named in the
+        same warning."""
+        more = ""
+        if also:
+            names = [f"'{r}'" for r in also]
+            listed = ", ".join(names if len(names) <= 4 else names[:3] + ["...", names[-1]])
+            more = f" (nor {'is' if len(also) == 1 else f'are the {len(also)} regions'} {listed}, for the same cause)"
+        cause = f"streamfx: region '{region}' is not streamed{more}: {err.describe()}"
         if self.config.strict:
             raise StreamBPError(cause + " (strict=True)")
         if cause in self.warned:
@@ -276,3 +283,11 @@ def _is_constant(placeholder) -> bool:
     """A Dynamo graph input that is a module's parameter or buffer (by its source)."""
     name = source_name(placeholder)
     return "_parameters[" in name or "_buffers[" in name
+
+
+def _grouped(refusals) -> list:
+    """([region names], the first's refusal) per distinct cause, in the order of their first region."""
+    groups: dict = {}
+    for region, err in refusals:
+        groups.setdefault(err.describe(), ([], err))[0].append(region)
+    return list(groups.values())
