@@ -18,7 +18,7 @@ from streamfx.errors import source_line
 
 from . import kernels
 from .axes import RuleOut
-from .graphs import bind, same
+from .graphs import bind, normalize_dim, same
 from .rules import register, shape
 
 aten = torch.ops.aten
@@ -95,6 +95,11 @@ class AttentionSite:
     mask_chain: tuple = ()
     dropout: object = None             # a fused kernel's dropout probability where it draws dropout inside
     mask_note: str | None = None       # why a mask that looks causal is not read as causal (masks.classify)
+    seq_dim: int = -2                  # the sequence dim of ``query`` (and of ``key``)
+    # a causal convolution (kind "conv"): output row t reads rows t - reach .. t of ``key``;
+    # ``trim``: (output dim, first row) where the output is a slice of the convolution's rows
+    reach: int | None = None
+    trim: tuple | None = None
 
     @property
     def plain_causal_mask(self) -> bool:
@@ -116,6 +121,9 @@ class AttentionSite:
                 return n.name
             return "a model input" if n.op == "placeholder" else (source_line(n).strip() or n.target.__name__)
 
+        if self.kind == "conv":
+            where = "" if names else f"in {_module_or_line(self.output)} "
+            return f"#{self.index} causal convolution {where}(each row reads itself and the {self.reach} rows before it)"
         mask = self.mask_kind + (f"({self.window})" if self.window else "")
         if self.mask_chain:
             mask += f" (masks applied in sequence by {', '.join(map(name, self.mask_chain))}, read as one)"
@@ -145,12 +153,78 @@ def find_sites(graph: fx.Graph, sd, forward: set) -> list[AttentionSite]:
                                  bool(b.get("is_causal", False)), mask, scale=b.get("scale"),
                                  dropout=kernels.dropout_of(node))
             sites.append(site)
+        elif node.target is aten.convolution.default:
+            site = conv_site(node, sd, len(sites), forward)
+            if site is not None:
+                claimed |= site.nodes
+                sites.append(site)
         elif node.target in SCORE_OPS and _self_similar(node, sd):
             site = _matmul_site(node, sd, len(sites), forward)
             if site is not None:
                 claimed |= site.nodes
                 sites.append(site)
     return sites
+
+
+def _module_or_line(node) -> str:
+    from streamfx.memory import module_path
+
+    return module_path(node) or source_line(node).strip()
+
+
+def conv_site(conv: fx.Node, sd, index: int, forward: set):
+    """A causal convolution along the sequence (LFM2's and Mamba's short convolutions): 1-D
+    convolutions with stride 1 and left pads, in a chain that starts from a tensor ``x``, whose
+    output rows line up with ``x``'s rows, directly or through the slice that drops its extra
+    rows (``conv1d(x, padding=k - 1)[..., :T]``). Output row t then reads rows t - reach .. t of
+    ``x`` only, and a chunk computes its rows from its own and the ``reach`` rows before them
+    (the keys it reads). The geometry is computed from the ops' arguments: element j of a padded
+    or convolved tensor belongs to row j - left of ``x``, and a convolution's output element reads
+    the padded input's elements j .. j + (k - 1)·dil. None where the chain is not that."""
+    chain, cur = [conv], conv
+    while True:
+        x = cur.args[0]
+        if not isinstance(x, fx.Node) or x not in forward or x.op != "call_function" \
+                or x.target not in (aten.convolution.default, aten.constant_pad_nd.default) \
+                or any(u is not cur for u in x.users if u in forward):
+            break
+        chain.append(x)
+        cur = x
+    chain.reverse()
+    x = chain[0].args[0]
+    if not isinstance(x, fx.Node) or len(shape(x)) != 3:
+        return None
+    left = right = reach = 0
+    for n in chain:
+        if n.target is aten.constant_pad_nd.default:
+            pads = list(n.args[1])
+            if len(pads) != 2 or not all(isinstance(p, int) and p >= 0 for p in pads):
+                return None
+            left, right = left + pads[0], right + pads[1]
+            continue
+        k = shape(n.args[1])[-1]
+        stride, padding, dilation, transposed = n.args[3:7]
+        if transposed or list(stride) != [1] or len(padding) != 1 or not isinstance(k, int) \
+                or not isinstance(padding[0], int) or not isinstance(dilation[0], int):
+            return None
+        left, right = left + padding[0] - (k - 1) * dilation[0], right + padding[0]
+        reach += (k - 1) * dilation[0]
+        if left < 0:   # (an output row reads rows after its own, or the first rows are lost)
+            return None
+    out, trim = conv, None
+    if (left, right) != (0, 0):
+        users = [u for u in conv.users if u in forward]
+        if len(users) != 1 or users[0].target is not aten.slice.Tensor:
+            return None
+        b = bind(users[0])
+        if normalize_dim(b["dim"], 3) != 2 or b.get("step", 1) != 1 or (b.get("start") or 0) != left \
+                or not same(shape(users[0])[2], shape(x)[2]):
+            return None
+        out, trim = users[0], (2, left)
+    elif not same(shape(conv)[2], shape(x)[2]):
+        return None
+    return AttentionSite(index, "conv", x, x, x, out, frozenset(chain) | {out}, True, None, mask_kind="conv",
+                         window=reach + 1, seq_dim=2, reach=reach, trim=trim)
 
 
 # Q·Kᵀ is a bmm, or a broadcast mul once Inductor's decomposition turns a head_dim-1 bmm into

@@ -59,6 +59,10 @@ class AxisTable:
         # the factor's index times the rest, so a view that splits the factor's size off its
         # front gives the factor back
         self.leads: dict = {}
+        # atom -> (atom of the rows it holds, left, right): a dim padded or convolved along another
+        # (a causal convolution's ``pad(x, (k - 1, 0))`` or ``conv1d(x, padding=k - 1)``): element j
+        # belongs to row j - left of the other, and ``right`` rows after its last are extra
+        self.shifted: dict = {}
         self._ids = itertools.count()
 
     def fresh(self, size) -> tuple:
@@ -116,6 +120,27 @@ class AxisTable:
                 self.expand[dim[0]] = product
         else:
             self.unify(dim, product)
+
+    def shift_of(self, dim: tuple):
+        """(atom of the rows, left, right) of a one-atom dim: its own atom with (0, 0), or the
+        record of a padded or convolved dim (``shifted``); None for a product."""
+        dim = self.canon(dim)
+        if len(dim) != 1:
+            return None
+        for a, (rows, left, right) in self.shifted.items():
+            if self.find(a) == dim[0]:
+                return self.find(rows), left, right
+        return dim[0], 0, 0
+
+    def shifted_dim(self, rows: int, left: int, right: int, size) -> tuple:
+        """The axis of a dim holding ``rows`` shifted by ``left`` with ``right`` extra rows: the
+        rows' own axis where both are 0, else a fresh atom recording them."""
+        if left == 0 and right == 0:
+            return (rows,)
+        atom = self.fresh(size)
+        if atom:
+            self.shifted[atom[0]] = (rows, left, right)
+        return atom
 
     def permuted(self, dim: tuple, node) -> tuple:
         """Fresh atoms for ``dim`` in another order (a sort along it): the same sizes, recorded

@@ -50,7 +50,7 @@ KV_VIEW_OPS = {aten.unsqueeze.default, aten.expand.default, aten.clone.default, 
                aten.transpose.int, aten.alias.default}
 
 
-def kv_boundary(node, inside: set, sd, key_views: frozenset = frozenset()):
+def kv_boundary(node, inside: set, sd, key_views: frozenset = frozenset(), convs=None):
     """Where the K/V graph stops for the attention's keys (or values) ``node``: walking back
     through views and copies (GQA's repeat_kv is unsqueeze, expand, clone, view), the narrowest
     tensor of the walk, the earliest of equal ones. The full-length K/V buffers, their fp32
@@ -59,18 +59,29 @@ def kv_boundary(node, inside: set, sd, key_views: frozenset = frozenset()):
     The walk passes a tensor only where every use of it inside the layer is on such a walk
     (``key_views``, see ``_view_walks``: two attention calls repeating one key tensor each).
     Returns (boundary, nodes after it up to ``node``: the key side of the query graph)."""
-    walk, cur = [node], node
-    while (x := _viewed(cur, inside, sd)) is not None:
-        if any(u is not cur and u not in key_views for u in x.users if u in inside):
+    walk, cur, passed = [node], node, {}
+    while (x := _viewed(cur, inside, sd, convs)) is not None:
+        conv = (convs or {}).get(cur)
+        users = conv.nodes if conv is not None else {cur}
+        if any(u not in users and u not in key_views for u in x.users if u in inside):
             break
+        if conv is not None:
+            passed[len(walk)] = conv.nodes
         walk.append(x)
         cur = x
     best = min(range(len(walk)), key=lambda i: (per_token(walk[i], sd), -i))
-    return walk[best], frozenset(walk[:best])
+    after = frozenset(walk[:best]).union(*(nodes for i, nodes in passed.items() if i <= best))
+    return walk[best], after
 
 
-def _viewed(cur, inside: set, sd):
-    """The tensor ``cur`` is a view or copy of, where the walk of ``kv_boundary`` may go on to it."""
+def _viewed(cur, inside: set, sd, convs=None):
+    """The tensor ``cur`` is a view or copy of, where the walk of ``kv_boundary`` may go on to it;
+    through a causal convolution (``convs``: its output -> its site), the tensor it convolves: keys
+    convolved along the sequence are computed on the key side, from the prefix of that tensor."""
+    conv = (convs or {}).get(cur)
+    if conv is not None:
+        x = conv.key
+        return x if x in inside and sd.seq_dim(x) is not None and sd.seq_is_atomic(x) else None
     if cur.op != "call_function" or cur.target not in KV_VIEW_OPS:
         return None
     x = cur.args[0]
@@ -79,13 +90,14 @@ def _viewed(cur, inside: set, sd):
     return x
 
 
-def _view_walks(nodes, inside: set, sd) -> frozenset:
-    """Every tensor on a walk back from ``nodes`` through views and copies, whatever its other uses."""
+def _view_walks(nodes, inside: set, sd, convs=None) -> frozenset:
+    """Every tensor on a walk back from ``nodes`` through views and copies (and causal
+    convolutions), whatever its other uses."""
     seen = set()
     for cur in nodes:
         while cur is not None and cur not in seen:
             seen.add(cur)
-            cur = _viewed(cur, inside, sd)
+            cur = _viewed(cur, inside, sd, convs)
     return frozenset(seen)
 
 
@@ -96,8 +108,9 @@ def kv_outputs(sites, inside: set, inputs, outputs, sd, mode: str = "auto"):
     option): "heads", the keys and values (``kv_boundary``); "latent", the latent cut where there
     is a narrower one; "auto", the cut where ``kept_bytes`` is lower."""
     ends = [x for site in sites for x in (site.key, site.value)]
-    views = _view_walks(ends, inside, sd)
-    walked = [kv_boundary(x, inside, sd, views) for x in ends]
+    convs = {site.output: site for site in sites if site.kind == "conv"}
+    views = _view_walks(ends, inside, sd, convs)
+    walked = [kv_boundary(x, inside, sd, views, convs) for x in ends]
     base = tuple(dict.fromkeys(b for b, _ in walked))
     key_side = frozenset().union(*(chain for _, chain in walked))
     site_nodes = frozenset().union(*(site.nodes for site in sites))

@@ -20,11 +20,11 @@ from streamfx.errors import CannotStream
 from . import attention as attn, hoist, masks, verify
 from .graphs import (ancestors, is_tangent, is_tensor, node_inputs, normalize_dim, outputs as graph_outputs,
                      per_token, primals, val, written_input)
-from .plan import plan_head, plan_layer
+from .plan import CONV_ADVICE, CONV_OPS, plan_head, plan_layer
 from .pulls import RANDOM_OPS
 from .record import NodeRecord, tag
 from .regions import find_regions
-from .rewrite import RegionFailed, dropped_outputs, stream_joint
+from .rewrite import CONV_ROWS, CONV_TAPS, RegionFailed, dropped_outputs, stream_joint
 from .seq_dims import SEQ_REDUCTION, UNKNOWN_MIXING, infer_axes
 from .sources import seed_sequence
 from .units import projects
@@ -63,7 +63,7 @@ class Analysis:
         for p in self.plans:
             return p.length
         for s in self.sites:
-            return s.query.meta["val"].shape[-2]
+            return s.query.meta["val"].shape[s.seq_dim]
         return None
 
     def unknown_mixing(self) -> list:
@@ -172,10 +172,25 @@ def analyze(graph: fx.Graph, num_fwd_outputs: int, constants: dict | None = None
     sd = infer_axes(graph)
     sites = attn.find_sites(graph, sd, set(fwd))
     # the sequence is the query axis of the attention (none when a sequence has one token)
-    atoms = [sd.axes[s.query][0][-2] for s in sites]
-    sd.set_seq(atoms[0][-1] if atoms and atoms[0] else None if sites else seed_sequence(graph, sd))
-    for s in sites:
-        masks.classify(s, constants or {}, s.query.meta["val"].shape[-2])
+    attention = [s for s in sites if s.kind != "conv"]
+    atoms = [sd.axes[s.query][0][-2] for s in attention]
+    seed = seed_sequence(graph, sd)
+    # (where a site's queries lie along the token ids' axis, that one: a site found inside a
+    # linear attention's blocks, whose "queries" are positions within a block, comes first)
+    along = [a for a in atoms if a and seed is not None and sd.table.find(a[-1]) == sd.table.find(seed)]
+    atoms = along or atoms
+    sd.set_seq(atoms[0][-1] if atoms and atoms[0] else None if attention else seed)
+    # causal convolutions along the sequence (one along another dim mixes no tokens)
+    sites = [s for s in sites if s.kind != "conv" or sd.has_seq(sd.axes[s.key][0][s.seq_dim])]
+    for i, s in enumerate(sites):
+        s.index = i
+        if s.kind == "conv":   # (the rows of its output a copy of it keeps: rewrite._conv_rows)
+            s.output.meta[CONV_ROWS] = (*(s.trim or (s.seq_dim, 0)), s.reach)
+            for n in s.nodes:
+                if n.target in (aten.convolution.default, aten.constant_pad_nd.default):
+                    n.meta[CONV_TAPS] = True
+        else:
+            masks.classify(s, constants or {}, s.query.meta["val"].shape[-2])
     site_nodes = frozenset().union(*(s.nodes for s in sites)) if sites else frozenset()
     classes = {n: sd.classify(n, site_nodes) for n in graph.nodes if n.op in ("call_function", "placeholder", "get_attr")}
     requires_grad = differentiable(graph, num_fwd_outputs, fwd)
@@ -304,8 +319,9 @@ def _coverage(a: Analysis) -> None:
         head = any(p.kind == "head" for p in a.plans)
         a.refusals.append(("layers", CannotStream(
             "no causal attention found: layers run unstreamed" + ("; the head streams" if head else "")
-            + "; token mixing without a recognised causal attention (recurrences, convolutions, "
-            "bidirectional or relative-position attention) cannot stream", mixing[0])))
+            + "; token mixing without a recognised causal attention (recurrences, convolutions that are not "
+            "causal, bidirectional or relative-position attention) cannot stream"
+            + (f"; {CONV_ADVICE}" if mixing[0].target in CONV_OPS else ""), mixing[0])))
     for p in a.plans:
         softmax = _logits_from_outside(a, p) if p.kind == "head" else None
         if softmax is not None:

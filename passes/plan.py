@@ -310,6 +310,9 @@ class LayerPlan(RegionPlan):
         if self.returned:
             text += (f"; returns {[x.name for x in self.returned] if names else f'{len(self.returned)} tensor(s)'} "
                      "of its K/V graph too (a KV cache: use_cache=True)")
+        if self.sites and all(s.kind == "conv" for s in self.sites):
+            text += (f"; causal convolution: a chunk reads its own rows and the "
+                     f"{max(s.reach for s in self.sites)} before them")
         masked = [s.mask_kind for s in self.sites if s.mask is not None]
         if masked:
             text += (f"; keys per chunk: those its rows may see under the mask ({', '.join(dict.fromkeys(masked))}), "
@@ -328,6 +331,12 @@ _INSIDE_A_LAYER = {
 }
 
 
+CONV_OPS = (aten.convolution.default, aten.constant_pad_nd.default)
+CONV_ADVICE = ("make a convolution along the sequence causal (1-D, stride 1, padded on the left only: "
+               "F.pad(x, ((k - 1) * dilation, 0)) before it, or padding=(k - 1) * dilation and its output cut to "
+               "the first T rows), which streams")
+
+
 def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> LayerPlan:
     """A layer region streams when all its ops are token-local except its causal attention
     sites (one or more: every site reads keys from the same prefix of each chunk)."""
@@ -336,7 +345,7 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
         raise CannotStream("a layer region with no attention site")
     for site in sites:
         _check_site(site)
-    if len({s.mask is None for s in sites}) > 1:
+    if len({s.mask is None for s in sites if s.kind != "conv"}) > 1:
         # a chunk reads one key range for all its sites: a masked site may widen it, which the
         # causal alignment of an unmasked site (keys [0, e)) does not allow
         raise CannotStream("attention sites with and without a mask in one layer", sites[-1].output)
@@ -350,8 +359,9 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
         if cls not in (TOKEN_LOCAL, SEQ_FREE, CAUSAL_MIXING):
             raise unit_axes.refusal(n, sd) or CannotStream(
                 f"{cls} op inside a layer: {_INSIDE_A_LAYER.get(cls, 'no rule computes its rows per chunk of tokens')}"
-                "; this layer runs unstreamed, the other regions stream as they can; to stream it, compute the op "
-                "outside the decoder layers or per token. The op", n)
+                "; this layer runs unstreamed, the other regions stream as they can; to stream it, "
+                + (CONV_ADVICE if n.target in CONV_OPS else "compute the op outside the decoder layers or per token")
+                + ". The op", n)
     nodes, inputs, pulled = pull_masks(region, sd)
     nodes, inputs = pull_producers(nodes, inputs, pulled, sd, classes, requires_grad)
     nodes, inputs = rebuild_positions(region.nodes, *pull_created(nodes, inputs, sd), sd)
@@ -389,6 +399,12 @@ def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=
         nodes, inputs = in_order(list(nodes) + rebuilt), [x for x in inputs if x not in rebuilt]
     inside = set(nodes)
     kv = ancestors(set(kv_out), within=inside)
+    for site in sites:
+        if kv & site.nodes:
+            # the K/V graph runs per chunk of rows: a mixing op in it would read no row before them
+            raise CannotStream("the keys or values of the layer's token mixing are computed by another of its "
+                               "mixing ops (a causal convolution of the keys, an attention's output convolved)",
+                               site.output)
     outputs, out_specs, returned = [], [], {}
     for o in region.outputs:
         if o in kv or o in key_side:

@@ -155,10 +155,14 @@ def _starts(chain, sites, g, rank) -> list:
     starts = []
     for site in sorted(sites, key=lambda s: rank.get(s.output, 0)):
         before = [c for c in chain if rank[c] < rank.get(site.query, -1) and nx.has_path(g, c, site.query)]
-        if before and starts and starts[-1][0] is before[-1] and not any(
+        if before and starts and starts[-1][0] is before[-1] and (not any(
                 nx.has_path(g, other.output, x) for other in starts[-1][1]
-                for x in (site.query, site.key, site.value) if x in g):
-            starts[-1][1].append(site)  # (side by side: no site of the layer feeds this one)
+                for x in (site.query, site.key, site.value) if x in g)
+                or any(s.kind == "conv" for s in (site, *starts[-1][1]))):
+            # (side by side: no site of the layer feeds this one; or a causal convolution feeds
+            # it, or is fed by it, inside one layer: a short convolution of the queries, keys
+            # or values is part of that layer's token mixing)
+            starts[-1][1].append(site)
         elif before:
             starts.append((before[-1], [site]))
     return starts

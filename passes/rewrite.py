@@ -157,6 +157,20 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
             continue
         if n.target is aten.constant_pad_nd.default and n.users and all(unpadded(u) is not None for u in n.users):
             continue
+        conv = n.meta.get(CONV_ROWS)
+        if conv is not None and n.target is aten.slice.Tensor:
+            env[n] = _conv_rows(g, env[n.args[0]], conv, size_of, whole, n in key_side)
+            continue
+        if not whole and n.meta.get(CONV_TAPS) and n.target is aten.constant_pad_nd.default:
+            pads = list(n.args[1])
+            value = n.args[2] if len(n.args) > 2 else 0.0
+            env[n] = _pad_rows(g, env[n.args[0]], len(n.meta["val"].shape), pads[0], pads[1], value)
+            continue
+        if not whole and n.meta.get(CONV_TAPS) and _depthwise(n):
+            env[n] = _conv_taps(g, n, env)
+            if conv is not None:
+                env[n] = _conv_rows(g, env[n], conv, size_of, whole, n in key_side)
+            continue
         new = _autograd_form(g.node_copy(n, lambda x: env.get(x, x)))
         new.meta.pop("unbacked_bindings", None)  # (symbols of the joint graph's shape environment)
         if n in key_side and new.target in (aten.view.default, aten._unsafe_view.default):
@@ -164,7 +178,7 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
         sizes.patch(new, n, key_side=n in key_side)
         if not whole:
             made_by(new, STEP)
-        env[n] = new
+        env[n] = new if conv is None else _conv_rows(g, new, conv, size_of, whole, n in key_side)
     g.output(tuple(env[o] for o in outputs))
     for n in list(g.nodes):
         kern = kernels.of(n)
@@ -173,6 +187,88 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
     g.eliminate_dead_code()
     _canonical_names(g)
     return fx.GraphModule(_attributes(g, nodes), g), list(size_inputs)
+
+
+# node meta of a causal convolution's output: (dim, its first row, reach); of each convolution of
+# its chain (``attention.conv_site``): True
+CONV_ROWS = "streamfx_conv_rows"
+CONV_TAPS = "streamfx_conv_taps"
+
+
+def _depthwise(conv: fx.Node) -> bool:
+    """A 1-D convolution with one input channel per group (every channel convolved alone)."""
+    w = conv.args[1].meta["val"]
+    return w.dim() == 3 and w.shape[1] == 1 and conv.args[8] == w.shape[0] == conv.args[0].meta["val"].shape[1]
+
+
+def _pad_rows(g: fx.Graph, x: fx.Node, n: int, left: int, right: int, value=0.0) -> fx.Node:
+    """``x`` (``n`` dims) with ``left`` and ``right`` rows of ``value`` around its last dim, made by
+    concatenation: a pad's fake kernel reads its input's sizes as integers, which fixes a symbolic
+    length to the sample's (a compile per chunk length)."""
+    d = n - 1
+    sizes = [g.call_function(aten.sym_size.int, (x, i)) for i in range(n)]
+    parts = []
+    for rows in (left, right):
+        parts.append(None if not rows else g.call_function(
+            aten.new_full.default, (x, [rows if i == d else sizes[i] for i in range(n)], value)))
+    new = g.call_function(aten.cat.default, ([p for p in (parts[0], x, parts[1]) if p is not None], d))
+    for m in (*sizes, *[p for p in parts if p is not None], new):
+        made_by(m, STEP)
+    return new
+
+
+def _conv_taps(g: fx.Graph, conv: fx.Node, env: dict) -> fx.Node:
+    """A depthwise causal convolution of a chunk as the sum of its taps (each a slice of the input
+    times one weight per channel, plus the bias): exact, and its code is the same for every
+    length (Inductor's convolution specialises on its input's length: a compile per length)."""
+    before = set(g.nodes)
+    x, w, b = (env.get(a, a) for a in conv.args[:3])
+    padding, dilation = conv.args[4][0], conv.args[5][0]
+    k = conv.args[1].meta["val"].shape[-1]
+    dtype = conv.meta["val"].dtype
+    if dtype in (torch.bfloat16, torch.float16):   # (summed in fp32 and rounded once, as the convolution does)
+        x, w, b = (None if t is None else g.call_function(aten._to_copy.default, (t,), {"dtype": torch.float32})
+                   for t in (x, w, b))
+    if padding:
+        x = _pad_rows(g, x, 3, padding, padding)
+    out_len = g.call_function(operator.sub, (g.call_function(aten.sym_size.int, (x, 2)), (k - 1) * dilation))
+    total = None
+    for i in range(k):
+        tap = g.call_function(aten.narrow.default, (x, 2, i * dilation, out_len))
+        weight = g.call_function(aten.slice.Tensor, (w, 2, i, i + 1))   # [C, 1, 1]: one weight per channel
+        term = g.call_function(aten.mul.Tensor, (tap, g.call_function(aten.view.default, (weight, [-1, 1]))))
+        total = term if total is None else g.call_function(aten.add.Tensor, (total, term))
+    if b is not None:
+        total = g.call_function(aten.add.Tensor, (total, g.call_function(aten.view.default, (b, [-1, 1]))))
+    if dtype in (torch.bfloat16, torch.float16):
+        total = g.call_function(aten._to_copy.default, (total,), {"dtype": dtype})
+    for n in set(g.nodes) - before:   # (made by the streamed step, as every copied op is)
+        made_by(n, STEP)
+    return total
+
+
+def _conv_rows(g: fx.Graph, x: fx.Node, conv: tuple, size_of, whole: bool, keys: bool = False) -> fx.Node:
+    """The rows of a causal convolution's output ``x`` that are the graph's own (``conv``: its dim,
+    first row and reach): in a chunk graph the convolution runs over the keys the chunk reads (its
+    own rows and at least the ``reach`` before), and its last ``q`` rows are the chunk's; on the
+    key side (keys convolved before the attention reads them), its ``k`` rows from ``first``; for
+    the whole sequence, its rows from ``first``."""
+    d, first, _ = conv
+    q = size_of("k" if keys else "q")
+    if whole or keys:
+        new = g.call_function(aten.narrow.default, (x, d, first, q))
+    else:
+        # (rows [k - q, k) picked by index, not sliced: a slice from a symbolic start makes
+        # Inductor specialise the backward on the key length, a compile per chunk length)
+        end = g.call_function(operator.add, (size_of("k"), first))
+        start = g.call_function(operator.sub, (end, q))
+        rows = g.call_function(aten.arange.start, (start, end), {"dtype": torch.int64, "device": x.meta["val"].device
+                                                                 if "val" in x.meta else None})
+        made_by(rows, STEP)
+        new = g.call_function(aten.index_select.default, (x, d, rows))
+    if not whole:
+        made_by(new, STEP)
+    return new
 
 
 def _autograd_form(new: fx.Node) -> fx.Node:
@@ -257,9 +353,12 @@ def layer_program(plan, codegen: str, attention: str = "recompute") -> LayerProg
                 causal = query_graph(lambda gm: attention_edits(gm, drop_masks=True))
             except CannotStream:
                 causal = None
+    convs = [s.reach for s in plan.sites if s.kind == "conv"]
     prog = LayerProgram(plan.name, q, full, plan.in_specs, plan.out_specs, plan.chunk_size,
                         plan.grad_inputs, codegen, kv=kv, kv_dims=kv_dims, mask=mask, causal=causal,
-                        returned_kv=tuple(_returned(plan, o) for o in plan.returned))
+                        returned_kv=tuple(_returned(plan, o) for o in plan.returned),
+                        reach=max(convs) if convs and len(convs) == len(plan.sites) else None,
+                        convolved=bool(convs))
     if attention == "keep":
         variants = {"chunk": lambda gm: attention_edits(gm)}
         if causal is not None:

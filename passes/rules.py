@@ -264,6 +264,10 @@ def slice_(node, table, ax):
     d = normalize_dim(node.args[1] if len(node.args) > 1 else 0, n)
     if same(shape(x)[d], out_shape(node)[d]):
         return RuleOut([tuple(a)])
+    rows = _unshifted(node, a[d], d, table)
+    if rows is not None:
+        a[d] = rows
+        return RuleOut([tuple(a)], mixed=((x, d),))
     group = _sliced_group(node, a[d], table)
     if group is not None:
         a[d] = group
@@ -273,6 +277,19 @@ def slice_(node, table, ax):
     if len(sliced) == 1 and len(a[d]) == 1:
         table.slices.append((a[d][0], sliced[0]))
     return RuleOut([tuple(a)], mixed=((x, d),))
+
+
+def _unshifted(node, dim, d: int, table):
+    """The rows' axis where ``node`` slices a shifted dim (``AxisTable.shifted``) back to exactly
+    its rows (``conv1d(x, padding=k - 1)[..., :T]``), else None."""
+    shift = table.shift_of(dim) if dim else None
+    if shift is None or (shift[1], shift[2]) == (0, 0) or node.target is not aten.slice.Tensor:
+        return None
+    b = bind(node)
+    if b.get("step", 1) != 1 or (b.get("start") or 0) != shift[1] \
+            or not same(out_shape(node)[d], table.size[shift[0]]):
+        return None
+    return (shift[0],)
 
 
 @register(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
@@ -345,10 +362,40 @@ def pad(node, table, ax):
     mixed = []
     for i in range(len(pads) // 2):
         d = len(a) - 1 - i
-        if pads[2 * i] or pads[2 * i + 1]:
-            a[d] = table.fresh(out_shape(node)[d])
+        left, right = pads[2 * i], pads[2 * i + 1]
+        if left or right:
+            shift = table.shift_of(a[d]) if a[d] else None
+            if shift is not None and isinstance(left, int) and isinstance(right, int) and left >= 0 and right >= 0:
+                # rows moved by ``left`` (a causal convolution's left padding): recorded, so the
+                # convolution after it can line its output up with the rows again
+                a[d] = table.shifted_dim(shift[0], shift[1] + left, shift[2] + right, out_shape(node)[d])
+            else:
+                a[d] = table.fresh(out_shape(node)[d])
             mixed.append((x, d))
     return RuleOut([tuple(a)], mixed=tuple(mixed))
+
+
+@register(aten.convolution.default)
+def convolution(node, table, ax):
+    """A convolution mixes positions along its spatial dims. A 1-D one with stride 1 lines its
+    output up with its input's rows: output element j reads input elements j .. j + (k - 1)·dil
+    of the padded input, so it belongs to the input's row j + (k - 1)·dil - padding - left (its
+    last tap, ``shifted``): an output whose rows are the input's from the first on (left >= 0)
+    reads each row's own and earlier rows only, a causal convolution (``attention.conv_site``)."""
+    x, w = node.args[:2]
+    a, out = ax(x), out_shape(node)
+    stride, padding, dilation, transposed = (node.args[3:7] + (None,) * 4)[:4]
+    spatial = len(out) - 2
+    axes = [a[0] if len(a) else (), table.fresh(out[1])]
+    if spatial == 1 and not transposed and list(stride) == [1] and isinstance(padding[0], int) \
+            and isinstance(dilation[0], int) and isinstance(shape(w)[-1], int) and a[2]:
+        shift = table.shift_of(a[2])
+        left = None if shift is None else shift[1] + padding[0] - (shape(w)[-1] - 1) * dilation[0]
+        if left is not None and left >= 0:
+            axes.append(table.shifted_dim(shift[0], left, shift[2] + padding[0], out[2]))
+            return RuleOut([tuple(axes)], mixed=((x, 2),))
+    axes += [table.fresh(n) for n in out[2:]]
+    return RuleOut([tuple(axes)], mixed=tuple((x, d) for d in range(2, len(out))))
 
 
 # ---- contraction family ----------------------------------------------------------------------

@@ -110,10 +110,13 @@ def _stores(analysis, works: dict, storage: tuple | None) -> dict:
 
 def _window(plan) -> int | None:
     """The most keys before its own rows a chunk of a layer reads, when every attention site of
-    the layer has a sliding window or chunked pattern (a chunk [s, e) then reads keys from
-    s - W + 1 at the earliest), else None (keys from the first on)."""
+    the layer has a sliding window or chunked pattern, or is a causal convolution (a chunk [s, e)
+    then reads keys from s - W + 1 at the earliest), else None (keys from the first on)."""
     sites = getattr(plan, "sites", ())
-    if not sites or any(s.mask_kind not in ("sliding-window", "chunked") or not s.window for s in sites):
+    kinds = {s.kind == "conv" for s in sites}
+    if len(kinds) > 1:   # (a convolution beside masked attention: keys from the first, ``LayerProgram.key_ranges``)
+        return None
+    if not sites or any(s.mask_kind not in ("sliding-window", "chunked", "conv") or not s.window for s in sites):
         return None
     return max(s.window for s in sites)
 

@@ -485,7 +485,9 @@ class LayerProgram(RegionProgram):
     from, MLA's latent), ``chunk`` a chunk's output from its queries and the keys/values
     [lo, hi) it reads.
 
-    Keys per chunk: [0, e) for causal attention without a mask; with a mask, the keys its rows
+    Keys per chunk: [0, e) for causal attention without a mask; [s - reach, e) for a layer whose
+    token mixing is causal convolutions alone (``reach``: the most rows before its own a row
+    reads); with a mask, the keys its rows
     may see (``mask``, evaluated per call, cached while the mask's inputs do not change). A
     chunk that reads keys after its own end is "wide".
 
@@ -506,6 +508,8 @@ class LayerProgram(RegionProgram):
                                       # masks are all exactly causal
     keep: Keep | None = None          # attention outputs kept for the backward (attention="keep")
     keep_refused: str | None = None   # why attention="keep" keeps nothing here
+    reach: int | None = None          # a layer that mixes rows by causal convolutions only: a row reads this many before it
+    convolved: bool = False           # a layer with causal convolutions beside masked attention (``key_ranges``)
     # values the region also returns after the query graph's outputs, from the K/V graph's
     # full-length buffers (a KV cache): (index of the K/V graph output, ChunkGraph of the views from
     # it to the returned value, or None). Where the caller differentiates one, its gradient starts
@@ -518,8 +522,19 @@ class LayerProgram(RegionProgram):
         return self.kv.gm
 
     def key_ranges(self, inputs, bounds) -> list:
-        """(lo, hi) of the keys each chunk reads."""
-        return self._read_mask(inputs, bounds)[0]
+        """(lo, hi) of the keys each chunk reads. A layer with causal convolutions beside masked
+        attention reads its keys from the first: a convolution's rows before the chunk's (its own
+        rows' reach, or every row of convolved keys) are then read whatever the mask lets the
+        attention see; a chunk whose mask lets it see keys after its own rows cannot line the
+        convolution's rows up with its own, and the call runs whole."""
+        ranges = self._read_mask(inputs, bounds)[0]
+        if self.convolved and self.mask is not None:
+            wide = [(s, e) for (s, e), (_, hi) in zip(bounds, ranges) if hi > e]
+            if wide:
+                raise RuntimeError(f"the mask lets the rows of chunk {list(wide[0])} see keys after them, in a layer "
+                                   "with a causal convolution")
+            ranges = [(0, hi) for _, hi in ranges]
+        return ranges
 
     def query_graph(self, inputs, bounds) -> ChunkGraph:
         """The query graph a call runs: ``causal`` where every chunk's masks are exactly causal
@@ -532,7 +547,7 @@ class LayerProgram(RegionProgram):
     def _read_mask(self, inputs, bounds) -> tuple:
         """(key ranges, whether every chunk's masks are exactly causal), read from the mask."""
         if self.mask is None:
-            return [(0, e) for _, e in bounds], False
+            return [(0 if self.reach is None else max(0, s - self.reach), e) for s, e in bounds], False
         m, T = self.mask, self.length(inputs)
         reads = [inputs[i] for i in m.inputs]
         extra = (T, tuple(bounds))

@@ -181,18 +181,18 @@ def test_explain_names_the_forms():
 
 
 class ConvLM(torch.nn.Module):
-    """No attention: a causal depthwise convolution mixes tokens (Mamba's short convolution)."""
+    """No attention: a centred depthwise convolution mixes tokens (each row reads the next too)."""
 
     def __init__(self, vocab=zoo.VOCAB, d=zoo.HIDDEN, k=3):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, d)
-        self.conv = torch.nn.Conv1d(d, d, k, groups=d, padding=k - 1)
+        self.conv = torch.nn.Conv1d(d, d, k, groups=d, padding=(k - 1) // 2)
         self.lm_head = torch.nn.Linear(d, vocab, bias=False)
         self.vocab = vocab
 
     def forward(self, idx, labels):
         x = self.embed(idx)
-        x = x + self.conv(x.transpose(1, 2))[..., : idx.shape[1]].transpose(1, 2)
+        x = x + self.conv(x.transpose(1, 2)).transpose(1, 2)
         logits = self.lm_head(x)
         shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
         return torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1)), logits
@@ -484,21 +484,46 @@ class ShortConv(torch.nn.Module):
         return self.conv(x.transpose(1, 2))[..., : x.shape[1]].transpose(1, 2)
 
 
+class RunningMean(torch.nn.Module):
+    """A mean over each token and the tokens before it in place of attention (a prefix sum: a
+    recurrence, causal but no attention, no convolution)."""
+
+    def forward(self, x, cos, sin):
+        counts = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype)
+        return x.cumsum(1) / counts[:, None]
+
+
 @pytest.mark.fast
 def test_hybrid_layers_without_attention_are_warned_and_the_rest_streams():
-    """A hybrid model (a convolution layer, then an attention layer): the attention layer and the
-    head stream, and one warning names the convolution as token mixing outside every attention
+    """A hybrid model (a recurrent layer, then an attention layer): the attention layer and the
+    head stream, and one warning names the recurrence as token mixing outside every attention
     layer."""
     torch.manual_seed(0)
     model = zoo.TinyLlama().float().train()
-    model.layers[0].attn = ShortConv(zoo.HIDDEN)
+    model.layers[0].attn = RunningMean()
     inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
     run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4})
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
     assert {p.name for p in run.programs} == {"layer.0", "head"}, run.warnings  # regions are named per attention
     assert len(run.warnings) == 1 and "token mixing outside every attention layer" in run.warnings[0] \
-        and "aten.convolution at" in run.warnings[0], run.warnings
+        and "aten.cumsum at" in run.warnings[0], run.warnings
+
+
+@pytest.mark.fast
+def test_a_short_convolution_in_place_of_attention_streams():
+    """A hybrid model whose first layer mixes tokens by a causal short convolution (LFM2's
+    convolution layers): that layer streams too (a chunk reads its rows and the 2 before them),
+    then the attention layer and the head, exactly, with no warning."""
+    torch.manual_seed(0)
+    model = zoo.TinyLlama().float().train()
+    model.layers[0].attn = ShortConv(zoo.HIDDEN)
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4, "strict": True})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert not run.warnings, run.warnings
 
 
 class WithPrefixMean(torch.nn.Module):

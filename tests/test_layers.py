@@ -209,7 +209,8 @@ def test_sliding_window_reads_only_the_window(name, attn, pad, codegen, monkeypa
 
 
 class ConvLM(torch.nn.Module):
-    """Blocks of causal attention followed by a causal depthwise convolution along the sequence."""
+    """Blocks of causal attention followed by a depthwise convolution along the sequence that
+    reads the next token too (padded on both sides): not causal."""
 
     def __init__(self, V=24, d=16, layers=2):
         super().__init__()
@@ -224,7 +225,7 @@ class ConvLM(torch.nn.Module):
             q, k, v = qkv(h).split(h.shape[-1], dim=2)
             q, k, v = (t.view(B, T, 2, -1).transpose(1, 2) for t in (q, k, v))
             h = h + F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
-            h = h + conv(F.pad(h.transpose(1, 2), (2, 0))).transpose(1, 2)
+            h = h + conv(F.pad(h.transpose(1, 2), (1, 1))).transpose(1, 2)
         logits = m.head(h)
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 

@@ -1,0 +1,244 @@
+"""Causal convolutions along the sequence (LFM2's and Mamba's short convolutions): a layer whose
+token mixing is a 1-D convolution padded on the left streams, each chunk reading its own rows
+and the ``reach`` rows before them; a convolution that reads later rows is refused at its line."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import streamfx
+from streamfx.passes.schedule import chunk_bounds
+from streamfx.runtime import COUNTERS, LayerProgram
+from tiers import cases
+
+
+class ConvMixLM(torch.nn.Module):
+    """Layers of a gated convolution along the sequence, as LFM2's convolution layers (``B * x``
+    convolved, gated by ``C``), optionally beside causal attention in the same layer.
+
+    ``form``: how the convolution is made causal or not:
+      "slice"   conv1d(x, padding=P)[..., :T]       (P = (k - 1) * dilation; Hugging Face's form)
+      "pad"     conv1d(F.pad(x, (P, 0)))             (padded on the left)
+      "chain"   two convolutions after one left pad of both their reaches (Zaya's form)
+      "same"    conv1d(x, padding=P // 2)            (centred: reads later rows)
+      "future"  conv1d(F.pad(x, (0, P)))             (padded on the right: reads later rows only)
+      "shifted" conv1d(x, padding=P)[..., 1:T + 1]   (cut one row late: reads the next row)
+    """
+
+    def __init__(self, form="slice", V=24, d=16, layers=2, k=3, dilation=1, groups=None, bias=True,
+                 attention=False):
+        super().__init__()
+        self.form, self.P, self.attention = form, (k - 1) * dilation, attention
+        pad = {"slice": self.P, "shifted": self.P, "same": self.P // 2}.get(form, 0)
+        g = d if groups is None else groups
+        self.emb, self.head = torch.nn.Embedding(V, d), torch.nn.Linear(d, V)
+        self.proj = torch.nn.ModuleList(torch.nn.Linear(d, 3 * d) for _ in range(layers))
+        self.conv = torch.nn.ModuleList(torch.nn.Conv1d(d, d, k, groups=g, padding=pad, dilation=dilation, bias=bias)
+                                        for _ in range(layers))
+        self.conv2 = torch.nn.ModuleList(torch.nn.Conv1d(d, d, 2, groups=g, bias=bias) for _ in range(layers))
+        self.out = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(layers))
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(d, 3 * d) for _ in range(layers))
+
+    def mix(self, i, x):
+        T = x.shape[-1]
+        conv = self.conv[i]
+        if self.form in ("slice", "same"):
+            y = conv(x)
+            return y[..., :T] if self.form == "slice" else y
+        if self.form == "pad":
+            return conv(F.pad(x, (self.P, 0)))
+        if self.form == "chain":
+            return self.conv2[i](conv(F.pad(x, (self.P + 1, 0))))
+        if self.form == "future":
+            return conv(F.pad(x, (0, self.P)))
+        return conv(x)[..., 1:T + 1]
+
+    def forward(self, idx, targets):
+        h = self.emb(idx)
+        B, T, d = h.shape
+        for i in range(len(self.proj)):
+            b, c, x = self.proj[i](h).transpose(1, 2).chunk(3, dim=1)
+            y = (c * self.mix(i, b * x)).transpose(1, 2)
+            if self.attention:
+                q, k, v = (t.view(B, T, 2, -1).transpose(1, 2) for t in self.qkv[i](h).split(d, dim=2))
+                y = y + F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, d)
+            h = h + self.out[i](y)
+        return F.cross_entropy(self.head(h).flatten(0, 1), targets.flatten())
+
+
+def _step(model, idx, options):
+    """The eager step and the compiled one on a copy: (loss error, worst relative gradient error,
+    warnings of streamfx, the layers' key reads (name, lo, hi))."""
+    torch._dynamo.reset()
+    ref = copy.deepcopy(model)
+    ref_loss = ref(idx, idx)
+    ref_loss.backward()
+    reads = []
+    prefix = LayerProgram.prefix
+
+    def recording(self, bufs, lo, ke):
+        reads.append((self.name, lo, ke))
+        return prefix(self, bufs, lo, ke)
+
+    LayerProgram.prefix = recording
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss = torch.compile(model, backend="streambp", options=options, dynamic=False)(idx, idx)
+            loss.backward()
+    finally:
+        LayerProgram.prefix = prefix
+    errs = [((p.grad - r.grad).abs().max() / r.grad.abs().max()).item()
+            for p, r in zip(model.parameters(), ref.parameters()) if r.grad is not None]
+    said = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    return (loss - ref_loss).abs().item(), max(errs), said, reads
+
+
+CAUSAL = {"slice": {}, "pad": {}, "dilated": {"dilation": 2}, "dilated-pad": {"form": "pad", "k": 4, "dilation": 3},
+          "chain": {"form": "chain"}, "full": {"groups": 1}, "grouped": {"groups": 4, "bias": False},
+          "beside-attention": {"attention": True}}
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("case,chunk", cases([(c, n) for c in CAUSAL for n in (1, 3, 16)],
+                                             [("slice", 1), ("slice", 3), ("pad", 3), ("dilated", 1),
+                                              ("dilated-pad", 3), ("chain", 1), ("full", 3), ("grouped", 16),
+                                              ("beside-attention", 3)]))
+def test_causal_convolutions_stream_exactly(case, chunk):
+    """Every layer streams (strict), gradients match eager autograd for chunks smaller than the
+    convolution's reach, equal and larger, and each chunk [s, e) reads rows [s - reach, e) of the
+    convolution's input, not the whole prefix (a layer with attention beside it: [0, e))."""
+    kw = dict(CAUSAL[case])
+    torch.manual_seed(0)
+    model = ConvMixLM(form=kw.pop("form", "slice" if case != "pad" else "pad"), **kw)
+    T = 13
+    idx = torch.randint(0, 24, (2, T))
+    before = COUNTERS["chunks_backward"]
+    loss_err, err, said, reads = _step(model, idx, {"chunk_size": chunk, "head_chunk_size": 5, "codegen": "eager",
+                                                    "strict": True})
+    assert not said, said
+    assert loss_err <= 1e-5 and err <= 1e-5, (loss_err, err)
+    assert COUNTERS["chunks_backward"] - before >= 2 * len(chunk_bounds(T, chunk)), "the layers did not stream"
+    reach = {"dilated": 4, "dilated-pad": 9, "chain": 3}.get(case, 2)
+    start_of = {e: s for s, e in chunk_bounds(T, chunk)}
+    assert {r[0] for r in reads} == {"layer.0", "layer.1"}
+    for _, lo, ke in reads:
+        assert lo == (0 if model.attention else max(0, start_of[ke] - reach)), (lo, ke)
+
+
+@pytest.mark.fast
+def test_causal_convolutions_stream_under_inductor_at_every_length():
+    """Inductor's code for the chunk graphs, compiled once with symbolic sizes (at the second
+    length, where Dynamo turns dynamic): later lengths and batch sizes reuse it, exactly (the
+    convolution of a chunk runs as its taps, whose code does not depend on the length)."""
+    torch.manual_seed(0)
+    model = ConvMixLM(form="slice")
+    ref = copy.deepcopy(model)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="streambp", options={"chunk_size": 4, "head_chunk_size": 5,
+                                                                 "strict": True})
+    compiles = None
+    for i, (B, T) in enumerate(((2, 11), (3, 17), (2, 9), (4, 23))):
+        idx = torch.randint(0, 24, (B, T))
+        for p in (*model.parameters(), *ref.parameters()):
+            p.grad = None
+        ref(idx, idx).backward()
+        compiled(idx, idx).backward()
+        for p, r in zip(model.parameters(), ref.parameters()):
+            if r.grad is None:   # (the second convolution of the "chain" form)
+                assert p.grad is None
+                continue
+            assert ((p.grad - r.grad).abs().max() / r.grad.abs().max()).item() <= 1e-5
+        if i == 1:
+            compiles = dict(COUNTERS)
+    for key in ("chunk_compiles", "vjp_compiles", "guard_recompiles"):
+        assert COUNTERS[key] == compiles[key], f"a later length or batch size compiled again ({key})"
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("form,op", [("same", "aten.convolution"), ("future", "aten.constant_pad_nd"),
+                                     ("shifted", "aten.convolution")])
+def test_a_convolution_that_reads_later_rows_is_refused(form, op):
+    """A centred convolution, one padded on the right, and one cut a row late read rows after
+    their own: the layers run unstreamed, exactly, with a warning that names the op and its line
+    and says what makes a convolution stream; strict raises."""
+    torch.manual_seed(0)
+    model = ConvMixLM(form=form)
+    idx = torch.randint(0, 24, (2, 13))
+    loss_err, err, said, _ = _step(model, idx, {"chunk_size": 3, "head_chunk_size": 5, "codegen": "eager"})
+    assert loss_err <= 1e-5 and err <= 1e-5, (loss_err, err)
+    assert any(op in w and "test_convolutions.py" in w and "padded on the left only" in w for w in said), said
+    torch._dynamo.reset()
+    with pytest.raises(streamfx.StreamBPError, match="strict"):
+        torch.compile(copy.deepcopy(model), backend="streambp", options={"strict": True, "codegen": "eager"},
+                      dynamic=False)(idx, idx)
+
+
+class ConvolvedKeysLM(torch.nn.Module):
+    """Causal attention whose keys are convolved along the sequence first (a short convolution of
+    the keys): the keys a chunk reads are not computed per chunk of rows."""
+
+    def __init__(self, V=24, d=16):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(V, d), torch.nn.Linear(d, V)
+        self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        # (no bias: a bias added to every key moves every score of a query alike, so the softmax
+        # gives it no gradient)
+        self.conv = torch.nn.Conv1d(d, d, 3, groups=d, padding=2, bias=False)
+
+    def forward(self, idx, targets):
+        h = self.emb(idx)
+        B, T, d = h.shape
+        q, k, v = self.qkv(h).split(d, dim=2)
+        k = self.conv(k.transpose(1, 2))[..., :T].transpose(1, 2)
+        q, k, v = (t.reshape(B, T, 2, -1).transpose(1, 2) for t in (q, k, v))
+        h = h + self.out(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, d))
+        return F.cross_entropy(self.head(h).flatten(0, 1), targets.flatten())
+
+
+@pytest.mark.fast
+def test_convolved_keys_are_refused_with_the_cause():
+    """The layer runs unstreamed (the head streams), exactly, warned with the convolution's line."""
+    torch.manual_seed(0)
+    idx = torch.randint(0, 24, (2, 13))
+    loss_err, err, said, reads = _step(ConvolvedKeysLM(), idx, {"chunk_size": 3, "head_chunk_size": 5,
+                                                                "codegen": "eager"})
+    assert loss_err <= 1e-5 and err <= 1e-5, (loss_err, err)
+    assert len(said) == 1 and "computed by another of its mixing ops" in said[0] \
+        and "test_convolutions.py" in said[0], said
+    assert not reads
+
+
+def _lfm2(types, k=3):
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    cfg = Lfm2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=len(types),
+                     num_attention_heads=4, num_key_value_heads=2, layer_types=types, conv_L_cache=k,
+                     use_cache=False, block_multiple_of=16, block_auto_adjust_ff_dim=False)
+    return Lfm2ForCausalLM(cfg).float()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("pad", [None, "left"])
+def test_lfm2_convolution_layers_stream(pad):
+    """Hugging Face's LFM2 with convolution layers around an attention layer, through its own
+    ``causal_conv1d_fn`` (the reference implementation): every layer and the head stream
+    (strict), exactly, with a padded batch too."""
+    import zoo
+    from conftest import assert_grads_match, run_eager_and_compiled
+
+    torch.manual_seed(0)
+    model = _lfm2(["conv", "full_attention", "conv"])
+    inputs = zoo._hf_inputs(64)(zoo.Case("t", 2, 15, pad=pad))
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 4, "head_chunk_size": 5, "strict": True})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "layer.2", "head"}, run.warnings
+    text = str(streamfx.explain(_lfm2(["conv", "full_attention", "conv"]), *inputs.args, **inputs.kwargs,
+                                options={"chunk_size": 4}, dynamic=False))
+    assert "causal convolution in model.layers.0.conv" in text, text
+    assert "a chunk reads its own rows and the 2 before them" in text, text
