@@ -195,6 +195,9 @@ CONV_ROWS = "streamfx_conv_rows"
 CONV_TAPS = "streamfx_conv_taps"
 
 
+_END = 9223372036854775807   # (a slice to the end, as the graphs write it)
+
+
 def _depthwise(conv: fx.Node) -> bool:
     """A 1-D convolution with one input channel per group (every channel convolved alone)."""
     w = conv.args[1].meta["val"]
@@ -204,15 +207,21 @@ def _depthwise(conv: fx.Node) -> bool:
 def _pad_rows(g: fx.Graph, x: fx.Node, n: int, left: int, right: int, value=0.0) -> fx.Node:
     """``x`` (``n`` dims) with ``left`` and ``right`` rows of ``value`` around its last dim, made by
     concatenation: a pad's fake kernel reads its input's sizes as integers, which fixes a symbolic
-    length to the sample's (a compile per chunk length)."""
+    length to the sample's (a compile per chunk length). The rows are one row of ``x`` filled with
+    ``value`` and expanded (no size read from ``x``)."""
     d = n - 1
-    sizes = [g.call_function(aten.sym_size.int, (x, i)) for i in range(n)]
+    made = []
     parts = []
     for rows in (left, right):
-        parts.append(None if not rows else g.call_function(
-            aten.new_full.default, (x, [rows if i == d else sizes[i] for i in range(n)], value)))
+        if not rows:
+            parts.append(None)
+            continue
+        row = g.call_function(aten.slice.Tensor, (x, d, 0, 1))
+        filled = g.call_function(aten.full_like.default, (row, value))
+        parts.append(g.call_function(aten.expand.default, (filled, [-1] * d + [rows])))
+        made += [row, filled, parts[-1]]
     new = g.call_function(aten.cat.default, ([p for p in (parts[0], x, parts[1]) if p is not None], d))
-    for m in (*sizes, *[p for p in parts if p is not None], new):
+    for m in (*made, new):
         made_by(m, STEP)
     return new
 
@@ -231,10 +240,10 @@ def _conv_taps(g: fx.Graph, conv: fx.Node, env: dict) -> fx.Node:
                    for t in (x, w, b))
     if padding:
         x = _pad_rows(g, x, 3, padding, padding)
-    out_len = g.call_function(operator.sub, (g.call_function(aten.sym_size.int, (x, 2)), (k - 1) * dilation))
     total = None
-    for i in range(k):
-        tap = g.call_function(aten.narrow.default, (x, 2, i * dilation, out_len))
+    for i in range(k):   # (tap i: elements i·dil .. of the padded input, up to (k - 1 - i)·dil before its end)
+        end = -(k - 1 - i) * dilation or _END
+        tap = g.call_function(aten.slice.Tensor, (x, 2, i * dilation, end))
         weight = g.call_function(aten.slice.Tensor, (w, 2, i, i + 1))   # [C, 1, 1]: one weight per channel
         term = g.call_function(aten.mul.Tensor, (tap, g.call_function(aten.view.default, (weight, [-1, 1]))))
         total = term if total is None else g.call_function(aten.add.Tensor, (total, term))
