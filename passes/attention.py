@@ -19,7 +19,7 @@ from streamfx.errors import source_line
 from . import kernels
 from .axes import RuleOut
 from .graphs import bind, normalize_dim, same
-from .rules import register, shape
+from .rules import conv_step, register, shape
 
 aten = torch.ops.aten
 
@@ -202,13 +202,10 @@ def conv_site(conv: fx.Node, sd, index: int, forward: set):
                 return None
             left, right = left + pads[0], right + pads[1]
             continue
-        k = shape(n.args[1])[-1]
-        stride, padding, dilation, transposed = n.args[3:7]
-        if transposed or list(stride) != [1] or len(padding) != 1 or not isinstance(k, int) \
-                or not isinstance(padding[0], int) or not isinstance(dilation[0], int):
+        step = conv_step(n)
+        if step is None:
             return None
-        left, right = left + padding[0] - (k - 1) * dilation[0], right + padding[0]
-        reach += (k - 1) * dilation[0]
+        left, right, reach = left + step[0] - step[1], right + step[0], reach + step[1]
         if left < 0:   # (an output row reads rows after its own, or the first rows are lost)
             return None
     out, trim = conv, None

@@ -189,7 +189,7 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
     return fx.GraphModule(_attributes(g, nodes), g), list(size_inputs)
 
 
-# node meta of a causal convolution's output: (dim, its first row, reach); of each convolution of
+# node meta of a causal convolution's output: (dim, its first row); of each convolution and pad of
 # its chain (``attention.conv_site``): True
 CONV_ROWS = "streamfx_conv_rows"
 CONV_TAPS = "streamfx_conv_taps"
@@ -257,12 +257,12 @@ def _conv_taps(g: fx.Graph, conv: fx.Node, env: dict) -> fx.Node:
 
 
 def _conv_rows(g: fx.Graph, x: fx.Node, conv: tuple, size_of, whole: bool, keys: bool = False) -> fx.Node:
-    """The rows of a causal convolution's output ``x`` that are the graph's own (``conv``: its dim,
-    first row and reach): in a chunk graph the convolution runs over the keys the chunk reads (its
+    """The rows of a causal convolution's output ``x`` that are the graph's own (``conv``: its dim
+    and first row): in a chunk graph the convolution runs over the keys the chunk reads (its
     own rows and at least the ``reach`` before), and its last ``q`` rows are the chunk's; on the
     key side (keys convolved before the attention reads them), its ``k`` rows from ``first``; for
     the whole sequence, its rows from ``first``."""
-    d, first, _ = conv
+    d, first = conv
     q = size_of("k" if keys else "q")
     if whole or keys:
         new = g.call_function(aten.narrow.default, (x, d, first, q))

@@ -375,6 +375,19 @@ def pad(node, table, ax):
     return RuleOut([tuple(a)], mixed=tuple(mixed))
 
 
+def conv_step(node) -> tuple | None:
+    """(padding, reach) of a 1-D convolution with stride 1 and static sizes, whose output element j
+    reads elements j .. j + reach of its input padded by ``padding`` on each side (reach =
+    (k - 1)·dilation); None for any other convolution."""
+    w = node.args[1]
+    stride, padding, dilation, transposed = (tuple(node.args[3:7]) + (None,) * 4)[:4]
+    k = shape(w)[-1] if len(shape(w)) == 3 else None
+    if transposed or list(stride or ()) != [1] or len(padding or ()) != 1 or not isinstance(k, int) \
+            or not isinstance(padding[0], int) or not isinstance(dilation[0], int):
+        return None
+    return padding[0], (k - 1) * dilation[0]
+
+
 @register(aten.convolution.default)
 def convolution(node, table, ax):
     """A convolution mixes positions along its spatial dims. A 1-D one with stride 1 lines its
@@ -382,18 +395,15 @@ def convolution(node, table, ax):
     of the padded input, so it belongs to the input's row j + (k - 1)·dil - padding - left (its
     last tap, ``shifted``): an output whose rows are the input's from the first on (left >= 0)
     reads each row's own and earlier rows only, a causal convolution (``attention.conv_site``)."""
-    x, w = node.args[:2]
+    x = node.args[0]
     a, out = ax(x), out_shape(node)
-    stride, padding, dilation, transposed = (node.args[3:7] + (None,) * 4)[:4]
-    spatial = len(out) - 2
     axes = [a[0] if len(a) else (), table.fresh(out[1])]
-    if spatial == 1 and not transposed and list(stride) == [1] and isinstance(padding[0], int) \
-            and isinstance(dilation[0], int) and isinstance(shape(w)[-1], int) and a[2]:
-        shift = table.shift_of(a[2])
-        left = None if shift is None else shift[1] + padding[0] - (shape(w)[-1] - 1) * dilation[0]
-        if left is not None and left >= 0:
-            axes.append(table.shifted_dim(shift[0], left, shift[2] + padding[0], out[2]))
-            return RuleOut([tuple(axes)], mixed=((x, 2),))
+    step = conv_step(node)
+    shift = table.shift_of(a[2]) if step is not None and a[2] else None
+    if shift is not None and shift[1] + step[0] - step[1] >= 0:
+        padding, reach = step
+        axes.append(table.shifted_dim(shift[0], shift[1] + padding - reach, shift[2] + padding, out[2]))
+        return RuleOut([tuple(axes)], mixed=((x, 2),))
     axes += [table.fresh(n) for n in out[2:]]
     return RuleOut([tuple(axes)], mixed=tuple((x, d) for d in range(2, len(out))))
 
