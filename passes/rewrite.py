@@ -159,7 +159,7 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
             continue
         conv = n.meta.get(CONV_ROWS)
         if conv is not None and n.target is aten.slice.Tensor:
-            env[n] = _conv_rows(g, env[n.args[0]], conv, size_of, whole, n in key_side)
+            env[n] = _conv_rows(g, env[n.args[0]], conv, size_of, whole, n in key_side, n.meta["val"].device)
             continue
         if not whole and n.meta.get(CONV_TAPS) and n.target is aten.constant_pad_nd.default:
             pads = list(n.args[1])
@@ -169,7 +169,7 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
         if not whole and n.meta.get(CONV_TAPS) and _depthwise(n):
             env[n] = _conv_taps(g, n, env)
             if conv is not None:
-                env[n] = _conv_rows(g, env[n], conv, size_of, whole, n in key_side)
+                env[n] = _conv_rows(g, env[n], conv, size_of, whole, n in key_side, n.meta["val"].device)
             continue
         new = _autograd_form(g.node_copy(n, lambda x: env.get(x, x)))
         new.meta.pop("unbacked_bindings", None)  # (symbols of the joint graph's shape environment)
@@ -178,7 +178,8 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
         sizes.patch(new, n, key_side=n in key_side)
         if not whole:
             made_by(new, STEP)
-        env[n] = new if conv is None else _conv_rows(g, new, conv, size_of, whole, n in key_side)
+        env[n] = new if conv is None else _conv_rows(g, new, conv, size_of, whole, n in key_side,
+                                                     n.meta["val"].device)
     g.output(tuple(env[o] for o in outputs))
     for n in list(g.nodes):
         kern = kernels.of(n)
@@ -256,7 +257,7 @@ def _conv_taps(g: fx.Graph, conv: fx.Node, env: dict) -> fx.Node:
     return total
 
 
-def _conv_rows(g: fx.Graph, x: fx.Node, conv: tuple, size_of, whole: bool, keys: bool = False) -> fx.Node:
+def _conv_rows(g: fx.Graph, x: fx.Node, conv: tuple, size_of, whole: bool, keys: bool, device) -> fx.Node:
     """The rows of a causal convolution's output ``x`` that are the graph's own (``conv``: its dim
     and first row): in a chunk graph the convolution runs over the keys the chunk reads (its
     own rows and at least the ``reach`` before), and its last ``q`` rows are the chunk's; on the
@@ -271,8 +272,8 @@ def _conv_rows(g: fx.Graph, x: fx.Node, conv: tuple, size_of, whole: bool, keys:
         # Inductor specialise the backward on the key length, a compile per chunk length)
         end = g.call_function(operator.add, (size_of("k"), first))
         start = g.call_function(operator.sub, (end, q))
-        rows = g.call_function(aten.arange.start, (start, end), {"dtype": torch.int64, "device": x.meta["val"].device
-                                                                 if "val" in x.meta else None})
+        # (``device``: the convolution's, from the joint graph: ``x`` is a new node, with no value yet)
+        rows = g.call_function(aten.arange.start, (start, end), {"dtype": torch.int64, "device": device})
         made_by(rows, STEP)
         new = g.call_function(aten.index_select.default, (x, d, rows))
     if not whole:

@@ -242,3 +242,21 @@ def test_lfm2_convolution_layers_stream(pad):
                                 options={"chunk_size": 4}, dynamic=False))
     assert "causal convolution in model.layers.0.conv" in text, text
     assert "a chunk reads its own rows and the 2 before them" in text, text
+
+
+@pytest.mark.fast
+def test_a_chunks_convolution_rows_are_picked_on_the_convolutions_device():
+    """The index that picks a chunk's rows of the convolution's output is made on the device of
+    the convolution (from the joint graph), not the default one: on a GPU a CPU index would fail."""
+    from streamfx.runtime import _PROGRAMS
+
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    before = set(_PROGRAMS)
+    idx = torch.randint(0, 24, (2, 13))
+    torch.compile(ConvMixLM(), backend="streambp", options={"chunk_size": 4, "codegen": "eager", "strict": True},
+                  dynamic=False)(idx, idx).backward()
+    aranges = [n for key, prog in _PROGRAMS.items() if key not in before and prog.kind == "layer"
+               for n in prog.chunk.gm.graph.nodes if n.target is torch.ops.aten.arange.start]
+    assert aranges and all(n.kwargs.get("device") == torch.device("cpu") for n in aranges), \
+        [n.kwargs for n in aranges]
