@@ -19,7 +19,7 @@ from streamfx.errors import source_line
 from . import kernels
 from .axes import RuleOut
 from .graphs import bind, normalize_dim, same
-from .rules import conv_step, register, shape
+from .rules import conv_step, register, shape, token_shift
 
 aten = torch.ops.aten
 
@@ -122,7 +122,13 @@ class AttentionSite:
             return "a model input" if n.op == "placeholder" else (source_line(n).strip() or n.target.__name__)
 
         if self.kind == "conv":
-            where = "" if names else f"in {_module_or_line(self.output)} "
+            from streamfx.memory import module_path
+
+            where = "" if names else (f"in {module_path(self.output)} " if module_path(self.output)
+                                      else f"{source_line(self.output).strip()} ")
+            if self.output.target is not aten.convolution.default and self.trim is None \
+                    and token_shift(self.output) is not None:
+                return f"#{self.index} token shift {where}(each row reads the row {self.reach} before it)"
             return f"#{self.index} causal convolution {where}(each row reads itself and the {self.reach} rows before it)"
         mask = self.mask_kind + (f"({self.window})" if self.window else "")
         if self.mask_chain:
@@ -153,8 +159,8 @@ def find_sites(graph: fx.Graph, sd, forward: set) -> list[AttentionSite]:
                                  bool(b.get("is_causal", False)), mask, scale=b.get("scale"),
                                  dropout=kernels.dropout_of(node))
             sites.append(site)
-        elif node.target is aten.convolution.default:
-            site = conv_site(node, sd, len(sites), forward)
+        elif node.target in (aten.convolution.default, aten.cat.default, aten.constant_pad_nd.default):
+            site = (conv_site if node.target is aten.convolution.default else shift_site)(node, sd, len(sites), forward)
             if site is not None:
                 claimed |= site.nodes
                 sites.append(site)
@@ -222,6 +228,25 @@ def conv_site(conv: fx.Node, sd, index: int, forward: set):
         return None
     return AttentionSite(index, "conv", x, x, x, out, frozenset(chain) | {out}, True, None, mask_kind="conv",
                          window=reach + 1, seq_dim=2, reach=reach, trim=trim)
+
+
+def shift_site(node: fx.Node, sd, index: int, forward: set):
+    """A token shift along the sequence (``rules.token_shift``: Zaya's delayed values, RWKV's
+    time shift): row t of the output is row t - n of ``x``, a causal mixing of reach n that a
+    chunk computes from its own rows and the n before them, as it does a causal convolution's
+    (kind "conv"). None where the pattern is not that, or the sliced rows are read elsewhere too."""
+    shifted = token_shift(node)
+    if shifted is None:
+        return None
+    x, d, n = shifted
+    nodes = {node}
+    if node.target is aten.cat.default:
+        part = node.args[0][1]
+        if any(u is not node for u in part.users if u in forward):
+            return None
+        nodes.add(part)
+    return AttentionSite(index, "conv", x, x, x, node, frozenset(nodes), True, None, mask_kind="conv",
+                         window=n + 1, seq_dim=d, reach=n)
 
 
 # Q·Kᵀ is a bmm, or a broadcast mul once Inductor's decomposition turns a head_dim-1 bmm into

@@ -107,8 +107,9 @@ def kv_outputs(sites, inside: set, inputs, outputs, sd, mode: str = "auto"):
     their prefix) and whether those tensors are a latent cut. ``mode`` (the ``kv_boundary``
     option): "heads", the keys and values (``kv_boundary``); "latent", the latent cut where there
     is a narrower one; "auto", the cut where ``kept_bytes`` is lower."""
-    ends = [x for site in sites for x in (site.key, site.value)]
     convs = {site.output: site for site in sites if site.kind == "conv"}
+    inner = {id(site) for site in inner_convs(sites, inside, sd)}
+    ends = [x for site in sites if id(site) not in inner for x in (site.key, site.value)]
     views = _view_walks(ends, inside, sd, convs)
     walked = [kv_boundary(x, inside, sd, views, convs) for x in ends]
     base = tuple(dict.fromkeys(b for b, _ in walked))
@@ -119,6 +120,36 @@ def kv_outputs(sites, inside: set, inputs, outputs, sd, mode: str = "auto"):
         return base, key_side, False
     nodes, after = cut
     return nodes, key_side | after, True
+
+
+def inner_convs(sites, inside: set, sd) -> list:
+    """The causal convolutions of a layer that only the K/V graph computes: each convolves the
+    layer's rows on the way to the keys or values of its attention (as in a short convolution of
+    the keys before the scores, or Zaya's of the queries and keys together when nothing but the
+    keys reads it), and nothing but the K/V producers reads its output. The K/V graph then runs
+    per chunk of rows over the ``reach`` rows before them too (``LayerPlan.kv_reach``), and the
+    convolution's input is not kept for the whole sequence."""
+    convs = {site.output: site for site in sites if site.kind == "conv"}
+    attention = [x for site in sites if site.kind != "conv" for x in (site.key, site.value)]
+    if not convs or not attention:
+        return []
+    views = _view_walks(attention, inside, sd, convs)
+    base = {kv_boundary(x, inside, sd, views, convs)[0] for x in attention}
+    kv = ancestors(base, within=inside)
+
+    def keys_only(out):   # (every path from it inside the layer meets the keys and values first)
+        stack, seen = [out], set()
+        while stack:
+            n = stack.pop()
+            if n in seen or n in base:
+                continue
+            if n not in kv:
+                return False
+            seen.add(n)
+            stack.extend(u for u in n.users if u in inside)
+        return True
+
+    return [site for out, site in convs.items() if site.nodes <= kv and keys_only(out)]
 
 
 def kept_bytes(boundary, after, sd) -> float:

@@ -187,8 +187,7 @@ def analyze(graph: fx.Graph, num_fwd_outputs: int, constants: dict | None = None
         if s.kind == "conv":   # (the rows of its output a copy of it keeps: rewrite._conv_rows)
             s.output.meta[CONV_ROWS] = s.trim or (s.seq_dim, 0)
             for n in s.nodes:
-                if n.target in (aten.convolution.default, aten.constant_pad_nd.default):
-                    n.meta[CONV_TAPS] = True
+                n.meta[CONV_TAPS] = True
         else:
             masks.classify(s, constants or {}, s.query.meta["val"].shape[-2])
     site_nodes = frozenset().union(*(s.nodes for s in sites)) if sites else frozenset()

@@ -292,6 +292,10 @@ class LayerPlan(RegionPlan):
     kv_outputs: tuple = ()       # what the K/V graph produces: keys and values, or MLA's latent (see kv)
     key_side: frozenset = frozenset()  # nodes between those and the attention's keys/values
     kv_latent: bool = False      # the K/V graph ends before the keys and values (a narrower cut)
+    # causal convolutions in the K/V graph (keys convolved before the scores): a chunk's K/V graph
+    # reads this many rows before its own, by ``kv_specs`` (None: ``in_specs``)
+    kv_reach: int = 0
+    kv_specs: list | None = None
     # K/V graph outputs that leave the layer too (a KV cache returned to the caller: use_cache=True),
     # returned after ``outputs`` from the full-length buffers the K/V graph writes
     returned: tuple = ()
@@ -310,6 +314,9 @@ class LayerPlan(RegionPlan):
         if self.returned:
             text += (f"; returns {[x.name for x in self.returned] if names else f'{len(self.returned)} tensor(s)'} "
                      "of its K/V graph too (a KV cache: use_cache=True)")
+        if self.kv_reach:
+            text += (f"; the K/V graph convolves or shifts the rows: each chunk's runs over its own rows and the "
+                     f"{self.kv_reach} before them")
         if self.sites and all(s.kind == "conv" for s in self.sites):
             text += (f"; causal convolution: a chunk reads its own rows and the "
                      f"{max(s.reach for s in self.sites)} before them")
@@ -400,11 +407,12 @@ def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=
     inside = set(nodes)
     kv = ancestors(set(kv_out), within=inside)
     for site in sites:
-        if kv & site.nodes:
-            # the K/V graph runs per chunk of rows: a mixing op in it would read no row before them
-            raise CannotStream("the keys or values of the layer's token mixing are computed by another of its "
-                               "mixing ops (a causal convolution of the keys, an attention's output convolved)",
-                               site.output)
+        if kv & site.nodes and site.kind != "conv":
+            # the K/V graph runs per chunk of rows (and the rows a causal convolution in it reads
+            # before them): attention in it would read keys before them
+            raise CannotStream("the keys or values of the layer's attention are computed by another of its "
+                               "attention calls (an attention's output convolved or attended again)", site.output)
+    kv_reach = _reach(kv, [s for s in sites if s.kind == "conv" and kv & s.nodes])
     outputs, out_specs, returned = [], [], {}
     for o in region.outputs:
         if o in kv or o in key_side:
@@ -450,7 +458,35 @@ def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=
     for i in grad_inputs:
         if in_specs[i].kind == "prefix":
             raise CannotStream("a per-key input of the attention scores needs a gradient", inputs[i])
+    kv_specs = _halo_specs(inputs, in_specs, kv) if kv_reach else None
     return LayerPlan(region.name, "layer", nodes, inputs, outputs, [], in_specs, out_specs,
                      config.chunk_size, T, grad_inputs, sd, frozenset(pulled.nodes), sites=sites,
                      kv_nodes=[n for n in nodes if n in kv], kv_outputs=kv_out, key_side=key_side,
-                     kv_latent=latent, returned=tuple(returned), returned_from=returned)
+                     kv_latent=latent, returned=tuple(returned), returned_from=returned, kv_reach=kv_reach,
+                     kv_specs=kv_specs)
+
+
+def _reach(kv: set, convs) -> int:
+    """How many rows before its own a row of the K/V graph's outputs reads through the causal
+    convolutions in it (``convs``): the most, over every path, of their reaches added up."""
+    if not convs:
+        return 0
+    out_of = {site.output: site.reach for site in convs}
+    reach: dict = {}
+    for n in in_order(kv):
+        reach[n] = max((reach.get(x, 0) for x in n.all_input_nodes), default=0) + out_of.get(n, 0)
+    return max(reach.values())
+
+
+def _halo_specs(inputs, in_specs, kv: set) -> list:
+    """The specs the K/V graph reads its inputs by when causal convolutions in it read rows
+    before a chunk's: rows [lo, e) (``Spec.prefix``) of every per-row input, the rest as they are.
+    An input whose sequence is merged with another dim, or a token-by-token one, is refused."""
+    specs = []
+    for x, spec in zip(inputs, in_specs):
+        used = any(u in kv for u in x.users)
+        if used and (spec.merged is not None or spec.kind == "qk"):
+            raise CannotStream("the keys or values are convolved along the sequence from an input that "
+                               + ("merges the sequence with another dim" if spec.merged else "is token by token"), x)
+        specs.append(Spec.prefix(spec.dim) if spec.kind == "chunk" else spec)
+    return specs

@@ -154,7 +154,9 @@ def _starts(chain, sites, g, rank) -> list:
     are one layer's (DiffLlama's two attention calls). [(chain node, [sites])]"""
     starts = []
     for site in sorted(sites, key=lambda s: rank.get(s.output, 0)):
-        before = [c for c in chain if rank[c] < rank.get(site.query, -1) and nx.has_path(g, c, site.query)]
+        # (a causal convolution or token shift may read a chain node itself: the layer starts there)
+        q = rank.get(site.query, -1) + (site.kind == "conv")
+        before = [c for c in chain if rank[c] < q and nx.has_path(g, c, site.query)]
         if before and starts and starts[-1][0] is before[-1] and (not any(
                 nx.has_path(g, other.output, x) for other in starts[-1][1]
                 for x in (site.query, site.key, site.value) if x in g)

@@ -126,11 +126,16 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
     joint graph (a dynamic batch size). ``whole``: the region for the whole sequence (the keys
     are the rows). The runtime passes each size read from the inputs (``chunks.ChunkGraph``).
     """
-    g, env = fx.Graph(), {}
+    g, env, prefix = fx.Graph(), {}, {}
     for i, x in enumerate(list(inputs) + list(extra)):
         p = g.placeholder(f"in_{i}_{x.name}")
         p.meta["val"] = x.meta.get("val")
-        env[x] = p
+        # (an input that is a key too, the tensor a causal convolution or token shift reads from
+        # the layer's input itself: the chunk's rows for its other uses, the prefix for the key side)
+        if i >= len(inputs) and x in env:
+            prefix[x] = p
+        else:
+            env[x] = p
     size_inputs: dict = {}
     last = [p for p in g.nodes][-1] if len(g.nodes) else None
 
@@ -150,36 +155,11 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
     for n in nodes:
         if n in env:
             continue
-        if isinstance(n.meta.get("val"), torch.SymInt) and any(x not in env for x in n.all_input_nodes):
-            continue  # a size computed from sizes outside (B * (T - 1) for a view): rebuilt where used
-        if unpadded(n) in env:  # a kernel's alignment of its mask rows: redone for the copy's length
-            env[n] = env[unpadded(n)]
-            continue
-        if n.target is aten.constant_pad_nd.default and n.users and all(unpadded(u) is not None for u in n.users):
-            continue
-        conv = n.meta.get(CONV_ROWS)
-        if conv is not None and n.target is aten.slice.Tensor:
-            env[n] = _conv_rows(g, env[n.args[0]], conv, size_of, whole, n in key_side, n.meta["val"].device)
-            continue
-        if not whole and n.meta.get(CONV_TAPS) and n.target is aten.constant_pad_nd.default:
-            pads = list(n.args[1])
-            value = n.args[2] if len(n.args) > 2 else 0.0
-            env[n] = _pad_rows(g, env[n.args[0]], len(n.meta["val"].shape), pads[0], pads[1], value)
-            continue
-        if not whole and n.meta.get(CONV_TAPS) and _depthwise(n):
-            env[n] = _conv_taps(g, n, env)
-            if conv is not None:
-                env[n] = _conv_rows(g, env[n], conv, size_of, whole, n in key_side, n.meta["val"].device)
-            continue
-        new = _autograd_form(g.node_copy(n, lambda x: env.get(x, x)))
-        new.meta.pop("unbacked_bindings", None)  # (symbols of the joint graph's shape environment)
-        if n in key_side and new.target in (aten.view.default, aten._unsafe_view.default):
-            new.target = aten.reshape.default  # a prefix of a sequence-major buffer is strided
-        sizes.patch(new, n, key_side=n in key_side)
-        if not whole:
-            made_by(new, STEP)
-        env[n] = new if conv is None else _conv_rows(g, new, conv, size_of, whole, n in key_side,
-                                                     n.meta["val"].device)
+        swap = prefix if prefix and (n in key_side or n.meta.get(CONV_TAPS)) else {}
+        rows = {x: env[x] for x in swap}
+        env.update(swap)
+        _copy_node(g, n, env, sizes, size_of, whole, key_side)
+        env.update(rows)
     g.output(tuple(env[o] for o in outputs))
     for n in list(g.nodes):
         kern = kernels.of(n)
@@ -190,8 +170,47 @@ def build_graph(inputs, specs, nodes, outputs, sd, extra=(), key_side=frozenset(
     return fx.GraphModule(_attributes(g, nodes), g), list(size_inputs)
 
 
-# node meta of a causal convolution's output: (dim, its first row); of each convolution and pad of
-# its chain (``attention.conv_site``): True
+def _copy_node(g, n, env, sizes, size_of, whole, key_side) -> None:
+    """Copy node ``n`` into the chunk graph ``g`` (``env``: its nodes by the joint's), in the form a
+    chunk computes it (``build_graph``)."""
+    if isinstance(n.meta.get("val"), torch.SymInt) and any(x not in env for x in n.all_input_nodes):
+        return  # a size computed from sizes outside (B * (T - 1) for a view): rebuilt where used
+    if unpadded(n) in env:  # a kernel's alignment of its mask rows: redone for the copy's length
+        env[n] = env[unpadded(n)]
+        return
+    if n.target is aten.constant_pad_nd.default and n.users and all(unpadded(u) is not None for u in n.users):
+        return
+    conv = n.meta.get(CONV_ROWS)
+    if conv is not None and n.target is aten.slice.Tensor:
+        env[n] = _conv_rows(g, env[n.args[0]], conv, size_of, whole, n in key_side, n.meta["val"].device)
+        return
+    if not whole and n.meta.get(CONV_TAPS) and n.target is aten.constant_pad_nd.default:
+        pads, ndim = list(n.args[1]), len(n.meta["val"].shape)
+        value = n.args[2] if len(n.args) > 2 else 0.0
+        d = next((ndim - 1 - i for i in range(len(pads) // 2) if pads[2 * i] or pads[2 * i + 1]), ndim - 1)
+        i = ndim - 1 - d
+        new = _pad_rows(g, env[n.args[0]], ndim, pads[2 * i], pads[2 * i + 1], value, d)
+        env[n] = new if conv is None else _conv_rows(g, new, conv, size_of, whole, n in key_side,
+                                                     n.meta["val"].device)
+        return
+    if not whole and n.meta.get(CONV_TAPS) and n.target is aten.convolution.default and _depthwise(n):
+        env[n] = _conv_taps(g, n, env)
+        if conv is not None:
+            env[n] = _conv_rows(g, env[n], conv, size_of, whole, n in key_side, n.meta["val"].device)
+        return
+    new = _autograd_form(g.node_copy(n, lambda x: env.get(x, x)))
+    new.meta.pop("unbacked_bindings", None)  # (symbols of the joint graph's shape environment)
+    if n in key_side and new.target in (aten.view.default, aten._unsafe_view.default):
+        new.target = aten.reshape.default  # a prefix of a sequence-major buffer is strided
+    sizes.patch(new, n, key_side=n in key_side)
+    if not whole:
+        made_by(new, STEP)
+    env[n] = new if conv is None else _conv_rows(g, new, conv, size_of, whole, n in key_side,
+                                                 n.meta["val"].device)
+
+
+# node meta of a causal convolution's output: (dim, its first row); of each node of its chain
+# (``attention.conv_site``, ``attention.shift_site``): True
 CONV_ROWS = "streamfx_conv_rows"
 CONV_TAPS = "streamfx_conv_taps"
 
@@ -205,21 +224,27 @@ def _depthwise(conv: fx.Node) -> bool:
     return w.dim() == 3 and w.shape[1] == 1 and conv.args[8] == w.shape[0] == conv.args[0].meta["val"].shape[1]
 
 
-def _pad_rows(g: fx.Graph, x: fx.Node, n: int, left: int, right: int, value=0.0) -> fx.Node:
-    """``x`` (``n`` dims) with ``left`` and ``right`` rows of ``value`` around its last dim, made by
-    concatenation: a pad's fake kernel reads its input's sizes as integers, which fixes a symbolic
-    length to the sample's (a compile per chunk length). The rows are one row of ``x`` filled with
-    ``value`` and expanded (no size read from ``x``)."""
-    d = n - 1
+def _pad_rows(g: fx.Graph, x: fx.Node, n: int, left: int, right: int, value=0.0, d: int | None = None) -> fx.Node:
+    """``x`` (``n`` dims) with ``left`` and ``right`` rows of ``value`` around its dim ``d`` (the last
+    by default; a negative ``right`` drops rows: a token shift), made by concatenation: a pad's
+    fake kernel reads its input's sizes as integers, which fixes a symbolic length to the
+    sample's (a compile per chunk length). The rows are one row of ``x`` filled with ``value``
+    and expanded (no size read from ``x``)."""
+    d = n - 1 if d is None else d
     made = []
     parts = []
+    whole = x
+    if right < 0:
+        x = g.call_function(aten.slice.Tensor, (x, d, 0, right))
+        made.append(x)
+        right = 0
     for rows in (left, right):
         if not rows:
             parts.append(None)
             continue
-        row = g.call_function(aten.slice.Tensor, (x, d, 0, 1))
+        row = g.call_function(aten.slice.Tensor, (whole, d, 0, 1))
         filled = g.call_function(aten.full_like.default, (row, value))
-        parts.append(g.call_function(aten.expand.default, (filled, [-1] * d + [rows])))
+        parts.append(g.call_function(aten.expand.default, (filled, [-1] * d + [rows] + [-1] * (n - 1 - d))))
         made += [row, filled, parts[-1]]
     new = g.call_function(aten.cat.default, ([p for p in (parts[0], x, parts[1]) if p is not None], d))
     for m in (*made, new):
@@ -333,7 +358,10 @@ def layer_program(plan, codegen: str, attention: str = "recompute") -> LayerProg
     full = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.nodes, plan.results, sd, whole=True)
     kv_out = plan.kv_outputs
     kv_dims = tuple(sd.seq_dim(x) for x in kv_out)
-    kv = chunk_graph(plan.name, plan.inputs, plan.in_specs, plan.kv_nodes, list(kv_out), sd)
+    # (with causal convolutions in it, the K/V graph reads the rows before a chunk's too: it is
+    # all key side, at the length it reads, and the runtime keeps its last rows)
+    kv = chunk_graph(plan.name, plan.inputs, plan.kv_specs or plan.in_specs, plan.kv_nodes, list(kv_out), sd,
+                     key_side=frozenset(plan.kv_nodes) if plan.kv_reach else frozenset())
 
     def attention_edits(gm, drop_masks=False):
         # the copy keeps the graph order: its fused attention calls are the fused sites in order
@@ -363,12 +391,16 @@ def layer_program(plan, codegen: str, attention: str = "recompute") -> LayerProg
                 causal = query_graph(lambda gm: attention_edits(gm, drop_masks=True))
             except CannotStream:
                 causal = None
-    convs = [s.reach for s in plan.sites if s.kind == "conv"]
+    # (convolutions the query graph computes: those whose output only the K/V graph reads are
+    # in ``kv_reach``)
+    kv_nodes, inside = set(plan.kv_nodes), set(plan.nodes)
+    convs = [s.reach for s in plan.sites if s.kind == "conv"
+             and not (s.nodes <= kv_nodes and all(u in kv_nodes for u in s.output.users if u in inside))]
     prog = LayerProgram(plan.name, q, full, plan.in_specs, plan.out_specs, plan.chunk_size,
                         plan.grad_inputs, codegen, kv=kv, kv_dims=kv_dims, mask=mask, causal=causal,
                         returned_kv=tuple(_returned(plan, o) for o in plan.returned),
-                        reach=max(convs) if convs and len(convs) == len(plan.sites) else None,
-                        convolved=bool(convs))
+                        reach=max(convs) if convs and all(s.kind == "conv" for s in plan.sites) else None,
+                        convolved=bool(convs), kv_reach=plan.kv_reach, kv_specs=plan.kv_specs)
     if attention == "keep":
         variants = {"chunk": lambda gm: attention_edits(gm)}
         if causal is not None:

@@ -326,6 +326,11 @@ def cat(node, table, ax):
     if rows is not None:  # the groups of a split sorted dim, back together in their order
         a[d] = rows
         return RuleOut([tuple(a)])
+    shifted = token_shift(node)
+    if shifted is not None:   # rows moved later by n (``attention.shift_site``): lined up with them
+        x = shifted[0]
+        a[d] = ax(x)[d]
+        return RuleOut([tuple(a)], mixed=((x, d),))
     along = {table.canon(ax(x)[d]) for x in xs}
     if len(xs) > 1 and len(along) == 1 and len(next(iter(along))) == 1:
         # pieces that share one axis along d are stacked: element (i, t) is piece i's row t
@@ -355,10 +360,48 @@ def broadcast_except(node, table, ax, xs, d):
     return result
 
 
+def token_shift(node) -> tuple | None:
+    """(x, dim, n) where ``node`` is x with its rows along ``dim`` moved n later (n >= 1) and the
+    first n filled: ``cat([fill, x[..., :-n]], dim)`` (n rows of anything before the rows of x
+    but its last n: Zaya's delayed values, a token shift), ``F.pad`` by n before and -n after
+    (RWKV's ``ZeroPad2d((0, 0, 1, -1))``). Row t of the result reads row t - n of x only (none,
+    for t < n): a causal mixing of reach n (``attention.shift_site``). None for anything else."""
+    if node.op != "call_function":
+        return None
+    if node.target is aten.cat.default:
+        xs = list(node.args[0])
+        n_dims = len(out_shape(node))
+        d = normalize_dim(node.args[1] if len(node.args) > 1 else 0, n_dims)
+        if len(xs) != 2 or not all(isinstance(p, fx.Node) for p in xs) or xs[1].target is not aten.slice.Tensor:
+            return None
+        fill, part = xs
+        b, x = bind(part), part.args[0]
+        n = shape(fill)[d] if len(shape(fill)) == n_dims else None
+        if not isinstance(n, int) or n < 1 or not isinstance(x, fx.Node) or len(shape(x)) != n_dims \
+                or normalize_dim(b.get("dim", 0), n_dims) != d or b.get("step", 1) != 1 or (b.get("start") or 0) != 0 \
+                or not same(out_shape(node)[d], shape(x)[d]) or not same(shape(part)[d] + n, shape(x)[d]):
+            return None
+        return x, d, n
+    if node.target is aten.constant_pad_nd.default:
+        x, pads = node.args[0], list(node.args[1])
+        if not isinstance(x, fx.Node) or not all(isinstance(p, int) for p in pads):
+            return None
+        moved = [(len(shape(x)) - 1 - i, pads[2 * i]) for i in range(len(pads) // 2) if pads[2 * i] or pads[2 * i + 1]]
+        if len(moved) != 1:
+            return None
+        d, n = moved[0]
+        i = len(shape(x)) - 1 - d
+        return (x, d, n) if n >= 1 and pads[2 * i + 1] == -n else None
+    return None
+
+
 @register(aten.constant_pad_nd.default)
 def pad(node, table, ax):
     x = node.args[0]
     a, pads = list(ax(x)), node.args[1]
+    shifted = token_shift(node)
+    if shifted is not None:   # rows moved later by n (``attention.shift_site``): lined up with them
+        return RuleOut([tuple(a)], mixed=((x, shifted[1]),))
     mixed = []
     for i in range(len(pads) // 2):
         d = len(a) - 1 - i

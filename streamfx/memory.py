@@ -392,16 +392,21 @@ class ChunkCurve:
             subs[self.k] = k if k is not None else q
         return peak_of(self.live, subs)[0]
 
+    def _lengths(self, q: int) -> dict:
+        """The sizes at chunk length q, keys as many (a K/V graph that reads the rows before a
+        chunk's has key-length sizes only)."""
+        return {**self.fixed, **{s: q for s in (self.q, self.k) if s is not None}}
+
     def outputs_at(self, q: int) -> int:
         """Bytes of the graph's outputs at chunk length q (the K/V graph: one row of K/V per token)."""
-        subs = {**self.fixed, **({self.q: q} if self.q is not None else {})}
+        subs = self._lengths(q)
         out = self.live.steps[-1][0]
         return sum(evaluate(nbytes_expr(x.meta.get("val")), subs) for x in out.all_input_nodes)
 
     def accumulators_at(self, q: int) -> int:
         """Bytes of the graph's outputs at chunk length q in their accumulation dtypes (fp32 for
         16-bit outputs: the K/V gradients' buffers)."""
-        subs = {**self.fixed, **({self.q: q} if self.q is not None else {})}
+        subs = self._lengths(q)
         out = self.live.steps[-1][0]
         return sum(evaluate(nbytes_expr(v), subs) // v.element_size() * accumulation_dtype(v.dtype).itemsize
                    for v in (x.meta.get("val") for x in out.all_input_nodes) if isinstance(v, torch.Tensor))

@@ -330,15 +330,17 @@ class RegionProgram:
             xs[i].requires_grad_(True)
         return xs
 
-    def _accumulate(self, acc, got, s, e, lo=0, ke=None, given=(), T=None):
+    def _accumulate(self, acc, got, s, e, lo=0, ke=None, given=(), T=None, specs=None):
         """Chunk [s, e)'s gradients (keys [lo, ke)) into the buffers; ``given``: the output
         gradients autograd was called with; ``T``: the call's length (read by an input that
-        merges the sequence with another dim)."""
+        merges the sequence with another dim); ``specs``: how the graph read its inputs (default
+        ``in_specs``)."""
         ke = e if ke is None else ke
+        specs = specs or self.in_specs
         for n, (i, g) in enumerate(zip(self.grad_inputs, got)):
             if g is None:
                 continue
-            spec = self.in_specs[i]
+            spec = specs[i]
             if spec.kind == "chunk":
                 spec.put_rows(acc[i], g, s, e, T, add=True)
             elif spec.kind == "qk":
@@ -510,6 +512,10 @@ class LayerProgram(RegionProgram):
     keep_refused: str | None = None   # why attention="keep" keeps nothing here
     reach: int | None = None          # a layer that mixes rows by causal convolutions only: a row reads this many before it
     convolved: bool = False           # a layer with causal convolutions beside masked attention (``key_ranges``)
+    # causal convolutions in the K/V graph: a chunk's K/V graph reads rows [s - kv_reach, e) by
+    # ``kv_specs`` and its outputs' last e - s rows are the chunk's
+    kv_reach: int = 0
+    kv_specs: list | None = None
     # values the region also returns after the query graph's outputs, from the K/V graph's
     # full-length buffers (a KV cache): (index of the K/V graph output, ChunkGraph of the views from
     # it to the returned value, or None). Where the caller differentiates one, its gradient starts
@@ -577,17 +583,37 @@ class LayerProgram(RegionProgram):
 
     def keys_values(self, inputs, fn_kv):
         """Run the K/V graph chunk by chunk into full-length buffers; yields (s, e, the chunk's
-        inputs, the buffers) after each chunk's rows are written."""
+        inputs, the buffers) after each chunk's rows are written (inputs None where the K/V graph
+        read rows before the chunk's: not the query graph's)."""
         bufs, T = None, self.length(inputs)
         for s, e in self.bounds(inputs):
             with failures.chunk("keys and values", s, e, T):
-                xs = self.chunk_inputs(inputs, s, e)
+                xs = self.kv_inputs(inputs, s, e)
                 kvs = fn_kv(*xs)
                 if bufs is None:
                     bufs = [seq_major_empty(t, d, T) for t, d in zip(kvs, self.kv_dims)]
                 for buf, t, d in zip(bufs, kvs, self.kv_dims):
-                    buf.narrow(d, s, e - s).copy_(t)
-            yield s, e, xs, bufs
+                    buf.narrow(d, s, e - s).copy_(t.narrow(d, t.shape[d] - (e - s), e - s))
+            yield s, e, (None if self.kv_reach else xs), bufs
+
+    def kv_inputs(self, inputs, s, e):
+        """The K/V graph's inputs for chunk [s, e): the chunk's, or with causal convolutions in
+        it, rows [s - kv_reach, e) of the per-row ones."""
+        if not self.kv_reach:
+            return self.chunk_inputs(inputs, s, e)
+        lo = max(0, s - self.kv_reach)
+        return [spec.take(x, s, e, lo, e) for x, spec in zip(inputs, self.kv_specs)]
+
+    def kv_grads(self, dKV, s, e):
+        """The gradients of chunk [s, e)'s K/V graph outputs: rows [s, e) of ``dKV``, after zeros
+        for the rows before them that a convolution in it read (their gradients come with their
+        own chunk)."""
+        rows = [g.narrow(d, s, e - s) for g, d in zip(dKV, self.kv_dims)]
+        lo = max(0, s - self.kv_reach)
+        if lo == s:
+            return rows
+        return [torch.cat([g.new_zeros(g.shape[:d] + (s - lo,) + g.shape[d + 1:]), g], d)
+                for g, d in zip(rows, self.kv_dims)]
 
     def prefix(self, bufs, lo, ke):
         """Rows [lo, ke) of the K/V buffers: views of the sequence-major buffers, no copy."""
@@ -698,26 +724,28 @@ class LayerProgram(RegionProgram):
                 if rows:
                     COUNTERS["attention_kept"] += 1
             # rows [s, e) of dK/dV are final: push them through the K/V producers now
+            if self.kv_reach:
+                sliced = None   # (the K/V graph reads rows before the chunk's)
+            lo = max(0, s - self.kv_reach)
             if vjp_kv is not None:
                 with failures.chunk("backward", s, e, T):
-                    xs = sliced if sliced is not None else self.chunk_inputs(inputs, s, e)
-                    ran = vjp_kv(xs, [g.narrow(d, s, e - s) for g, d in zip(dKV, self.kv_dims)])
+                    xs = sliced if sliced is not None else self.kv_inputs(inputs, s, e)
+                    ran = vjp_kv(xs, self.kv_grads(dKV, s, e))
                 if ran is not None:
-                    self._accumulate(acc, ran[0], s, e, given=ran[1], T=T)
+                    self._accumulate(acc, ran[0], s, e, lo, e, given=ran[1], T=T, specs=self.kv_specs)
                 del xs, ran, sliced
                 continue
             with failures.chunk("backward", s, e, T), autograd_inside_op(), torch.enable_grad():
-                xs = self._leaves(sliced if sliced is not None else self.chunk_inputs(inputs, s, e))
+                xs = self._leaves(sliced if sliced is not None else self.kv_inputs(inputs, s, e))
                 kvs = fn_kv(*xs)
                 # K or V may depend on nothing trainable (LoRA on q/v only: K comes from frozen
                 # weights and, in the first layer, from an input that needs no gradient)
-                pairs = [(t, g.narrow(d, s, e - s).to(t.dtype))
-                         for t, g, d in zip(kvs, dKV, self.kv_dims) if t.requires_grad]
+                pairs = [(t, g.to(t.dtype)) for t, g in zip(kvs, self.kv_grads(dKV, s, e)) if t.requires_grad]
                 if not pairs:
                     continue
                 got = torch.autograd.grad([p[0] for p in pairs], [xs[i] for i in self.grad_inputs],
                                           [p[1] for p in pairs], allow_unused=True)
-            self._accumulate(acc, got, s, e, given=[p[1] for p in pairs], T=T)
+            self._accumulate(acc, got, s, e, lo, e, given=[p[1] for p in pairs], T=T, specs=self.kv_specs)
             del xs, kvs, pairs, got, sliced   # (before the next chunk runs)
         return self._gradients(acc, inputs)
 

@@ -180,7 +180,8 @@ def test_a_convolution_that_reads_later_rows_is_refused(form, op):
 
 class ConvolvedKeysLM(torch.nn.Module):
     """Causal attention whose keys are convolved along the sequence first (a short convolution of
-    the keys): the keys a chunk reads are not computed per chunk of rows."""
+    the keys, as Inkling's and Zaya's): the attention reads its keys (scaled first, where SDPA's
+    math path runs) from a convolution of the projection's rows."""
 
     def __init__(self, V=24, d=16):
         super().__init__()
@@ -200,16 +201,114 @@ class ConvolvedKeysLM(torch.nn.Module):
         return F.cross_entropy(self.head(h).flatten(0, 1), targets.flatten())
 
 
+def _kv_rows(fn):
+    """``fn()`` with the K/V graph's reads recorded: [(region, s, e, rows of its per-row inputs)]."""
+    reads, kv_inputs = [], LayerProgram.kv_inputs
+
+    def recording(self, inputs, s, e):
+        xs = kv_inputs(self, inputs, s, e)
+        specs = self.kv_specs or self.in_specs
+        reads.append((self.name, s, e, {x.shape[spec.dim] for x, spec in zip(xs, specs)
+                                        if spec.kind in ("chunk", "prefix")}))
+        return xs
+
+    LayerProgram.kv_inputs = recording
+    try:
+        return fn(), reads
+    finally:
+        LayerProgram.kv_inputs = kv_inputs
+
+
 @pytest.mark.fast
-def test_convolved_keys_are_refused_with_the_cause():
-    """The layer runs unstreamed (the head streams), exactly, warned with the convolution's line."""
+@pytest.mark.parametrize("chunk,codegen", [(1, "eager"), (2, "eager"), (5, "eager"), (16, "eager"), (3, "inductor")])
+def test_convolved_keys_stream(chunk, codegen):
+    """The convolution runs in the K/V graph, each chunk's over its own rows and the 2 before them
+    (the rows' reach), whose outputs only the chunk's own rows are kept of: the layer streams
+    (strict), gradients match eager autograd for chunks smaller than the reach, equal and larger,
+    and the convolution's input is not kept for the whole sequence (two K/V buffers: the keys and
+    the values)."""
+    from streamfx.runtime import _PROGRAMS
+
     torch.manual_seed(0)
     idx = torch.randint(0, 24, (2, 13))
-    loss_err, err, said, reads = _step(ConvolvedKeysLM(), idx, {"chunk_size": 3, "head_chunk_size": 5,
-                                                                "codegen": "eager"})
+    before = set(_PROGRAMS)
+    (loss_err, err, said, reads), kv = _kv_rows(lambda: _step(
+        ConvolvedKeysLM(), idx, {"chunk_size": chunk, "head_chunk_size": 5, "codegen": codegen, "strict": True}))
+    assert not said, said
     assert loss_err <= 1e-5 and err <= 1e-5, (loss_err, err)
-    assert len(said) == 1 and "computed by another of its mixing ops" in said[0] \
-        and "test_convolutions.py" in said[0], said
+    assert {r[0] for r in reads} == {"layer.0"} and {r[0] for r in kv} == {"layer.0"}
+    for _, s, e, rows in kv:
+        assert rows == {e - max(0, s - 2)}, (s, e, rows)
+    layers = [p for key, p in _PROGRAMS.items() if key not in before and p.kind == "layer"]
+    assert [p.kv_reach for p in layers] == [2] and len(layers[0].kv_dims) == 2
+
+
+class ShiftLM(torch.nn.Module):
+    """Attention layers with token shifts: the input mixed with the previous token's (RWKV's time
+    mix) and values delayed by a token (Zaya's). ``form``: how the shift is written:
+      "cat"   cat([row, x[:, :-1]], 1)   (row: a projection of zeros, as Zaya's first delayed value)
+      "cat2"  cat([zeros, x[:, :-2]], 1) (two tokens back)
+      "pad"   F.pad(x, (0, 0, 1, -1))    (RWKV's ZeroPad2d((0, 0, 1, -1)))
+      "next"  cat([x[:, 1:], zeros], 1)  (the next token: not causal)
+    """
+
+    def __init__(self, form, V=24, d=16):
+        super().__init__()
+        self.form = form
+        self.emb, self.head = torch.nn.Embedding(V, d), torch.nn.Linear(d, V)
+        self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.first = torch.nn.Linear(d, d)
+        self.mu = torch.nn.Parameter(torch.rand(d))
+
+    def shift(self, x):
+        if self.form == "cat":
+            return torch.cat([self.first(x.new_zeros(x.shape[0], 1, x.shape[2])), x[:, :-1]], dim=1)
+        if self.form == "cat2":
+            return torch.cat([x.new_zeros(x.shape[0], 2, x.shape[2]), x[:, :-2]], dim=1)
+        if self.form == "pad":
+            return F.pad(x, (0, 0, 1, -1))
+        return torch.cat([x[:, 1:], x.new_zeros(x.shape[0], 1, x.shape[2])], dim=1)
+
+    def forward(self, idx, targets):
+        h = self.emb(idx)
+        B, T, d = h.shape
+        for _ in range(2):
+            x = h + (self.shift(h) - h) * self.mu
+            q, k, v = self.qkv(x).split(d, dim=2)
+            q, k, v = (t.reshape(B, T, 2, -1).transpose(1, 2) for t in (q, k, self.shift(v)))
+            h = h + self.out(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, d))
+        return F.cross_entropy(self.head(h).flatten(0, 1), targets.flatten())
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("form,chunk,codegen", [("cat", 1, "eager"), ("cat", 3, "inductor"), ("cat2", 1, "eager"),
+                                                ("cat2", 3, "eager"), ("pad", 1, "eager"), ("pad", 16, "eager"),
+                                                ("pad", 3, "inductor")])
+def test_token_shifts_stream(form, chunk, codegen):
+    """A token shift is a causal mixing of reach n: both layers stream (strict), exactly, for chunks
+    of one row, a few and all; the shift of the layer's input runs in the K/V graph over the
+    chunk's rows and the n before them."""
+    torch.manual_seed(0)
+    idx = torch.randint(0, 24, (2, 13))
+    (loss_err, err, said, reads), kv = _kv_rows(lambda: _step(
+        ShiftLM(form), idx, {"chunk_size": chunk, "head_chunk_size": 5, "codegen": codegen, "strict": True}))
+    assert not said, said
+    assert loss_err <= 1e-5 and err <= 1e-5, (loss_err, err)
+    assert {r[0] for r in reads} == {"layer.0", "layer.1"}
+    n = 2 if form == "cat2" else 1
+    for _, s, e, rows in kv:
+        assert rows == {e - max(0, s - n)}, (s, e, rows)
+
+
+@pytest.mark.fast
+def test_a_shift_from_the_next_token_is_refused():
+    """Rows moved earlier read the next token: the layers run unstreamed, exactly, warned at the op."""
+    torch.manual_seed(0)
+    idx = torch.randint(0, 24, (2, 13))
+    loss_err, err, said, reads = _step(ShiftLM("next"), idx, {"chunk_size": 3, "head_chunk_size": 5,
+                                                              "codegen": "eager"})
+    assert loss_err <= 1e-5 and err <= 1e-5, (loss_err, err)
+    assert len(said) == 1 and "aten.slice" in said[0] and "test_convolutions.py" in said[0], said
     assert not reads
 
 
@@ -260,3 +359,19 @@ def test_a_chunks_convolution_rows_are_picked_on_the_convolutions_device():
                for n in prog.chunk.gm.graph.nodes if n.target is torch.ops.aten.arange.start]
     assert aranges and all(n.kwargs.get("device") == torch.device("cpu") for n in aranges), \
         [n.kwargs for n in aranges]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("model", [ConvolvedKeysLM, lambda: ShiftLM("pad")], ids=["convolved-keys", "token-shift"])
+def test_plan_memory_predicts_a_step_whose_kv_graph_reads_rows_before_the_chunks(model):
+    """The K/V graph that reads the rows before a chunk's has key-length sizes only: the memory
+    model still predicts the step, growing with the length, and explain() shows it."""
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    idx = torch.randint(0, 24, (2, 13))
+    report = streamfx.plan_memory(model(), idx, idx, options={"chunk_size": 4})
+    assert 0 < report.step_peak(1024) < report.step_peak(8192)
+    torch._dynamo.reset()
+    text = str(streamfx.explain(model(), idx, idx, options={"chunk_size": 4}, dynamic=False))
+    assert "predicted step peak at T=13" in text and "not available" not in text, text
+    assert "each chunk's runs over its own rows and the" in text, text
