@@ -123,12 +123,13 @@ def kv_outputs(sites, inside: set, inputs, outputs, sd, mode: str = "auto"):
 
 
 def inner_convs(sites, inside: set, sd) -> list:
-    """The causal convolutions of a layer that only the K/V graph computes: each convolves the
-    layer's rows on the way to the keys or values of its attention (as in a short convolution of
-    the keys before the scores, or Zaya's of the queries and keys together when nothing but the
-    keys reads it), and nothing but the K/V producers reads its output. The K/V graph then runs
-    per chunk of rows over the ``reach`` rows before them too (``LayerPlan.kv_reach``), and the
-    convolution's input is not kept for the whole sequence."""
+    """The causal convolutions (and token shifts) of a layer that only the K/V graph computes:
+    each convolves the layer's rows on the way to the keys or values of its attention (a short
+    convolution of the keys before the scores), and every path from its output meets the keys
+    and values first (the queries, or the layer's output, would read it in the query graph, as
+    Zaya's of queries and keys together). The K/V graph then runs per chunk of rows over the
+    ``reach`` rows before them too (``LayerPlan.kv_reach``), and the convolution's input is not
+    kept for the whole sequence."""
     convs = {site.output: site for site in sites if site.kind == "conv"}
     attention = [x for site in sites if site.kind != "conv" for x in (site.key, site.value)]
     if not convs or not attention:
