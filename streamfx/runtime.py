@@ -724,9 +724,9 @@ class LayerProgram(RegionProgram):
                 if rows:
                     COUNTERS["attention_kept"] += 1
             # rows [s, e) of dK/dV are final: push them through the K/V producers now
+            lo = 0   # (the keys [lo, e) a prefix input of the K/V graph was read over)
             if self.kv_reach:
-                sliced = None   # (the K/V graph reads rows before the chunk's)
-            lo = max(0, s - self.kv_reach)
+                sliced, lo = None, max(0, s - self.kv_reach)   # (it reads rows before the chunk's)
             if vjp_kv is not None:
                 with failures.chunk("backward", s, e, T):
                     xs = sliced if sliced is not None else self.kv_inputs(inputs, s, e)
