@@ -122,10 +122,7 @@ class AttentionSite:
             return "a model input" if n.op == "placeholder" else (source_line(n).strip() or n.target.__name__)
 
         if self.kind == "conv":
-            from streamfx.memory import module_path
-
-            where = "" if names else (f"in {module_path(self.output)} " if module_path(self.output)
-                                      else f"{source_line(self.output).strip()} ")
+            where = "" if names else f"{_module_or_line(self.output)} "
             if self.output.target is not aten.convolution.default and self.trim is None \
                     and token_shift(self.output) is not None:
                 return f"#{self.index} token shift {where}(each row reads the row {self.reach} before it)"
@@ -173,9 +170,11 @@ def find_sites(graph: fx.Graph, sd, forward: set) -> list[AttentionSite]:
 
 
 def _module_or_line(node) -> str:
+    """Where ``node`` is, as the user knows it: "in" its module, else its source line."""
     from streamfx.memory import module_path
 
-    return module_path(node) or source_line(node).strip()
+    path = module_path(node)
+    return f"in {path}" if path else source_line(node).strip()
 
 
 def conv_site(conv: fx.Node, sd, index: int, forward: set):

@@ -104,12 +104,13 @@ def _view_walks(nodes, inside: set, sd, convs=None) -> frozenset:
 def kv_outputs(sites, inside: set, inputs, outputs, sd, mode: str = "auto"):
     """The tensors the K/V graph produces for the attention ``sites`` of one layer (the keys and
     values of all of them, each tensor once), the key side (nodes the query graph computes from
-    their prefix) and whether those tensors are a latent cut. ``mode`` (the ``kv_boundary``
+    their prefix), whether those tensors are a latent cut, and the causal convolutions only the
+    K/V graph computes (``inner_convs``). ``mode`` (the ``kv_boundary``
     option): "heads", the keys and values (``kv_boundary``); "latent", the latent cut where there
     is a narrower one; "auto", the cut where ``kept_bytes`` is lower."""
     convs = {site.output: site for site in sites if site.kind == "conv"}
-    inner = {id(site) for site in inner_convs(sites, inside, sd)}
-    ends = [x for site in sites if id(site) not in inner for x in (site.key, site.value)]
+    inner = inner_convs(sites, inside, sd)
+    ends = [x for site in sites if not any(site is i for i in inner) for x in (site.key, site.value)]
     views = _view_walks(ends, inside, sd, convs)
     walked = [kv_boundary(x, inside, sd, views, convs) for x in ends]
     base = tuple(dict.fromkeys(b for b, _ in walked))
@@ -117,9 +118,9 @@ def kv_outputs(sites, inside: set, inputs, outputs, sd, mode: str = "auto"):
     site_nodes = frozenset().union(*(site.nodes for site in sites))
     cut = None if mode == "heads" else latent_cut(base, inside, inputs, outputs, site_nodes | key_side, sd)
     if cut is None or (mode == "auto" and kept_bytes(*cut, sd) >= kept_bytes(base, frozenset(), sd)):
-        return base, key_side, False
+        return base, key_side, False, tuple(inner)
     nodes, after = cut
-    return nodes, key_side | after, True
+    return nodes, key_side | after, True, tuple(inner)
 
 
 def inner_convs(sites, inside: set, sd) -> list:

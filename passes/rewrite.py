@@ -391,11 +391,8 @@ def layer_program(plan, codegen: str, attention: str = "recompute") -> LayerProg
                 causal = query_graph(lambda gm: attention_edits(gm, drop_masks=True))
             except CannotStream:
                 causal = None
-    # (convolutions the query graph computes: those whose output only the K/V graph reads are
-    # in ``kv_reach``)
-    kv_nodes, inside = set(plan.kv_nodes), set(plan.nodes)
-    convs = [s.reach for s in plan.sites if s.kind == "conv"
-             and not (s.nodes <= kv_nodes and all(u in kv_nodes for u in s.output.users if u in inside))]
+    # (convolutions the query graph computes: those only the K/V graph computes are in ``kv_reach``)
+    convs = [s.reach for s in plan.sites if s.kind == "conv" and not any(s is c for c in plan.kv_convs)]
     prog = LayerProgram(plan.name, q, full, plan.in_specs, plan.out_specs, plan.chunk_size,
                         plan.grad_inputs, codegen, kv=kv, kv_dims=kv_dims, mask=mask, causal=causal,
                         returned_kv=tuple(_returned(plan, o) for o in plan.returned),
