@@ -58,21 +58,25 @@ def dataflow(nodes) -> nx.DiGraph:
     return g
 
 
-def residual_chain(fwd_nodes, sd, sinks, requires_grad=frozenset(), first_site=None) -> list:
-    """Dominator chain from the residual source to the sinks over the hidden path. With
-    ``first_site`` (the first attention site), the edges into what that site's output computes
-    from tensors computed without it are left out: tensors made from the source before the
-    layers and read inside every layer (per-layer embeddings computed from the token embedding,
-    Gemma 4's, read after each layer's attention) are side inputs of each layer, not a path
-    around the layers' outputs, which then dominate the sinks again."""
+def residual_chain(fwd_nodes, sd, sinks, requires_grad=frozenset(), cut_sites=()) -> list:
+    """Dominator chain from the residual source to the sinks over the hidden path. For each site
+    of ``cut_sites`` (attention sites), the edges into what that site's output computes from
+    tensors computed without it are left out: tensors made before the site and read after it are
+    then side inputs of its layer, not a path around the layers' outputs, which dominate the sinks
+    again. Cut at the first site: tensors made from the source before the layers and read inside
+    every layer (per-layer embeddings computed from the token embedding, Gemma 4's, read after
+    each layer's attention). Cut at every site: per-token state one layer hands the next beside
+    the residual stream (Zaya's router states, added into the next layer's router)."""
     emb = residual_source(fwd_nodes, sd, requires_grad)
     if emb is None or not sinks:
         return []
     g = dataflow(fwd_nodes)
-    if first_site is not None and first_site.output in g:
-        after = nx.descendants(g, first_site.output)   # (the site's own inputs still reach its output)
-        g.remove_edges_from([(x, y) for x, y in list(g.edges) if y in after and x not in after
-                             and x is not first_site.output])
+    cut = []
+    for site in cut_sites:
+        if site.output in g:
+            after = nx.descendants(g, site.output)   # (the site's own inputs still reach its output)
+            cut += [(x, y) for x, y in g.edges if y in after and x not in after and x is not site.output]
+    g.remove_edges_from(cut)
     hidden = nx.descendants(g, emb) | {emb}
     sub = g.subgraph(hidden).copy()
     ends = [s for s in sinks if s in hidden]
@@ -108,14 +112,29 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
     rank = order(fwd_nodes)
     g = dataflow(fwd_nodes)
     starts = _starts(chain, sites, g, rank)
-    if len({id(s) for s, _ in starts}) < len(starts):
-        # two layers start from one chain node: a side path from the source reaches the later
-        # layers around the earlier ones' outputs (per-layer inputs); the chain without it
-        first = min((s for s in sites if s.output in rank), key=lambda s: rank[s.output], default=None)
-        side = residual_chain(fwd_nodes, sd, sinks, requires_grad, first_site=first) if first is not None else []
-        if side:   # (before the first site, the chain as it was: the first layer starts at its input)
-            side = [c for c in chain if rank[c] < rank[first.output]] + [c for c in side if rank[c] >= rank[first.output]]
+    attns = sorted((s for s in sites if s.kind != "conv" and s.output in rank), key=lambda s: rank[s.output])
+    # two layers start from one chain node: a side path reaches the later layers around the
+    # earlier ones' outputs. First the chain without the paths from before the first attention
+    # (per-layer inputs made from the source), then without those around every attention (state
+    # handed from layer to layer beside the residual stream).
+    whole = chain
+    for cut in (attns[:1], attns):
+        if not cut or len({id(s) for s, _ in starts}) == len(starts):
+            break
+        side = residual_chain(fwd_nodes, sd, sinks, requires_grad, cut_sites=cut)
+        if side:   # (before the first attention, the chain as it was: the first layer starts at its input)
+            first = rank[cut[0].output]
+            side = [c for c in whole if rank[c] < first] + [c for c in side if rank[c] >= first]
             chain, starts = side, _starts(side, sites, g, rank)
+    # (still one chain node for two layers: one layer of them all, whose attention calls read
+    # each other's outputs, which the layer plan refuses with that cause)
+    merged = []
+    for start, layer_sites in starts:
+        if merged and merged[-1][0] is start:
+            merged[-1][1].extend(layer_sites)
+        else:
+            merged.append((start, layer_sites))
+    starts = merged
     regions: list[Region] = []
     last_attn = max((rank[s.output] for s in sites if s.output in rank), default=-1)
     tail = [c for c in chain if rank[c] > last_attn]
@@ -157,13 +176,12 @@ def _starts(chain, sites, g, rank) -> list:
         # (a causal convolution or token shift may read a chain node itself: the layer starts there)
         q = rank.get(site.query, -1) + (site.kind == "conv")
         before = [c for c in chain if rank[c] < q and nx.has_path(g, c, site.query)]
-        if before and starts and starts[-1][0] is before[-1] and (not any(
-                nx.has_path(g, other.output, x) for other in starts[-1][1]
-                for x in (site.query, site.key, site.value) if x in g)
-                or any(s.kind == "conv" for s in (site, *starts[-1][1]))):
-            # (side by side: no site of the layer feeds this one; or a causal convolution feeds
-            # it, or is fed by it, inside one layer: a short convolution of the queries, keys
-            # or values is part of that layer's token mixing)
+        if before and starts and starts[-1][0] is before[-1] and (site.kind == "conv" or not any(
+                other.kind != "conv" and nx.has_path(g, other.output, x) for other in starts[-1][1]
+                for x in (site.query, site.key, site.value) if x in g)):
+            # (side by side: no attention of the layer feeds this one; a causal convolution is
+            # part of the token mixing of the layer it is in, whichever site feeds it: a short
+            # convolution of the queries, keys or values, or of an attention's output)
             starts[-1][1].append(site)
         elif before:
             starts.append((before[-1], [site]))

@@ -767,10 +767,13 @@ class SideInputs(zoo.TinyLlama):
     (``form="x0"``: the first hidden state mixed into every layer's input with learned weights, as
     value-residual and modded-nanogpt models do). The per-layer path reaches each later layer after
     its attention, around the earlier layers' outputs; the first hidden state joins each layer's
-    input before its attention."""
+    input before its attention. ``form="carried"``: a per-token state each layer hands the next
+    beside the residual stream, made from the layer's output and added to the state before it
+    (Zaya's router states), gating what the layer adds: it reaches every later layer around the
+    earlier layers' outputs."""
 
     def __init__(self, form, p=8):
-        super().__init__()
+        super().__init__(n_layer=3)
         self.form = form
         n, d = len(self.layers), self.embed.embedding_dim
         self.side = torch.nn.Linear(d, n * p, bias=False)
@@ -783,10 +786,14 @@ class SideInputs(zoo.TinyLlama):
         cos, sin = self.cos[:T], self.sin[:T]
         x = x0 = self.embed(idx)
         side = self.side(x0).view(B, T, len(self.layers), -1) * 0.5
+        state = None
         for i, layer in enumerate(self.layers):
             if self.form == "x0":
                 x = self.mix[i, 0] * x + self.mix[i, 1] * x0
             x = layer(x, cos, sin)
+            if self.form == "carried":
+                state = self.gates[i](x) + (0.5 * state if state is not None else 0)
+                x = x + self.outs[i](F.gelu(state))
             if self.form == "per_layer":
                 x = x + self.outs[i](F.gelu(self.gates[i](x)) * side[:, :, i])
         logits = self.lm_head(self.norm(x))
@@ -794,11 +801,13 @@ class SideInputs(zoo.TinyLlama):
         return F.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1), ignore_index=-100), logits
 
 
-@pytest.mark.parametrize("form", [pytest.param("per_layer", marks=pytest.mark.fast), "x0"])
+@pytest.mark.parametrize("form", [pytest.param("per_layer", marks=pytest.mark.fast), "x0",
+                                  pytest.param("carried", marks=pytest.mark.fast)])
 def test_layers_reading_tensors_made_from_the_embedding_stream(form):
     """Tensors computed from the token embedding before the layers and read inside every layer
-    (per-layer embeddings, the first hidden state) are side inputs of each layer: every layer
-    streams, at its own boundaries, with the gradients of eager autograd."""
+    (per-layer embeddings, the first hidden state), or handed from layer to layer beside the
+    residual stream, are side inputs of each layer: every layer streams, at its own boundaries,
+    with the gradients of eager autograd."""
     torch.manual_seed(0)
     model = SideInputs(form).float().train()
     inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
@@ -806,7 +815,7 @@ def test_layers_reading_tensors_made_from_the_embedding_stream(form):
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
     assert not run.warnings, run.warnings
-    assert {p.name for p in run.programs} == {*(f"layer.{i}" for i in range(zoo.LAYERS)), "head"}
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "layer.2", "head"}, run.warnings
     for p in run.programs:   # (each layer region holds its own attention, not its neighbour's)
         if p.name.startswith("layer"):
             assert run.schedules[p.name] and set(run.schedules[p.name]) == {3}, run.schedules

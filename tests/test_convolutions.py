@@ -380,9 +380,10 @@ def test_plan_memory_predicts_a_step_whose_kv_graph_reads_rows_before_the_chunks
 @pytest.mark.fast
 @pytest.mark.parametrize("pad", ["left", "right"])
 def test_zaya_with_padding_streams_exactly(pad):
-    """Hugging Face's Zaya (queries and keys convolved together, values delayed a token) on a
-    padded batch: every layer and the head stream (strict), the K/V graph's convolution reads the
-    rows before each chunk under the padding mask, and gradients match eager autograd."""
+    """Hugging Face's Zaya (queries and keys convolved together, values delayed a token, router
+    states handed from layer to layer beside the residual stream) with three layers on a padded
+    batch: every layer and the head stream (strict), the K/V graph's convolution reads the rows
+    before each chunk under the padding mask, and gradients match eager autograd."""
     import arch_configs
     import zoo
     from conftest import assert_grads_match, run_eager_and_compiled
@@ -392,10 +393,11 @@ def test_zaya_with_padding_streams_exactly(pad):
         pytest.skip("the installed transformers has no Zaya")
     torch.manual_seed(0)
     cfg = arch_configs.tiny_config("zaya")
+    cfg.num_hidden_layers, cfg.layer_types = 3, cfg.layer_types[:1] * 3
     model = transformers.ZayaForCausalLM(cfg).float()
     inputs = zoo._hf_inputs(cfg.vocab_size)(zoo.Case("t", 2, 15, pad=pad))
     run = run_eager_and_compiled(model, inputs, {"chunk_size": 4, "strict": True})
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
-    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "layer.2", "head"}, run.warnings
     assert all(p.kv_reach >= 1 for p in run.programs if p.kind == "layer")
