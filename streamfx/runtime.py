@@ -244,7 +244,9 @@ class RegionProgram:
         result = []
         for m, i in enumerate(self.grad_inputs):
             dtype = self._in_dtypes[i]
-            terms = [(stored[k * n + m], g) for k, g in seeds]
+            # (a 0-dim input's gradient is 0-dim: times a one-element tensor it would be [1])
+            terms = [(s, g if s.dim() else g.reshape(())) for s, g in
+                     ((stored[k * n + m], g) for k, g in seeds)]
             if not terms:
                 result.append(self.grad_empty(stored[m], i, dtype).zero_())
             elif len(terms) == 1 and finite:   # (the loss alone: the product written in the input's dtype at once)

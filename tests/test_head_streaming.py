@@ -860,3 +860,39 @@ def test_per_token_losses_flattened_over_the_batch_stream(B):
     torch.testing.assert_close(got_mean, mean.detach(), rtol=1e-5, atol=1e-6)
     for (name, p), r in zip(model.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, r.grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+class ScalarItems(zoo.TinyLlama):
+    """TinyLlama whose layers and logits are scaled by the items of one parameter
+    (``scale.unbind(0)``): the head reads a 0-dim item as an input, and the items' gradients
+    meet again in the backward of ``unbind`` (a stack of 0-dim gradients)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor([0.7, 1.3]))
+
+    def forward(self, idx, labels=None):
+        T = idx.shape[1]
+        cos, sin = self.cos[:T], self.sin[:T]
+        x = self.embed(idx)
+        a, b = self.scale.unbind(0)
+        for layer in self.layers:
+            x = layer(x * a, cos, sin) * b
+        logits = self.lm_head(self.norm(x)) * a
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        return F.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1), ignore_index=-100), None
+
+
+@pytest.mark.fast
+def test_a_head_that_keeps_its_seed_gradients_gives_a_0_dim_input_a_0_dim_gradient():
+    """The head computes its loss's gradients in the forward (one seed) and scales them in the
+    backward by the incoming one-element gradient: a 0-dim input's gradient stays 0-dim, so the
+    graph's ``unbind`` backward stacks it with its sibling's, and the gradients match eager."""
+    torch.manual_seed(0)
+    model = ScalarItems()
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
+    run = run_eager_and_compiled(model, inputs, {"codegen": "eager", "chunk_size": 5})
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert [p.seeds for p in run.programs if p.name == "head"] == [((0, 0),)]
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
