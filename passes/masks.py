@@ -9,7 +9,9 @@ them (``site.data``), and the runtime reads the keys each chunk needs from the m
 every call (``streamfx.keyranges``), so no data can make a chunk miss a key.
 
 A mask that is itself a token-by-token data input (a user's 4-D mask, or one built outside a
-graph piece) cannot be evaluated at all: it is planned as causal and read per call likewise.
+graph piece), or one computed from the model's activations (through an embedding or a projection:
+a sparse attention's selection of keys by index scores), cannot be evaluated at all: it is
+planned as causal and read per call likewise.
 """
 from __future__ import annotations
 
@@ -28,6 +30,10 @@ COMPARISONS = {aten.sub.Tensor, aten.lt.Tensor, aten.le.Tensor, aten.gt.Tensor, 
 CONSTANT_MAKERS = {aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
                    aten.empty_like.default, aten.zeros.default, aten.ones.default, aten.full.default,
                    aten.scalar_tensor.default}
+# ops that compute activations from learned weights: a mask computed through one depends on the
+# model's values, not on positions and flags alone
+ACTIVATION_OPS = {aten.embedding.default, aten.mm.default, aten.bmm.default, aten.addmm.default,
+                  aten.baddbmm.default, aten.convolution.default}
 # per-row summaries of per-token values (Llama 4 counts each row's left padding with a sum)
 REDUCTIONS = {aten.sum.default, aten.sum.dim_IntList, aten.amax.default, aten.amin.default, aten.argmax.default,
               aten.argmin.default, aten.max.dim, aten.min.dim, aten.any.dim, aten.any.default, aten.all.dim,
@@ -48,6 +54,9 @@ def classify(site, constants: dict, length) -> None:
     inputs = [n for n in nodes if n.op == "placeholder"]
     site.data = tuple(n for n in inputs if n not in constants and is_tensor(val(n)))
     unknowable = [n for n in site.data if not _per_token_data(n)]
+    # a mask computed from the model's activations (token embeddings, projections: a sparse
+    # attention's key selection from index scores) has no pattern neutral inputs could show
+    unknowable += [n for n in nodes if n.op == "call_function" and n.target in ACTIVATION_OPS][:1]
     T = hint(length)
     if unknowable or T > MAX_EVAL:
         # planned as causal; the keys each chunk reads come from the mask at run time

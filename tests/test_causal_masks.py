@@ -203,3 +203,60 @@ def test_a_constant_term_in_the_scores_is_no_mask(fill):
     refused the layer as masks "not read as one"); every layer streams, exactly, strict."""
     run = _run(_BaddbmmLM(fill), zoo._plain_inputs(zoo.VOCAB)("left_pad"))
     assert len([p for p in run.programs if p.kind == "layer"]) == 2
+
+
+class _SelectedKeysLM(_TinyScoresLM):
+    """A sparse attention's key selection made from the model's activations: before the layers, a
+    learned score of each token (an embedding of its own) selects the keys every query may see
+    (with itself),
+    ``causal & (selected[key] | key == query)``, applied by SDPA (``form="sdpa"``, boolean) or to
+    written-out scores (``form="eager"``, ``masked_fill`` with ``finfo.min``). With neutral
+    inputs (every token the same) every key or none is selected: only the call's values tell."""
+
+    def __init__(self, form):
+        super().__init__(None)
+        self.form = form
+        self.select = torch.nn.Embedding(self.vocab, 1)
+
+    def forward(self, idx, labels):
+        B, T = idx.shape
+        x = self.embed(idx)
+        pos = torch.arange(T, device=idx.device)
+        picked = (self.select(idx).squeeze(-1) > 0)[:, None, None, :] | (pos[None, :] == pos[:, None])
+        self.mask = (pos[None, :] <= pos[:, None]) & picked
+        for qkv, out in zip(self.qkv, self.out):
+            q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in qkv(x).chunk(3, -1))
+            x = x + out(self.attend(q, k, v).transpose(1, 2).reshape(B, T, -1))
+        logits = self.head(x)
+        shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1)), logits
+
+    def attend(self, q, k, v):
+        if self.form == "sdpa":
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+        w = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(~self.mask, NEG)
+        return torch.softmax(w, -1) @ v
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("form", ["sdpa", "eager"])
+def test_a_mask_made_from_activations_is_read_per_call(form):
+    """A mask computed from the model's activations (a key selection from learned token scores)
+    has no pattern to read at compile time: it is planned as causal and read at
+    every call, so every layer streams (strict) with eager autograd's gradients, for inputs that
+    select some keys and hide others."""
+    import streamfx
+
+    torch.manual_seed(0)
+    model = _SelectedKeysLM(form)
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
+    picked = model.select(inputs.args[0]).squeeze(-1) > 0
+    assert picked.any() and not picked.all()   # (the call's selection hides some keys)
+    run = _run(model, inputs)
+    layers = [p for p in run.programs if p.kind == "layer"]
+    assert len(layers) == 2, run.warnings
+    text = str(streamfx.explain(model, *inputs.args, options={"chunk_size": 5}))
+    sites = [line for line in text.splitlines() if " mask=" in line]
+    # (not "causal": the pattern neutral inputs give, every token's score the same)
+    assert len(sites) == 2 and all("mask=data" in line for line in sites), text
+    assert "under the mask (data), read from the mask per call" in text, text
