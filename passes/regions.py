@@ -12,6 +12,7 @@ attention calls in one layer) are that layer's. The head region is everything fr
 from __future__ import annotations
 
 import dataclasses
+import operator
 
 import networkx as nx
 import torch
@@ -272,12 +273,19 @@ def _between(fwd_nodes, g, start, end, rank) -> list:
 
 def _make_region(name, kind, entry, nodes, sites, rank, fwd_nodes) -> Region:
     inside = set(nodes)
+    fwd = set(fwd_nodes)
+    # (an op of several outputs whose items are read past the region's end, a split whose second
+    # item only a later layer reads: the region returns the items, tensors, not the op's list)
+    items = [u for n in nodes if isinstance(n.meta.get("val"), (list, tuple)) for u in n.users
+             if u.target is operator.getitem and u not in inside and u in fwd]
+    if items:
+        inside.update(items)
+        nodes = sorted(inside, key=rank.__getitem__)
     inputs, seen = [], set()
     for n in nodes:
         for x in n.all_input_nodes:  # (symbolic sizes are rebuilt inside, not passed in)
             if x not in inside and x not in seen and not isinstance(x.meta.get("val"), (torch.SymInt, int)):
                 seen.add(x)
                 inputs.append(x)
-    fwd = set(fwd_nodes)
     outputs = [n for n in nodes if any(u not in inside and (u in fwd or u.op == "output") for u in n.users)]
     return Region(name, kind, entry, nodes, outputs, sorted(inputs, key=lambda x: rank.get(x, -1)), sites)

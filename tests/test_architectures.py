@@ -841,6 +841,28 @@ def test_hf_families_stream_every_layer(monkeypatch, family):
     assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
 
 
+def test_hy_v4_layer_that_reuses_the_previous_layers_key_selection_streams(monkeypatch):
+    """HY-V4: hyper-connection streams (the layer's input and output are N residual streams,
+    mixed by weights split from one projection: one part read before the attention, one after)
+    and DeepSeek sparse attention whose top-k key selection a "shared" layer reuses from the layer
+    before it, handed beside the residual streams. Its layers start where the streams and the
+    selection meet; the shared layer streams (its mask, scattered from the selection, is read per
+    call), as does the head, which reads 0-dim items of a parameter (``scale.unbind(0)``): eager
+    autograd's loss and gradients. The layers that compute their own selection (``topk`` over
+    the keys) stay unstreamed with that cause."""
+    import arch_configs
+    import arch_sweep
+
+    if "hy_v4" not in {m for m, _, _ in arch_configs.causal_lm_classes()}:
+        pytest.skip("the installed transformers has no hy_v4")
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")
+    result = arch_sweep.check("hy_v4")
+    assert result["status"] == "ok" and result["error"] is None, result
+    assert set(result["streamed"]) == {"layer.2", "head"}, result
+    assert all("aten.topk" in w for w in result["warnings"]), result["warnings"]
+    assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
+
+
 def test_router_noise_drawn_flat_is_read_per_token(monkeypatch):
     """Phi-3.5-MoE's router draws its Gumbel and Heun noise flat, ``[B*T, E]`` (``exponential_``,
     ``rand_like`` on the flattened tokens' scores): broadcasting with the scores makes its rows the
