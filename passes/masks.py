@@ -9,9 +9,9 @@ them (``site.data``), and the runtime reads the keys each chunk needs from the m
 every call (``streamfx.keyranges``), so no data can make a chunk miss a key.
 
 A mask that is itself a token-by-token data input (a user's 4-D mask, or one built outside a
-graph piece), or one computed from the model's activations (through an embedding or a projection:
-a sparse attention's selection of keys by index scores), cannot be evaluated at all: it is
-planned as causal and read per call likewise.
+graph piece), or one whose hidden keys are chosen from the model's activations (through an
+embedding or a projection: a sparse attention's selection of keys by index scores), cannot be
+evaluated at all: it is planned as causal and read per call likewise.
 """
 from __future__ import annotations
 
@@ -54,9 +54,7 @@ def classify(site, constants: dict, length) -> None:
     inputs = [n for n in nodes if n.op == "placeholder"]
     site.data = tuple(n for n in inputs if n not in constants and is_tensor(val(n)))
     unknowable = [n for n in site.data if not _per_token_data(n)]
-    # a mask computed from the model's activations (token embeddings, projections: a sparse
-    # attention's key selection from index scores) has no pattern neutral inputs could show
-    unknowable += [n for n in nodes if n.op == "call_function" and n.target in ACTIVATION_OPS][:1]
+    unknowable += _selected_by_activations(nodes)[:1]
     T = hint(length)
     if unknowable or T > MAX_EVAL:
         # planned as causal; the keys each chunk reads come from the mask at run time
@@ -117,6 +115,22 @@ def _subgraph(site):
     others = [x for n in chain for x in n.all_input_nodes if x not in site.nodes]
     nodes = in_order(ancestors(others) | set(chain), user.graph)
     return user, nodes, preset
+
+
+def _selected_by_activations(nodes) -> list:
+    """The nodes of a mask's subgraph that decide which keys it hides (booleans, indices) from the
+    model's activations (token embeddings, projections: a sparse attention's key selection by
+    index scores): such a mask has no pattern neutral inputs could show. Activations that only
+    add values to what a mask lets through (Doge's per-key bias) leave its pattern to read."""
+    act, found = set(), []
+    for n in nodes:
+        if n.op != "call_function" or not (n.target in ACTIVATION_OPS or any(x in act for x in n.all_input_nodes)):
+            continue
+        act.add(n)
+        v = val(n)
+        if is_tensor(v) and not v.is_floating_point():
+            found.append(n)
+    return found
 
 
 def _zeros(node):
