@@ -111,6 +111,7 @@ def kv_outputs(sites, inside: set, inputs, outputs, sd, mode: str = "auto"):
     convs = {site.output: site for site in sites if site.kind == "conv"}
     inner = inner_convs(sites, inside, sd)
     ends = [x for site in sites if not any(site is i for i in inner) for x in (site.key, site.value)]
+    ends += [x for _, x in per_key_terms(inside, inputs, sd) if x not in ends]
     views = _view_walks(ends, inside, sd, convs)
     walked = [kv_boundary(x, inside, sd, views, convs) for x in ends]
     base = tuple(dict.fromkeys(b for b, _ in walked))
@@ -121,6 +122,37 @@ def kv_outputs(sites, inside: set, inputs, outputs, sd, mode: str = "auto"):
         return base, key_side, False, tuple(inner)
     nodes, after = cut
     return nodes, key_side | after, True, tuple(inner)
+
+
+def _broadcasts(n) -> bool:
+    """An op whose output lines its inputs' dims up from the right (``expand``, elementwise)."""
+    from .rules import is_pointwise
+    return n.op == "call_function" and (n.target in BROADCAST_OPS or is_pointwise(n.target))
+
+
+BROADCAST_OPS = {aten.expand.default, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.where.self}
+
+
+def per_key_terms(inside: set, inputs, sd) -> list:
+    """(n, x): tensors ``x`` of one sequence dim the layer computes from its rows (a floating-point
+    input with a sequence dim: the hidden states) that ``n`` broadcasts along the key dim of a
+    [queries, keys] tensor: a bias or selection per key (Doge's dynamic mask, made from the values
+    and added to every query's scores). A chunk reads them for its keys, [0, e), not its own rows:
+    the K/V graph makes them, as it makes the keys."""
+    rows = {x for x in inputs if sd.seq_dim(x) is not None and x.meta["val"].is_floating_point()}
+    found = []
+    for n in inside:
+        roles = sd.roles(n) if _broadcasts(n) else ()
+        if "k" not in roles:
+            continue
+        kd, nd = roles.index("k"), len(roles)
+        for x in n.all_input_nodes:
+            xr = sd.roles(x) if x in inside else ()
+            if xr.count("q") == 1 and "k" not in xr and xr.index("q") + nd - len(xr) == kd \
+                    and rows & ancestors([x], within=inside | rows):
+                found.append((n, x))
+    rank = order(next(iter(inside)).graph) if found else {}
+    return sorted(found, key=lambda p: (rank[p[1]], rank[p[0]]))
 
 
 def inner_convs(sites, inside: set, sd) -> list:

@@ -22,6 +22,7 @@ import torch
 
 from streamfx.errors import CannotStream
 from .graphs import ancestors, in_order, val
+from .kv import per_key_terms
 
 aten = torch.ops.aten
 
@@ -81,12 +82,36 @@ def mask_graph(plan, chunk_graph) -> MaskGraph | None:
         forms.append(form)
         zeros |= scores
         reads |= nodes
+    # a term per key the layer computes from its rows (a bias added to every query's scores) is
+    # not known for every key while a chunk runs: read as zero, it hides no key, so the chunk
+    # reads every key the rest of the mask lets through (more, where the term itself would hide)
+    # The block is then never taken for exactly causal (the kernel's causal attention would drop
+    # the term), and its key dim is counted from the end (what broadcast the term is read as zero).
+    terms = {n if n.target is aten.expand.default else x for n, x in per_key_terms(inside, plan.inputs, plan.sd)
+             if x in reads and val(x).is_floating_point()}
+    if terms:
+        zeros |= terms
+        reads = {n for n in reads if n in zeros or n in _reached(outputs, zeros, inside)}
+        forms = [(kind, finite, key_dim - val(o).dim(), None)
+                 for (kind, finite, key_dim, _), o in zip(forms, outputs)]
     nodes = in_order(reads)
     used = [i for i, x in enumerate(plan.inputs) if x in reads or any(x in n.all_input_nodes for n in nodes)]
     if not used:
         raise CannotStream("the mask reads none of the layer's inputs", sites[0].mask)
     graph = chunk_graph([plan.inputs[i] for i in used], [plan.in_specs[i] for i in used], nodes, outputs, zeros)
     return MaskGraph(graph, used, tuple(forms))
+
+
+def _reached(outputs, stops: set, inside: set) -> set:
+    """The nodes of ``inside`` the outputs are computed from, not through ``stops``."""
+    seen, stack = set(), [o for o in outputs if o not in stops]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        stack += [x for x in n.all_input_nodes if x in inside and x not in stops]
+    return seen
 
 
 def _mask_part(site, inside: set, sd) -> tuple:

@@ -260,3 +260,52 @@ def test_a_mask_made_from_activations_is_read_per_call(form):
     # (not "causal": the pattern neutral inputs give, every token's score the same)
     assert len(sites) == 2 and all("mask=data" in line for line in sites), text
     assert "under the mask (data), read from the mask per call" in text, text
+
+
+class _KeyBiasLM(_TinyScoresLM):
+    """Doge's dynamic mask: a bias per key made from the values (``exp(A * softplus(dt(v)))``),
+    broadcast along the queries and hidden by the causal mask (``masked_fill`` with
+    ``finfo.min``), applied by SDPA (``form="sdpa"``) or added to written-out scores."""
+
+    def __init__(self, form):
+        super().__init__(None)
+        self.form = form
+        d = self.embed.embedding_dim
+        self.dt = torch.nn.ModuleList(torch.nn.Linear(d, self.heads) for _ in self.qkv)
+        self.A = torch.nn.Parameter(torch.randn(self.heads))
+
+    def forward(self, idx, labels):
+        B, T = idx.shape
+        x = self.embed(idx)
+        pos = torch.arange(T, device=idx.device)
+        causal = pos[None, :] <= pos[:, None]
+        for qkv, dt, out in zip(self.qkv, self.dt, self.out):
+            q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in qkv(x).chunk(3, -1))
+            bias = torch.exp(self.A * torch.nn.functional.softplus(dt(v.transpose(1, 2).reshape(B, T, -1))))
+            mask = bias.transpose(-1, -2)[:, :, None, :].expand(-1, -1, T, -1).masked_fill(~causal, NEG)
+            if self.form == "sdpa":
+                a = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            else:
+                a = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5 + mask, -1) @ v
+            x = x + out(a.transpose(1, 2).reshape(B, T, -1))
+        logits = self.head(x)
+        shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1)), logits
+
+
+@pytest.mark.parametrize("form", [pytest.param("sdpa", marks=pytest.mark.fast), "eager"])
+def test_a_bias_per_key_made_from_the_values_streams(form):
+    """A term per key that the layer computes from its own rows and adds to every query's scores
+    (Doge's dynamic mask) is made by the K/V graph, as the keys are: a chunk reads it for its
+    keys [0, e). The layer's mask check reads it as zero (it is not known for every key while a
+    chunk runs) and never takes a block for exactly causal, so the bias is always applied:
+    every layer streams (strict), with eager autograd's gradients."""
+    import streamfx
+
+    torch.manual_seed(0)
+    model = _KeyBiasLM(form)
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
+    run = _run(model, inputs)
+    assert len([p for p in run.programs if p.kind == "layer"]) == 2, run.warnings
+    text = str(streamfx.explain(model, *inputs.args, options={"chunk_size": 5}))
+    assert text.count("K/V graph keeps 3 tensor(s)") == 2, text   # (keys, values and the bias)
