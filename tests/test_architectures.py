@@ -216,19 +216,25 @@ def test_no_attention_warns_once_and_the_head_streams():
 
 class _KeyBiasLayer(torch.nn.Module):
     """Causal attention whose mask adds a per-key bias computed from the values (Doge's
-    ``dt_states``), ``hidden`` the [T, T] positions no query sees; ``bias=False``: a plain causal
-    layer (``hidden`` unused)."""
+    ``dt_states``), ``hidden`` the [T, T] positions no query sees; ``select=True``: the mask
+    keeps, beside each query itself, only the keys whose values score above zero (a selection
+    per key the layer makes from its own rows); ``bias=False``: a plain causal layer (``hidden``
+    unused)."""
 
-    def __init__(self, d=zoo.HIDDEN, heads=2, bias=True):
+    def __init__(self, d=zoo.HIDDEN, heads=2, bias=True, select=False):
         super().__init__()
         self.heads, self.qkv, self.out = heads, torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
         self.dt = torch.nn.Linear(d, heads) if bias else None
+        self.select = select
 
     def forward(self, x, hidden=None):
         B, T, d = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.heads, d // self.heads).unbind(2)
         mask = None
-        if self.dt is not None:
+        if self.dt is not None and self.select:
+            keep = (self.dt(v.reshape(B, T, d)) > 0).transpose(1, 2)   # [B, H, T]
+            mask = (keep[:, :, None, :] | torch.eye(T, dtype=torch.bool, device=x.device)) & ~hidden
+        elif self.dt is not None:
             per_key = F.softplus(self.dt(v.reshape(B, T, d))).transpose(1, 2)   # [B, H, T]
             mask = per_key[:, :, None, :].expand(-1, -1, T, -1).masked_fill(hidden, torch.finfo(x.dtype).min)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
@@ -280,13 +286,13 @@ def test_a_scan_that_splits_the_sequence_leaves_the_other_regions_streaming(atte
 
 
 class KeyBiasLM(torch.nn.Module):
-    """A plain causal layer, then one whose mask is computed from its values."""
+    """A plain causal layer, then one whose mask keeps the keys its values select."""
 
     def __init__(self, vocab=zoo.VOCAB, d=zoo.HIDDEN):
         super().__init__()
         torch.manual_seed(0)
         self.embed = torch.nn.Embedding(vocab, d)
-        self.layers = torch.nn.ModuleList([_KeyBiasLayer(d, bias=False), _KeyBiasLayer(d)])
+        self.layers = torch.nn.ModuleList([_KeyBiasLayer(d, bias=False), _KeyBiasLayer(d, select=True)])
         self.lm_head = torch.nn.Linear(d, vocab, bias=False)
         self.vocab = vocab
 
@@ -303,8 +309,9 @@ class KeyBiasLM(torch.nn.Module):
 
 @pytest.mark.fast
 def test_a_region_that_does_not_instantiate_per_chunk_leaves_the_others_streaming(monkeypatch):
-    """A layer whose graph fails at chunk shapes (its mask reads a per-key bias the query graph
-    computes from its own rows) runs unstreamed, warned with the failure, the op and its line;
+    """A layer whose graph fails at chunk shapes (its mask hides keys by a selection the layer
+    computes from its own rows, which the mask check, run for every key while a chunk runs, would
+    compute from the chunk's rows) runs unstreamed, warned with the failure, the op and its line;
     the other layer and the head stream, and every gradient is eager's. strict=True raises."""
     monkeypatch.setenv("STREAMFX_VERIFY", "0")   # (as users run: a failure is a warning)
     model = KeyBiasLM()
@@ -313,7 +320,7 @@ def test_a_region_that_does_not_instantiate_per_chunk_leaves_the_others_streamin
     assert_grads_match(run.ref_grads, run.grads)
     assert sorted(p.name for p in run.programs) == ["head", "layer.0"], run.warnings
     said = [w for w in run.warnings if "region 'layer.1' is not streamed: the region does not instantiate per chunk" in w]
-    assert len(said) == 1 and "aten.where" in said[0] and "masked_fill(hidden" in said[0], run.warnings
+    assert len(said) == 1 and "aten.bitwise_or" in said[0] and "keep[:, :, None, :]" in said[0], run.warnings
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "strict": True, "chunk_size": 5})
     with pytest.raises(streamfx.StreamBPError, match="does not instantiate per chunk"):
