@@ -289,6 +289,7 @@ def _sink_cat(node: fx.Node, scores: fx.Node, sd, seq) -> bool:
 def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
     """Walk from Q·Kᵀ through the nodes that keep both sequence dims to the matmul with V."""
     seq = sd.table.canon(sd.axes[scores][0][-1])
+    rows = sd.table.canon(sd.axes[scores][0][-2])   # the queries' axis
     keys = {seq}   # the scores' key axis, and the key axis extended by sink logits
     interior, frontier, out, mask = {scores}, [scores], None, None
     while frontier:
@@ -302,7 +303,11 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
             ua = (sd.axes.get(user) or [None])[0]
             if _sink_cat(user, n, sd, seq):
                 keys.add(sd.table.canon(ua[-1]))
-            if ua and len(ua) >= 2 and sd.table.canon(ua[-1]) in keys:
+            # (the scores' two sequence dims: the keys last, the queries before them. A row's
+            # value, [.., queries], ends in the sequence dim too, but holds no key dim: a
+            # statistic over the keys, ``_key_statistics``, or a reduction no chunk computes)
+            if ua and len(ua) >= 2 and sd.table.canon(ua[-1]) in keys \
+                    and any(d and sd.table.canon(d) == rows for d in ua[:-1]):
                 interior.add(user)
                 frontier.append(user)
     if out is None:
@@ -341,9 +346,40 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
         chain, conflict = _mask_chain(terms, interior)
     q, kt = _operands(scores)
     softmax = any(n.target in SOFTMAX_OPS for n in interior)
+    stats = _key_statistics(interior, keys, sd, forward)
     return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
-                         frozenset(interior | {out}), False, mask, mask_user=mask_user, conflict=conflict,
+                         frozenset(interior | {out} | stats), False, mask, mask_user=mask_user, conflict=conflict,
                          softmax=softmax, mask_chain=chain)
+
+
+# reductions over the keys a chunk computes exactly from the keys it reads: the keys it does not
+# read are hidden from its rows, and a hidden score changes neither a maximum nor a log-sum-exp
+# (its exponential is zero), nor a sum of exponentials
+KEY_STATISTICS = {aten.amax.default, aten.max.dim, aten.logsumexp.default}
+
+
+def _key_statistics(interior: set, keys: set, sd, forward: set) -> set:
+    """Per-row statistics of the scores over the keys read outside the attention (GraniteSWA's
+    ``logsumexp`` of the masked scores, scaling the output by a learned sink): reductions over the
+    key dim of the scores (a sum only of their exponentials), each row's from its own scores and
+    keys. They belong to the attention; what they compute after is per row."""
+    stats = set()
+    for n in interior:
+        na = (sd.axes.get(n) or [None])[0]
+        if not na:
+            continue
+        for user in n.users:
+            if user in interior or user not in forward or user.args[0] is not n:
+                continue
+            if user.target not in KEY_STATISTICS and not (user.target is aten.sum.dim_IntList
+                                                          and n.target is aten.exp.default):
+                continue
+            dims = user.args[1] if len(user.args) > 1 else user.kwargs.get("dim")
+            dims = [dims] if isinstance(dims, int) else list(dims or [])
+            if len(dims) == 1 and na[normalize_dim(dims[0], len(na))] \
+                    and sd.table.canon(na[normalize_dim(dims[0], len(na))]) in keys:
+                stats.add(user)
+    return stats
 
 
 # tensors made from sizes and one scalar: the same value at every (query, key) pair

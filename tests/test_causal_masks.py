@@ -6,6 +6,8 @@ chunk graph, a [chunk, keys] tensor per chunk that also rules out the fastest ke
 reads the mask anyway (``keyranges``, for the keys each chunk reads); where every chunk's rows
 are exactly causal, the layer runs a copy of its query graph without the masks. Padding, packed
 documents, windows and biases keep the mask."""
+import math
+
 import pytest
 import torch
 
@@ -309,3 +311,49 @@ def test_a_bias_per_key_made_from_the_values_streams(form):
     assert len([p for p in run.programs if p.kind == "layer"]) == 2, run.warnings
     text = str(streamfx.explain(model, *inputs.args, options={"chunk_size": 5}))
     assert text.count("K/V graph keeps 3 tensor(s)") == 2, text   # (keys, values and the bias)
+
+
+class _RowStatisticLM(_TinyScoresLM):
+    """Attention that scales its output by a statistic of each row's scores over the keys, with
+    ``fill`` the score of a hidden key: GraniteSWA's sink, ``sigmoid(logsumexp(scores) - sink)``
+    (``stat="lse"``), or the row's largest score (``stat="max"``); ``stat="sum"``: the sum of the
+    row's scores clamped at -10 (a hidden key counts -10), which depends on the keys a chunk does
+    not read."""
+
+    def __init__(self, stat, fill=NEG):
+        super().__init__(fill)
+        self.stat = stat
+        self.sink = torch.nn.Parameter(torch.randn(self.heads))
+
+    def attend(self, q, k, v):
+        T = q.shape[-2]
+        pos = torch.arange(T, device=q.device)
+        w = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(pos[None, :] > pos[:, None], self.fill)
+        if self.stat == "lse":
+            row = torch.logsumexp(w, dim=-1)
+        elif self.stat == "max":
+            row = w.amax(-1)
+        else:
+            row = w.clamp_min(-10).sum(-1) / 8
+        scale = torch.sigmoid(row - self.sink.view(1, -1, 1))
+        return (torch.softmax(w, -1) @ v) * scale.unsqueeze(-1)
+
+
+@pytest.mark.parametrize("stat,fill", [pytest.param("lse", NEG, marks=pytest.mark.fast), ("lse", -math.inf),
+                                       ("max", NEG)])
+def test_a_statistic_of_the_scores_over_the_keys_streams(stat, fill):
+    """A maximum or log-sum-exp of each row's scores over the keys, read after the attention
+    (GraniteSWA's sink scaling), is computed by each chunk from the keys it reads: a hidden key
+    changes neither. Every layer streams (strict), with eager autograd's gradients."""
+    run = _run(_RowStatisticLM(stat, fill), zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13)))
+    assert len([p for p in run.programs if p.kind == "layer"]) == 2
+
+
+def test_a_sum_of_the_scores_over_the_keys_is_refused():
+    """A sum of each row's scores over the keys (clamped: a hidden key counts) counts the keys a
+    chunk does not read: the layers run unstreamed, warned with the op and its line, exactly."""
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
+    run = run_eager_and_compiled(_RowStatisticLM("sum"), inputs, {"chunk_size": 5})
+    assert_grads_match(run.ref_grads, run.grads)
+    assert not [p for p in run.programs if p.kind == "layer"]
+    assert any("w.clamp_min(-10).sum(-1)" in w for w in run.warnings), run.warnings
