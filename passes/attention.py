@@ -346,7 +346,10 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
         chain, conflict = _mask_chain(terms, interior)
     q, kt = _operands(scores)
     softmax = any(n.target in SOFTMAX_OPS for n in interior)
-    stats = _key_statistics(interior, keys, sd, forward)
+    # (statistics of the masked scores only: a key the mask hides still counts in those of the
+    # scores before it)
+    masked = {mask_user} | _downstream({mask_user}, interior) if mask_user is not None else set()
+    stats = _key_statistics(masked, keys, sd, forward)
     return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
                          frozenset(interior | {out} | stats), False, mask, mask_user=mask_user, conflict=conflict,
                          softmax=softmax, mask_chain=chain)
@@ -358,18 +361,19 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
 KEY_STATISTICS = {aten.amax.default, aten.max.dim, aten.logsumexp.default}
 
 
-def _key_statistics(interior: set, keys: set, sd, forward: set) -> set:
-    """Per-row statistics of the scores over the keys read outside the attention (GraniteSWA's
-    ``logsumexp`` of the masked scores, scaling the output by a learned sink): reductions over the
-    key dim of the scores (a sum only of their exponentials), each row's from its own scores and
-    keys. They belong to the attention; what they compute after is per row."""
+def _key_statistics(masked: set, keys: set, sd, forward: set) -> set:
+    """Per-row statistics of the masked scores over the keys read outside the attention
+    (GraniteSWA's ``logsumexp``, scaling the output by a learned sink): reductions over the key
+    dim of the nodes of ``masked`` (the scores from where the mask is applied; a sum only of
+    their exponentials), each row's from its own scores and keys. They belong to the attention;
+    what they compute after is per row."""
     stats = set()
-    for n in interior:
+    for n in masked:
         na = (sd.axes.get(n) or [None])[0]
         if not na:
             continue
         for user in n.users:
-            if user in interior or user not in forward or user.args[0] is not n:
+            if user in masked or user not in forward or user.args[0] is not n:
                 continue
             if user.target not in KEY_STATISTICS and not (user.target is aten.sum.dim_IntList
                                                           and n.target is aten.exp.default):

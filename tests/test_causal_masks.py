@@ -317,8 +317,8 @@ class _RowStatisticLM(_TinyScoresLM):
     """Attention that scales its output by a statistic of each row's scores over the keys, with
     ``fill`` the score of a hidden key: GraniteSWA's sink, ``sigmoid(logsumexp(scores) - sink)``
     (``stat="lse"``), or the row's largest score (``stat="max"``); ``stat="sum"``: the sum of the
-    row's scores clamped at -10 (a hidden key counts -10), which depends on the keys a chunk does
-    not read."""
+    row's scores clamped at -10 (a hidden key counts -10), and ``stat="lse-unmasked"``: the
+    log-sum-exp of the scores before the mask, which depend on the keys a chunk does not read."""
 
     def __init__(self, stat, fill=NEG):
         super().__init__(fill)
@@ -328,8 +328,11 @@ class _RowStatisticLM(_TinyScoresLM):
     def attend(self, q, k, v):
         T = q.shape[-2]
         pos = torch.arange(T, device=q.device)
-        w = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(pos[None, :] > pos[:, None], self.fill)
-        if self.stat == "lse":
+        raw = q @ k.transpose(-1, -2) / 8 ** 0.5
+        w = raw.masked_fill(pos[None, :] > pos[:, None], self.fill)
+        if self.stat == "lse-unmasked":
+            row = torch.logsumexp(raw, dim=-1)
+        elif self.stat == "lse":
             row = torch.logsumexp(w, dim=-1)
         elif self.stat == "max":
             row = w.amax(-1)
@@ -349,11 +352,14 @@ def test_a_statistic_of_the_scores_over_the_keys_streams(stat, fill):
     assert len([p for p in run.programs if p.kind == "layer"]) == 2
 
 
-def test_a_sum_of_the_scores_over_the_keys_is_refused():
-    """A sum of each row's scores over the keys (clamped: a hidden key counts) counts the keys a
-    chunk does not read: the layers run unstreamed, warned with the op and its line, exactly."""
+@pytest.mark.parametrize("stat,line", [("sum", "w.clamp_min(-10).sum(-1)"),
+                                       ("lse-unmasked", "torch.logsumexp(raw, dim=-1)")])
+def test_a_statistic_that_counts_the_hidden_keys_is_refused(stat, line):
+    """A sum of each row's scores over the keys (clamped: a hidden key counts), or a log-sum-exp
+    of the scores before the mask, counts keys a chunk does not read: the layers run unstreamed,
+    warned with the op and its line, exactly."""
     inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
-    run = run_eager_and_compiled(_RowStatisticLM("sum"), inputs, {"chunk_size": 5})
+    run = run_eager_and_compiled(_RowStatisticLM(stat), inputs, {"chunk_size": 5})
     assert_grads_match(run.ref_grads, run.grads)
     assert not [p for p in run.programs if p.kind == "layer"]
-    assert any("w.clamp_min(-10).sum(-1)" in w for w in run.warnings), run.warnings
+    assert any(line in w for w in run.warnings), run.warnings
