@@ -828,7 +828,7 @@ def test_layers_reading_tensors_made_from_the_embedding_stream(form):
             assert run.schedules[p.name] and set(run.schedules[p.name]) == {3}, run.schedules
 
 
-@pytest.mark.parametrize("family", ["gemma4_text", "mimo_v2_flash", "zaya", "doge"])
+@pytest.mark.parametrize("family", ["gemma4_text", "mimo_v2_flash", "zaya", "doge", "granite_swa"])
 def test_hf_families_stream_every_layer(monkeypatch, family):
     """Hugging Face families (tiny configs of the installed transformers) whose every layer and
     head stream under the user's contract (verification off), with eager autograd's loss and
@@ -836,7 +836,8 @@ def test_hf_families_stream_every_layer(monkeypatch, family):
     layers), MiMo-V2-Flash (eager attention that subtracts the scores' row maximum,
     ``max(-1).values``, before its softmax, in its layers without sinks), Zaya (queries and keys
     convolved together before the attention, values delayed by a token), Doge (a bias per key made
-    from the values, its dynamic mask: the K/V graph makes it)."""
+    from the values, its dynamic mask: the K/V graph makes it), GraniteSWA (its output scaled by a
+    sink against the log-sum-exp of the masked scores, read per row after the attention)."""
     import arch_configs
     import arch_sweep
 
