@@ -82,11 +82,12 @@ def mask_graph(plan, chunk_graph) -> MaskGraph | None:
         forms.append(form)
         zeros |= scores
         reads |= nodes
-    # a term per key the layer computes from its rows (a bias added to every query's scores) is
+    # A term per key the layer computes from its rows (a bias added to every query's scores) is
     # not known for every key while a chunk runs: read as zero, it hides no key, so the chunk
-    # reads every key the rest of the mask lets through (more, where the term itself would hide)
+    # reads every key the rest of the mask lets through (more, where the term itself would hide).
     # The block is then never taken for exactly causal (the kernel's causal attention would drop
-    # the term), and its key dim is counted from the end (what broadcast the term is read as zero).
+    # the term), and its key dim is counted from the end (the op that broadcast the term is read
+    # as zero too, so the block may have fewer dims).
     terms = {n if n.target is aten.expand.default else x for n, x in per_key_terms(inside, plan.inputs, plan.sd)
              if x in reads and val(x).is_floating_point()}
     if terms:
