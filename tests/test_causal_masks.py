@@ -240,7 +240,6 @@ class _SelectedKeysLM(_TinyScoresLM):
         return torch.softmax(w, -1) @ v
 
 
-@pytest.mark.fast
 @pytest.mark.parametrize("form", ["sdpa", "eager"])
 def test_a_mask_made_from_activations_is_read_per_call(form):
     """A mask computed from the model's activations (a key selection from learned token scores)
@@ -295,22 +294,18 @@ class _KeyBiasLM(_TinyScoresLM):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1)), logits
 
 
-@pytest.mark.parametrize("form", [pytest.param("sdpa", marks=pytest.mark.fast), "eager"])
+@pytest.mark.parametrize("form", ["sdpa", "eager"])
 def test_a_bias_per_key_made_from_the_values_streams(form):
     """A term per key that the layer computes from its own rows and adds to every query's scores
-    (Doge's dynamic mask) is made by the K/V graph, as the keys are: a chunk reads it for its
+    (Doge's dynamic mask) is made on the key side, as the keys are: a chunk reads it for its
     keys [0, e). The layer's mask check reads it as zero (it is not known for every key while a
     chunk runs) and never takes a block for exactly causal, so the bias is always applied:
     every layer streams (strict), with eager autograd's gradients."""
-    import streamfx
-
     torch.manual_seed(0)
     model = _KeyBiasLM(form)
     inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 13))
     run = _run(model, inputs)
     assert len([p for p in run.programs if p.kind == "layer"]) == 2, run.warnings
-    text = str(streamfx.explain(model, *inputs.args, options={"chunk_size": 5}))
-    assert text.count("K/V graph keeps 3 tensor(s)") == 2, text   # (keys, values and the bias)
 
 
 class _RowStatisticLM(_TinyScoresLM):
@@ -342,7 +337,7 @@ class _RowStatisticLM(_TinyScoresLM):
         return (torch.softmax(w, -1) @ v) * scale.unsqueeze(-1)
 
 
-@pytest.mark.parametrize("stat,fill", [pytest.param("lse", NEG, marks=pytest.mark.fast), ("lse", -math.inf),
+@pytest.mark.parametrize("stat,fill", [("lse", NEG), ("lse", -math.inf),
                                        ("max", NEG)])
 def test_a_statistic_of_the_scores_over_the_keys_streams(stat, fill):
     """A maximum or log-sum-exp of each row's scores over the keys, read after the attention
