@@ -30,6 +30,7 @@ import torch
 import torch.fx as fx
 
 from .graphs import ancestors, order, per_token
+from .rules import is_pointwise
 
 aten = torch.ops.aten
 
@@ -104,14 +105,16 @@ def _view_walks(nodes, inside: set, sd, convs=None) -> frozenset:
 def kv_outputs(sites, inside: set, inputs, outputs, sd, mode: str = "auto"):
     """The tensors the K/V graph produces for the attention ``sites`` of one layer (the keys and
     values of all of them, each tensor once), the key side (nodes the query graph computes from
-    their prefix), whether those tensors are a latent cut, and the causal convolutions only the
-    K/V graph computes (``inner_convs``). ``mode`` (the ``kv_boundary``
+    their prefix), whether those tensors are a latent cut, the causal convolutions only the K/V
+    graph computes (``inner_convs``) and the terms per key it computes (``per_key_terms``, read
+    by the mask check too). ``mode`` (the ``kv_boundary``
     option): "heads", the keys and values (``kv_boundary``); "latent", the latent cut where there
     is a narrower one; "auto", the cut where ``kept_bytes`` is lower."""
     convs = {site.output: site for site in sites if site.kind == "conv"}
     inner = inner_convs(sites, inside, sd)
     ends = [x for site in sites if not any(site is i for i in inner) for x in (site.key, site.value)]
-    ends += [x for _, x in per_key_terms(inside, inputs, sd) if x not in ends]
+    terms = tuple(per_key_terms(inside, inputs, sd))
+    ends += [x for _, x in terms if x not in ends]
     views = _view_walks(ends, inside, sd, convs)
     walked = [kv_boundary(x, inside, sd, views, convs) for x in ends]
     base = tuple(dict.fromkeys(b for b, _ in walked))
@@ -119,18 +122,17 @@ def kv_outputs(sites, inside: set, inputs, outputs, sd, mode: str = "auto"):
     site_nodes = frozenset().union(*(site.nodes for site in sites))
     cut = None if mode == "heads" else latent_cut(base, inside, inputs, outputs, site_nodes | key_side, sd)
     if cut is None or (mode == "auto" and kept_bytes(*cut, sd) >= kept_bytes(base, frozenset(), sd)):
-        return base, key_side, False, tuple(inner)
+        return base, key_side, False, tuple(inner), terms
     nodes, after = cut
-    return nodes, key_side | after, True, tuple(inner)
+    return nodes, key_side | after, True, tuple(inner), terms
+
+
+BROADCAST_OPS = {aten.expand.default, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.where.self}
 
 
 def _broadcasts(n) -> bool:
     """An op whose output lines its inputs' dims up from the right (``expand``, elementwise)."""
-    from .rules import is_pointwise
     return n.op == "call_function" and (n.target in BROADCAST_OPS or is_pointwise(n.target))
-
-
-BROADCAST_OPS = {aten.expand.default, aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.where.self}
 
 
 def per_key_terms(inside: set, inputs, sd) -> list:

@@ -297,6 +297,7 @@ class LayerPlan(RegionPlan):
     kv_reach: int = 0
     kv_specs: list | None = None
     kv_convs: tuple = ()         # the causal convolutions only the K/V graph computes (``kv.inner_convs``)
+    key_terms: tuple = ()        # (broadcasting op, term) per key the K/V graph computes (``kv.per_key_terms``)
     # K/V graph outputs that leave the layer too (a KV cache returned to the caller: use_cache=True),
     # returned after ``outputs`` from the full-length buffers the K/V graph writes
     returned: tuple = ()
@@ -401,8 +402,8 @@ def _check_site(site) -> None:
 
 
 def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=None) -> LayerPlan:
-    kv_out, key_side, latent, kv_convs = kv_outputs(sites, set(nodes), inputs, region.outputs, sd,
-                                                    config.kv_boundary)
+    kv_out, key_side, latent, kv_convs, key_terms = kv_outputs(sites, set(nodes), inputs, region.outputs, sd,
+                                                               config.kv_boundary)
     rebuilt = [x for x in inputs if x in key_side]  # made from sizes, rebuilt at the prefix's length
     if rebuilt:
         nodes, inputs = in_order(list(nodes) + rebuilt), [x for x in inputs if x not in rebuilt]
@@ -465,7 +466,7 @@ def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=
                      config.chunk_size, T, grad_inputs, sd, frozenset(pulled.nodes), sites=sites,
                      kv_nodes=[n for n in nodes if n in kv], kv_outputs=kv_out, key_side=key_side,
                      kv_latent=latent, returned=tuple(returned), returned_from=returned, kv_reach=kv_reach,
-                     kv_specs=kv_specs, kv_convs=kv_convs)
+                     kv_specs=kv_specs, kv_convs=kv_convs, key_terms=key_terms)
 
 
 def _reach(kv: set, convs) -> int:

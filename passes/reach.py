@@ -22,7 +22,6 @@ import torch
 
 from streamfx.errors import CannotStream
 from .graphs import ancestors, in_order, val
-from .kv import per_key_terms
 
 aten = torch.ops.aten
 
@@ -88,7 +87,7 @@ def mask_graph(plan, chunk_graph) -> MaskGraph | None:
     # The block is then never taken for exactly causal (the kernel's causal attention would drop
     # the term), and its key dim is counted from the end (the op that broadcast the term is read
     # as zero too, so the block may have fewer dims).
-    terms = {n if n.target is aten.expand.default else x for n, x in per_key_terms(inside, plan.inputs, plan.sd)
+    terms = {n if n.target is aten.expand.default else x for n, x in plan.key_terms
              if x in reads and val(x).is_floating_point()}
     if terms:
         zeros |= terms
