@@ -2,7 +2,7 @@
 
 The residual stream is found with networkx: restrict the forward dataflow to the descendants
 of its source (the token embedding, or the hidden-state input of a graph piece: see
-``sources.residual_source``), take the dominator chain of the loss (or of the last hidden-path
+``sources.residual_sources``), take the dominator chain of the loss (or of the last hidden-path
 output) from the source; each chain node is a tensor every later activation is
 computed from. A layer region runs from the chain node that feeds an attention site's queries
 to the next such chain node; the sites whose queries follow from the same chain node (several
@@ -20,7 +20,7 @@ import torch.fx as fx
 
 from .graphs import COPIES, SEQ_VIEWS, order, per_token
 from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, seq_slice
-from .sources import residual_source
+from .sources import residual_sources
 from .units import projects
 
 aten = torch.ops.aten
@@ -59,7 +59,7 @@ def dataflow(nodes) -> nx.DiGraph:
     return g
 
 
-def residual_chain(fwd_nodes, sd, sinks, requires_grad=frozenset(), cut_sites=()) -> list:
+def residual_chain(fwd_nodes, sd, sinks, requires_grad=frozenset(), cut_sites=(), sites=()) -> list:
     """Dominator chain from the residual source to the sinks over the hidden path. For each site
     of ``cut_sites`` (attention sites), the edges into what that site's output computes from
     tensors computed without it are left out: tensors made before the site and read after it are
@@ -67,9 +67,10 @@ def residual_chain(fwd_nodes, sd, sinks, requires_grad=frozenset(), cut_sites=()
     again. Cut at the first site: tensors made from the source before the layers and read inside
     every layer (per-layer embeddings computed from the token embedding, Gemma 4's, read after
     each layer's attention). Cut at every site: per-token state one layer hands the next beside
-    the residual stream (Zaya's router states, added into the next layer's router)."""
-    emb = residual_source(fwd_nodes, sd, requires_grad)
-    if emb is None or not sinks:
+    the residual stream (Zaya's router states, added into the next layer's router). ``sites``
+    (the attention sites) choose among several sources: the one their queries are computed from."""
+    sources = residual_sources(fwd_nodes, sd, requires_grad)
+    if not sources or not sinks:
         return []
     g = dataflow(fwd_nodes)
     cut = []
@@ -78,13 +79,27 @@ def residual_chain(fwd_nodes, sd, sinks, requires_grad=frozenset(), cut_sites=()
             after = nx.descendants(g, site.output)   # (the site's own inputs still reach its output)
             cut += [(x, y) for x, y in g.edges if y in after and x not in after and x is not site.output]
     g.remove_edges_from(cut)
-    hidden = nx.descendants(g, emb) | {emb}
+    rank = order(fwd_nodes)
+    # of several sources (a model that embeds its tokens twice, once for a learned score that
+    # selects keys or gates layers): the one the attention sites' queries are computed from, then
+    # the one whose chain reaches furthest towards the sinks (ties, two embeddings added into one
+    # stream: the first)
+    best, key = [], None
+    for src in sources:
+        hidden = nx.descendants(g, src) | {src}
+        chain = _chain_from(g, hidden, src, sd, sinks, rank)
+        k = (sum(s.query in hidden for s in sites), rank[chain[-1]] if chain else -1)
+        if key is None or k > key:
+            best, key = chain, k
+    return best
+
+
+def _chain_from(g, hidden, emb, sd, sinks, rank) -> list:
     sub = g.subgraph(hidden).copy()
     ends = [s for s in sinks if s in hidden]
     if not ends:
         return []
     idom = nx.immediate_dominators(sub, emb)
-    rank = order(fwd_nodes)
     chains = [[c for c in _dominators(idom, s, emb) if sd.seq_dim(c) is not None] for s in ends]
     chains = [c for c in chains if c]  # (none with a sequence of one token)
     if not chains:
@@ -107,7 +122,7 @@ def _dominators(idom, node, root) -> list:
 
 
 def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()) -> list[Region]:
-    chain = residual_chain(fwd_nodes, sd, sinks, requires_grad)
+    chain = residual_chain(fwd_nodes, sd, sinks, requires_grad, sites=sites)
     if not chain:
         return []
     rank = order(fwd_nodes)
@@ -122,7 +137,7 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
     for cut in (attns[:1], attns):
         if not cut or len({id(s) for s, _ in starts}) == len(starts):
             break
-        side = residual_chain(fwd_nodes, sd, sinks, requires_grad, cut_sites=cut)
+        side = residual_chain(fwd_nodes, sd, sinks, requires_grad, cut_sites=cut, sites=sites)
         if side:   # (before the first attention, the chain as it was: the first layer starts at its input)
             first = rank[cut[0].output]
             side = [c for c in whole if rank[c] < first] + [c for c in side if rank[c] >= first]

@@ -73,15 +73,18 @@ def _loss_target(node, sd):
     return None
 
 
-def residual_source(fwd_nodes, sd, requires_grad=frozenset()):
-    """The node the residual stream starts from: the token embedding, else the widest
-    floating-point per-token graph input (the hidden state handed to a graph piece; rotary
-    cos/sin are narrower), preferring one that gets a gradient. None when there is neither."""
-    for n in fwd_nodes:
-        if n.op == "call_function" and n.target is aten.embedding.default:
-            return n
+def residual_sources(fwd_nodes, sd, requires_grad=frozenset()) -> list:
+    """Where the residual stream may start, in the order to prefer them: the embeddings of the
+    graph (the token embedding among them; a model may embed the tokens more than once, for a
+    learned score per token or per-layer inputs, and ``regions.residual_chain`` keeps the one
+    the layers' chain runs from), else the widest floating-point per-token graph input (the
+    hidden state handed to a graph piece; rotary cos/sin are narrower), preferring one that gets
+    a gradient. Empty when there is neither."""
+    embeddings = [n for n in fwd_nodes if n.op == "call_function" and n.target is aten.embedding.default]
+    if embeddings:
+        return embeddings
     inputs = [n for n in fwd_nodes if n.op == "placeholder" and is_tensor(val(n)) and val(n).is_floating_point()
               and sd.seq_dim(n) is not None and sd.seq_is_atomic(n) and "k" not in sd.roles(n)]
     if not inputs:
-        return None
-    return max(inputs, key=lambda n: (n in requires_grad, per_token(n, sd), -fwd_nodes.index(n)))
+        return []
+    return [max(inputs, key=lambda n: (n in requires_grad, per_token(n, sd), -fwd_nodes.index(n)))]

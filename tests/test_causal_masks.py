@@ -221,17 +221,11 @@ class _SelectedKeysLM(_TinyScoresLM):
         self.select = torch.nn.Embedding(self.vocab, 1)
 
     def forward(self, idx, labels):
-        B, T = idx.shape
-        x = self.embed(idx)
-        pos = torch.arange(T, device=idx.device)
+        # (the selection's embedding comes first in the graph, before the token embedding)
+        pos = torch.arange(idx.shape[1], device=idx.device)
         picked = (self.select(idx).squeeze(-1) > 0)[:, None, None, :] | (pos[None, :] == pos[:, None])
         self.mask = (pos[None, :] <= pos[:, None]) & picked
-        for qkv, out in zip(self.qkv, self.out):
-            q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in qkv(x).chunk(3, -1))
-            x = x + out(self.attend(q, k, v).transpose(1, 2).reshape(B, T, -1))
-        logits = self.head(x)
-        shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, self.vocab), shifted.reshape(-1)), logits
+        return super().forward(idx, labels)
 
     def attend(self, q, k, v):
         if self.form == "sdpa":
