@@ -100,7 +100,7 @@ def test_a_mask_too_long_to_evaluate_at_compile_time(monkeypatch):
     assert run.counters["mask_found_causal"] > 0
 
 
-@pytest.mark.parametrize("kernel", ["flash", "efficient", "cudnn"])
+@pytest.mark.parametrize("kernel", ["flash", "efficient", pytest.param("cudnn", marks=pytest.mark.heavy)])
 def test_cuda_kernels_run_their_causal_form_under_an_all_ones_mask(kernel):
     """With the CUDA kernels emulated: SDPA gives the masked call to the efficient kernel (flash
     takes no mask) or to cuDNN; the copy without the mask runs that kernel's causal form (a
@@ -234,7 +234,7 @@ class _SelectedKeysLM(_TinyScoresLM):
         return torch.softmax(w, -1) @ v
 
 
-@pytest.mark.parametrize("form", ["sdpa", "eager"])
+@pytest.mark.parametrize("form", ["sdpa", pytest.param("eager", marks=pytest.mark.heavy)])
 def test_a_mask_made_from_activations_is_read_per_call(form):
     """A mask computed from the model's activations (a key selection from learned token scores)
     has no pattern to read at compile time: it is planned as causal and read at

@@ -168,6 +168,7 @@ def test_key_range_cache_compares_every_entry_in_one_read(monkeypatch):
     assert cache.get([named], ("T",)) == "ranges 0" and reads == [4, 4, 4, 4]   # (named: no read)
 
 
+@pytest.mark.heavy   # (the key-range cache alone: test_key_range_cache_compares_every_entry_in_one_read)
 def test_a_step_reads_its_mask_inputs_from_the_device_once(monkeypatch):
     """A padded batch through a 4-layer Hugging Face model: each layer's mask inputs are views made
     anew of the step's position tensors. After the first step (which evaluates the masks), a step

@@ -131,7 +131,7 @@ def test_causal_convolutions_stream_exactly(case, chunk):
         assert lo == (0 if model.attention else max(0, start_of[ke] - reach)), (lo, ke)
 
 
-@pytest.mark.fast
+@pytest.mark.heavy
 def test_causal_convolutions_stream_under_inductor_at_every_length():
     """Inductor's code for the chunk graphs, compiled once with symbolic sizes (at the second
     length, where Dynamo turns dynamic): later lengths and batch sizes reuse it, exactly (the
@@ -221,7 +221,8 @@ def _kv_rows(fn):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("chunk,codegen", [(1, "eager"), (2, "eager"), (5, "eager"), (16, "eager"), (3, "inductor")])
+@pytest.mark.parametrize("chunk,codegen", [(1, "eager"), (2, "eager"), (5, "eager"), (16, "eager"),
+                                           pytest.param(3, "inductor", marks=pytest.mark.heavy)])
 def test_convolved_keys_stream(chunk, codegen):
     """The convolution runs in the K/V graph, each chunk's over its own rows and the 2 before them
     (the rows' reach), whose outputs only the chunk's own rows are kept of: the layer streams
@@ -282,9 +283,9 @@ class ShiftLM(torch.nn.Module):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("form,chunk,codegen", [("cat", 1, "eager"), ("cat", 3, "inductor"), ("cat2", 1, "eager"),
-                                                ("cat2", 3, "eager"), ("pad", 1, "eager"), ("pad", 16, "eager"),
-                                                ("pad", 3, "inductor")])
+@pytest.mark.parametrize("form,chunk,codegen", [("cat", 1, "eager"), pytest.param("cat", 3, "inductor", marks=pytest.mark.heavy),
+                                                ("cat2", 1, "eager"), ("cat2", 3, "eager"), ("pad", 1, "eager"),
+                                                ("pad", 16, "eager"), pytest.param("pad", 3, "inductor", marks=pytest.mark.heavy)])
 def test_token_shifts_stream(form, chunk, codegen):
     """A token shift is a causal mixing of reach n: both layers stream (strict), exactly, for chunks
     of one row, a few and all; the shift of the layer's input runs in the K/V graph over the
@@ -323,7 +324,7 @@ def _lfm2(types, k=3):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("pad", [None, "left"])
+@pytest.mark.parametrize("pad", [pytest.param(None, marks=pytest.mark.heavy), "left"])
 def test_lfm2_convolution_layers_stream(pad):
     """Hugging Face's LFM2 with convolution layers around an attention layer, through its own
     ``causal_conv1d_fn`` (the reference implementation): every layer and the head stream
@@ -362,7 +363,8 @@ def test_a_chunks_convolution_rows_are_picked_on_the_convolutions_device():
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("model", [ConvolvedKeysLM, lambda: ShiftLM("pad")], ids=["convolved-keys", "token-shift"])
+@pytest.mark.parametrize("model", [ConvolvedKeysLM, pytest.param(lambda: ShiftLM("pad"), marks=pytest.mark.heavy)],
+                         ids=["convolved-keys", "token-shift"])
 def test_plan_memory_predicts_a_step_whose_kv_graph_reads_rows_before_the_chunks(model):
     """The K/V graph that reads the rows before a chunk's has key-length sizes only: the memory
     model still predicts the step, growing with the length, and explain() shows it."""
@@ -378,7 +380,7 @@ def test_plan_memory_predicts_a_step_whose_kv_graph_reads_rows_before_the_chunks
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("pad", ["left", "right"])
+@pytest.mark.parametrize("pad", ["left", pytest.param("right", marks=pytest.mark.heavy)])
 @pytest.mark.skipif(not zoo.moe_streams(), reason="transformers < 5.24: grouped_mm_fallback's backward reads "
                     "offs.tolist() (Zaya's fp32 experts); tests/test_untraceable.py checks the refusal")
 def test_zaya_with_padding_streams_exactly(pad):

@@ -80,10 +80,13 @@ KEPT = [("cpu", "causal", True), ("cpu", "hf_causal", True), ("cpu", "left_pad",
 # the default run: each kernel, and each mask form (causal, padding, packed, window, grouped heads)
 KEPT_DEFAULT = [("cpu", "causal"), ("cpu", "gqa"), ("cpu", "packed"), ("efficient", "left_pad"),
                 ("flash", "causal"), ("cudnn", "left_pad"), ("efficient", "sliding")]
+# the fast tier: the CPU kernel, a CUDA kernel's causal form and one under padding
+KEPT_FAST = [("cpu", "causal"), ("cpu", "gqa"), ("efficient", "left_pad"), ("flash", "causal")]
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("kernel,case,kept", cases(KEPT, [k for k in KEPT if k[:2] in KEPT_DEFAULT]),
+@pytest.mark.parametrize("kernel,case,kept", cases(KEPT, [k for k in KEPT if k[:2] in KEPT_DEFAULT],
+                                                 [k for k in KEPT if k[:2] in KEPT_FAST]),
                          ids=[f"{k[0]}-{k[1]}" for k in KEPT])
 def test_kept_attention_runs_its_forward_once_and_is_exact(monkeypatch, kernel, case, kept):
     """Exact against eager; each chunk's attention forward runs once per step (twice under
@@ -230,7 +233,7 @@ def test_bad_attention_options_raise(options, match):
     assert isinstance(err, StreamBPError), type(info.value)
 
 
-@pytest.mark.fast
+@pytest.mark.heavy
 def test_memory_model_counts_the_kept_attention():
     """``explain()``'s step peak with ``attention="keep"`` holds every layer's kept output and
     log-sum-exp until its backward, named as such."""

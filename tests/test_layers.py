@@ -508,7 +508,7 @@ class _FlatGateLM(torch.nn.Module):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("codegen", ["eager", "inductor"])
+@pytest.mark.parametrize("codegen", ["eager", pytest.param("inductor", marks=pytest.mark.heavy)])
 def test_an_input_merged_over_batch_and_tokens_gets_its_gradient_per_chunk(codegen):
     """A flat ``[B*T, 1]`` layer input that needs a gradient (a trained gate computed from the
     embedding in the first layer's region and read by the next): each chunk's gradient rows go

@@ -31,8 +31,11 @@ def files_under(path) -> list:
 def _no_earlier_garbage():
     """Collect what earlier tests in this worker left in reference cycles (a step that raised
     keeps its entries alive through its traceback until a collection), so that ``STORE.live``
-    holds only this test's entries: each of its steps must release them by reference counts."""
-    gc.collect()
+    holds only this test's entries: each of its steps must release them by reference counts.
+    (Only when there are such entries: a collection over a worker's heap of compiled graphs
+    takes over a second.)"""
+    if offload.STORE.live:
+        gc.collect()
     yield
 
 

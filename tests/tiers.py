@@ -29,15 +29,21 @@ def compiling(n: int):
                     suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.reuse, Phase.generate))
 
 
-def cases(values, default) -> list:
-    """``values`` as parameters: those in ``default`` run by default, the rest are ``extended``.
+def cases(values, default, fast=None) -> list:
+    """``values`` as parameters: those in ``default`` run by default, the rest are ``extended``;
+    with ``fast`` given, the default cases not in it are ``heavy`` (left out of the fast tier).
     A value is one argument or, for several argument names, a tuple of them."""
     default = list(default)
-    missing = [d for d in default if d not in values]
+    missing = [d for d in [*default, *(fast or ())] if d not in values]
     if missing:
-        raise ValueError(f"default cases {missing} are not among {list(values)}")
+        raise ValueError(f"default or fast cases {missing} are not among {list(values)}")
     out = []
     for v in values:
         args = v if isinstance(v, tuple) else (v,)
-        out.append(pytest.param(*args) if v in default else pytest.param(*args, marks=pytest.mark.extended))
+        if v not in default:
+            out.append(pytest.param(*args, marks=pytest.mark.extended))
+        elif fast is not None and v not in fast:
+            out.append(pytest.param(*args, marks=pytest.mark.heavy))
+        else:
+            out.append(pytest.param(*args))
     return out
