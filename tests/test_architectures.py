@@ -286,13 +286,14 @@ def test_a_scan_that_splits_the_sequence_leaves_the_other_regions_streaming(atte
 
 
 class KeyBiasLM(torch.nn.Module):
-    """A plain causal layer, then one whose mask keeps the keys its values select."""
+    """A plain causal layer, then one whose mask adds a bias per key (``select=False``) or keeps
+    the keys its values select (``select=True``)."""
 
-    def __init__(self, vocab=zoo.VOCAB, d=zoo.HIDDEN):
+    def __init__(self, vocab=zoo.VOCAB, d=zoo.HIDDEN, select=True):
         super().__init__()
         torch.manual_seed(0)
         self.embed = torch.nn.Embedding(vocab, d)
-        self.layers = torch.nn.ModuleList([_KeyBiasLayer(d, bias=False), _KeyBiasLayer(d, select=True)])
+        self.layers = torch.nn.ModuleList([_KeyBiasLayer(d, bias=False), _KeyBiasLayer(d, select=select)])
         self.lm_head = torch.nn.Linear(d, vocab, bias=False)
         self.vocab = vocab
 
@@ -308,19 +309,54 @@ class KeyBiasLM(torch.nn.Module):
 
 
 @pytest.mark.fast
-def test_a_region_that_does_not_instantiate_per_chunk_leaves_the_others_streaming(monkeypatch):
-    """A layer whose graph fails at chunk shapes (its mask hides keys by a selection the layer
-    computes from its own rows, which the mask check, run for every key while a chunk runs, would
-    compute from the chunk's rows) runs unstreamed, warned with the failure, the op and its line;
-    the other layer and the head stream, and every gradient is eager's. strict=True raises."""
-    monkeypatch.setenv("STREAMFX_VERIFY", "0")   # (as users run: a failure is a warning)
+def test_a_mask_selecting_keys_from_the_layers_own_rows_is_refused_with_the_cause(monkeypatch):
+    """A layer whose mask hides keys by a selection the layer computes from its own rows (which
+    keys a chunk's queries see is known only once the layer has run over every key) runs
+    unstreamed, warned with that cause, what to change, the op that selects and its line; the
+    other layer and the head stream, and every gradient is eager's. strict=True raises."""
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")   # (as users run: a refusal is a warning)
     model = KeyBiasLM()
     inputs = zoo._plain_inputs(zoo.VOCAB)("prompt")
     run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4})
     assert_grads_match(run.ref_grads, run.grads)
     assert sorted(p.name for p in run.programs) == ["head", "layer.0"], run.warnings
-    said = [w for w in run.warnings if "region 'layer.1' is not streamed: the region does not instantiate per chunk" in w]
-    assert len(said) == 1 and "aten.bitwise_or" in said[0] and "keep[:, :, None, :]" in said[0], run.warnings
+    said = [w for w in run.warnings if "region 'layer.1' is not streamed: the mask hides keys by a selection per "
+            "key that the layer computes from its own activations" in w]
+    assert len(said) == 1 and "compute the selection before the layers" in said[0], run.warnings
+    assert "aten.gt" in said[0] and "keep = (self.dt(" in said[0], said
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "strict": True, "chunk_size": 5})
+    with pytest.raises(streamfx.StreamBPError, match="a selection per key that the layer computes"):
+        compiled(*inputs.args)
+
+
+@pytest.mark.fast
+def test_a_region_that_does_not_instantiate_per_chunk_leaves_the_others_streaming(monkeypatch):
+    """A layer whose graph fails at chunk shapes (here the softplus of its bias per key, made to
+    fail when propagated at symbolic chunk shapes) runs unstreamed, warned with the failure, the op and
+    its line; the other layer and the head stream, and every gradient is eager's. strict=True
+    raises."""
+    from streamfx import chunks
+
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")   # (as users run: a failure is a warning)
+    monkeypatch.setattr(chunks, "_CHECKED", {})  # (the failure is cached per graph: this test's alone)
+    real = chunks._Propagation.run_node
+
+    def run_node(self, n):
+        if n.target is torch.ops.aten.log1p.default:   # (softplus, decomposed)
+            self.at = self._positions[n]   # (where the propagation stands, as its own run_node sets it)
+            raise RuntimeError("no chunk shape for this op")
+        return real(self, n)
+
+    monkeypatch.setattr(chunks._Propagation, "run_node", run_node)
+    model = KeyBiasLM(select=False)
+    inputs = zoo._plain_inputs(zoo.VOCAB)("prompt")
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    assert_grads_match(run.ref_grads, run.grads)
+    assert sorted(p.name for p in run.programs) == ["head", "layer.0"], run.warnings
+    said = [w for w in run.warnings if "region 'layer.1' is not streamed: the region does not instantiate per chunk "
+            "(RuntimeError: no chunk shape for this op)" in w]
+    assert len(said) == 1 and "aten.log1p" in said[0] and "per_key = F.softplus(" in said[0], run.warnings
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "strict": True, "chunk_size": 5})
     with pytest.raises(streamfx.StreamBPError, match="does not instantiate per chunk"):
