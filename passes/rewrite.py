@@ -14,6 +14,9 @@ import operator
 import networkx as nx
 import torch
 import torch.fx as fx
+import torch.fx.traceback as fx_traceback
+from torch._functorch._aot_autograd.logging_utils import setup_stacktrace_preservation_hooks
+from torch._functorch._aot_autograd.utils import copy_fwd_metadata_to_bw_nodes
 from torch._guards import detect_fake_mode
 from torch._inductor.decomposition import select_decomp_table
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -756,10 +759,13 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     dropped = dropped_outputs(fwd_outs, [p for p, _ in programs])
 
     def joint_fn(primals, tangents):
-        with torch.enable_grad():
+        # (node by node with each node's meta current, as AOTAutograd traces Dynamo's graph: the
+        # traced nodes keep their source lines and modules, and the backward's nodes get their
+        # forward node's through ``seq_nr``, which the memory report and Inductor name them by)
+        with torch.enable_grad(), fx_traceback.preserve_node_meta():
             ps = [p.detach().requires_grad_(True) if ng and p.is_floating_point() else p
                   for p, ng in zip(primals, needs_grad)]
-            outs = list(fwd(*ps))
+            outs = list(fx.Interpreter(fwd).run(*ps))
             with_tangent = tangent_outputs if tangent_outputs is not None else [
                 i for i, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad]
             if len(with_tangent) != len(tangents):
@@ -767,6 +773,7 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
                                    f"the tangents ({len(tangents)})")
             pairs = [(outs[i], t) for i, t in zip(with_tangent, tangents) if i not in dropped]
             wrt = [p for p, ng in zip(ps, needs_grad) if ng and p.requires_grad]
+            setup_stacktrace_preservation_hooks([o.grad_fn for o, _ in pairs if o.grad_fn is not None])
             grads = torch.autograd.grad([o for o, _ in pairs], wrt, [t for _, t in pairs], allow_unused=True)
         it = iter(grads)
         all_grads = [next(it) if ng and p.requires_grad else None for p, ng in zip(ps, needs_grad)]
@@ -783,6 +790,7 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
         new_joint = make_fx(joint_fn, decomposition_table=select_decomp_table(),
                             record_module_stack=True)(vals_p, vals_t)
     _tag_forward_backward(new_joint.graph)
+    copy_fwd_metadata_to_bw_nodes(new_joint)   # (by the tags above)
     for n in new_joint.graph.nodes:
         if n.op == "call_function" and getattr(n.target, "namespace", None) == "streamfx":
             made_by(n, STEP)

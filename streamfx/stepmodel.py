@@ -441,13 +441,27 @@ class StepModel:
                     what = ("attention output kept for the backward" if (node.args[1] - prog.n_outputs) % 2 == 0
                             else "attention log-sum-exp kept for the backward")
             return (f"{(work.kind if work else 'region')} {what}", work.module if work else "", "")
-        src = memory.where(node)
+        # (a backward node: named by the forward op it differentiates, its module and line)
+        fwd = self._forward_of(node) if node.graph is self.bw_graph else None
+        src = memory.where(node) or memory.where(fwd)
+        module = memory.module_path(node) or memory.module_path(node, "fwd_nn_module_stack")
         v = node.meta.get("val")
         shape = "[" + ", ".join(self.size_text(s) for s in v.shape) + "]" if isinstance(v, torch.Tensor) else ""
         op = getattr(node.target, "__name__", str(node.target)).split(".")[0]
         if any(u.op == "output" for u in node.users) and node.graph is self.bw_graph:
-            return (f"parameter gradient {shape}", memory.module_path(node), src)
-        return (f"{op} result {shape}", memory.module_path(node), src)
+            return (f"parameter gradient {shape}", module, src)
+        if node.graph is self.bw_graph:
+            return (f"backward {op} result {shape}", module, src)
+        return (f"{op} result {shape}", module, src)
+
+    def _forward_of(self, node):
+        """The forward node a backward node differentiates (AOTAutograd's ``seq_nr``), or None."""
+        if not hasattr(self, "_by_seq_nr"):
+            self._by_seq_nr = {}
+            for n in self.fw_nodes.values():
+                if "seq_nr" in n.meta:
+                    self._by_seq_nr.setdefault(n.meta["seq_nr"], n)
+        return self._by_seq_nr.get(node.meta.get("seq_nr"))
 
     def size_text(self, s) -> str:
         if isinstance(s, int):

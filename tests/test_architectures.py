@@ -8,6 +8,7 @@
   mla       DeepSeek-V3 latent attention: K/V from a per-token latent, keys assembled by slice_scatter
 """
 import contextlib
+import warnings
 
 import pytest
 import torch
@@ -328,6 +329,24 @@ def test_a_mask_selecting_keys_from_the_layers_own_rows_is_refused_with_the_caus
     compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "strict": True, "chunk_size": 5})
     with pytest.raises(streamfx.StreamBPError, match="a selection per key that the layer computes"):
         compiled(*inputs.args)
+
+
+@pytest.mark.fast
+def test_the_memory_terms_of_an_unstreamed_layer_name_their_module_and_line(monkeypatch):
+    """explain()'s predicted peak names every term as the user knows it, the backward of a layer
+    that runs unstreamed too: a weight's gradient product by the module it differentiates and the
+    forward line of that module's call (the streamed step's joint is traced with each node's
+    meta current, as AOTAutograd traces Dynamo's graph)."""
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")
+    model = KeyBiasLM()
+    inputs = zoo._plain_inputs(zoo.VOCAB)("prompt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # (layer.1's refusal: test above)
+        report = streamfx.explain(model, *inputs.args, options={"chunk_size": 5})
+    rows = report.memory()[4]
+    assert rows and all(module or src for _, _, module, src in rows), rows
+    weight_grad = [r for r in rows if r[1].startswith("backward mm result [96, 32]")]
+    assert weight_grad and all(r[2] == "layers.1.qkv" and "self.qkv(x)" in r[3] for r in weight_grad), rows
 
 
 @pytest.mark.fast
