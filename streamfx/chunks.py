@@ -21,6 +21,7 @@ shape check of a chunk graph (``check``) is cached on the same structure, slots 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -408,10 +409,31 @@ def fake_inputs(slots, sizes=(), grads=(), hints: dict | None = None, values: di
     return mode, fakes
 
 
+def _at_zero_or_one(mode) -> dict:
+    """{symbol's name: size} of the sizes ``fake_inputs`` sampled at 0 or 1."""
+    hints = mode.shape_env.var_to_val
+    return {name: int(hints[sym]) for sym, name in mode.streamfx_names.items()
+            if sym in hints and int(hints[sym]) in (0, 1)}
+
+
+def _caches(mode):
+    """AOTAutograd's and Inductor's caches, off for a compile at a size sampled at 0 or 1: its code
+    may take that size as a constant with no guard to say so, and a cache entry would then serve
+    a compile at another size (which its guards let it)."""
+    stack = contextlib.ExitStack()
+    if _at_zero_or_one(mode):
+        from torch._inductor import config as inductor_config
+
+        stack.enter_context(inductor_config.patch(fx_graph_cache=False))
+        stack.enter_context(functorch_config.patch(enable_autograd_cache=False))
+    return stack
+
+
 def shape_guards(mode, symbols) -> tuple:
     """The shape guards a compile on ``fake_inputs``' mode took, as conditions on "q", "k"
-    (``KEY_SYMBOLS``) and the slots' shape symbols. ``symbols``: the sizes a call gives
-    (``ChunkGraph.symbols``); a guard on any other symbol raises (no call could be checked)."""
+    (``KEY_SYMBOLS``) and the slots' shape symbols, and the size of each sampled at 0 or 1.
+    ``symbols``: the sizes a call gives (``ChunkGraph.symbols``); a guard on any other symbol
+    raises (no call could be checked)."""
     names = mode.streamfx_names
     known = {KEY_SYMBOLS.get(key, key) for key, _, _ in symbols}
     out = []
@@ -424,6 +446,10 @@ def shape_guards(mode, symbols) -> tuple:
             raise ValueError(f"a shape guard {g.expr} of the compile is on sizes no input has as a dim "
                              f"({sorted(map(str, missing))})")
         out.append(expr)
+    # a size sampled at 0 or 1 is one the compile may take as that constant without a guard
+    # (a dim of one element broadcasts and has no stride that matters: Inductor's code then
+    # asserts the size of an input's dim of the chunk's rows is 1): its code runs at that size only
+    out += [sympy.Eq(name, n) for name, n in _at_zero_or_one(mode).items() if name in known]
     return tuple(dict.fromkeys(out))
 
 
@@ -447,7 +473,7 @@ def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool, values: 
     # (a loss's one-hot gradient made pointwise, ``onehot``)
     with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
             torch.set_grad_enabled(train), inductor_config.patch(onehot.compile_config()), \
-            functorch_config.patch(force_non_lazy_backward_lowering=True):
+            functorch_config.patch(force_non_lazy_backward_lowering=True), _caches(mode):
         code = compile_fx(gm, fakes)
     return Variant(code, shape_guards(mode, symbols))
 
@@ -577,7 +603,7 @@ def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple) -
         inputs = [x.detach() if isinstance(x, torch.Tensor) else x for x in fakes] + tangents
     with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
             torch.set_grad_enabled(False), inductor_config.patch(onehot.compile_config()), \
-            functorch_config.patch(force_non_lazy_backward_lowering=True):
+            functorch_config.patch(force_non_lazy_backward_lowering=True), _caches(mode):
         fn = compile_fx(traced, inputs)
     return Variant((fn, shapes, [t.dtype for t in tangents], where, tuple(present)), shape_guards(mode, graph.symbols))
 
