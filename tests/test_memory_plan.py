@@ -119,7 +119,9 @@ def test_checkpointing_baseline_keeps_layer_inputs_only(report):
     _, rows = report.baselines["activation checkpointing"].breakdown(T)
     assert len(layers_with_internals(rows)) <= 1, rows
     assert not [r for r in rows if "T, T]" in r[1]], rows
-    assert not [r for r in rows if r[2] == "lm_head"], rows
+    # (the head's forward tensors, the logits: its weight's gradient product in the backward is
+    # named by the head's module too)
+    assert not [r for r in rows if r[2] == "lm_head" and not r[1].startswith(("backward ", "parameter gradient"))], rows
     _, rows = report.baselines["no checkpointing"].breakdown(T)
     assert len(layers_with_internals(rows)) == zoo.LAYERS
 
