@@ -444,7 +444,8 @@ class StepModel:
         # (a backward node: named by the forward op it differentiates, its module and line)
         fwd = self._forward_of(node) if node.graph is self.bw_graph else None
         src = memory.where(node) or memory.where(fwd)
-        module = memory.module_path(node) or memory.module_path(node, "fwd_nn_module_stack")
+        module = (memory.module_path(node) or memory.module_path(node, "fwd_nn_module_stack")
+                  or memory.module_path(fwd))   # (torch 2.11 copies no module stack onto backward nodes)
         v = node.meta.get("val")
         shape = "[" + ", ".join(self.size_text(s) for s in v.shape) + "]" if isinstance(v, torch.Tensor) else ""
         op = getattr(node.target, "__name__", str(node.target)).split(".")[0]
