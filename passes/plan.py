@@ -13,8 +13,8 @@ import torch
 
 from streamfx.errors import CannotStream
 from . import unit_axes
-from .graphs import ALIASES, COPIES, ancestors, hint, in_order, per_token, same
-from .kv import VIEWS, kv_outputs, returned_chain
+from .graphs import ALIASES, ancestors, hint, in_order, per_token, same
+from .kv import kv_outputs, returned_chain
 from .positions import rebuild_positions
 from .schedule import AUTO_CHUNK_RULE, auto_head_chunk, chunk_count, chunk_size
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
@@ -401,25 +401,20 @@ def _check_site(site) -> None:
                            site.output)
 
 
-def _made(x, inside):
-    """The op that made ``x``: back through the views and copies of one tensor inside the layer."""
-    while x.op == "call_function" and x.target in VIEWS | COPIES and x.args and x.args[0] in inside:
-        x = x.args[0]
-    return x
-
-
 def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=None) -> LayerPlan:
     kv_out, key_side, latent, kv_convs, key_terms = kv_outputs(sites, set(nodes), inputs, region.outputs, sd,
                                                                config.kv_boundary)
     for _, term in key_terms:
         if not term.meta["val"].is_floating_point():
+            from streamfx.memory import base_of
+
             # (a bias per key only adds to the scores; which keys a selection hides decides the keys
             # a chunk reads, and that is known only once the layer has computed it for every key)
             raise CannotStream("the mask hides keys by a selection per key that the layer computes from its own "
                                "activations: which keys a chunk's queries see is known only after the layer has "
                                "run over every key; compute the selection before the layers (from the model's "
                                "inputs or its embeddings: read as data at every call) or add a bias per key instead",
-                               _made(term, inside=set(nodes)))
+                               base_of(term))   # (the op that selects, not its views)
     rebuilt = [x for x in inputs if x in key_side]  # made from sizes, rebuilt at the prefix's length
     if rebuilt:
         nodes, inputs = in_order(list(nodes) + rebuilt), [x for x in inputs if x not in rebuilt]

@@ -455,13 +455,18 @@ class StepModel:
             return (f"backward {op} result {shape}", module, src)
         return (f"{op} result {shape}", module, src)
 
+    @functools.cached_property
+    def _by_seq_nr(self) -> dict:
+        """AOTAutograd's ``seq_nr`` -> the first forward node with it (the op a backward node with
+        that ``seq_nr`` differentiates)."""
+        out = {}
+        for n in self.fw_nodes.values():
+            if "seq_nr" in n.meta:
+                out.setdefault(n.meta["seq_nr"], n)
+        return out
+
     def _forward_of(self, node):
-        """The forward node a backward node differentiates (AOTAutograd's ``seq_nr``), or None."""
-        if not hasattr(self, "_by_seq_nr"):
-            self._by_seq_nr = {}
-            for n in self.fw_nodes.values():
-                if "seq_nr" in n.meta:
-                    self._by_seq_nr.setdefault(n.meta["seq_nr"], n)
+        """The forward node a backward node differentiates, or None."""
         return self._by_seq_nr.get(node.meta.get("seq_nr"))
 
     def size_text(self, s) -> str:

@@ -316,19 +316,9 @@ def test_a_mask_selecting_keys_from_the_layers_own_rows_is_refused_with_the_caus
     unstreamed, warned with that cause, what to change, the op that selects and its line; the
     other layer and the head stream, and every gradient is eager's. strict=True raises."""
     monkeypatch.setenv("STREAMFX_VERIFY", "0")   # (as users run: a refusal is a warning)
-    model = KeyBiasLM()
-    inputs = zoo._plain_inputs(zoo.VOCAB)("prompt")
-    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4})
-    assert_grads_match(run.ref_grads, run.grads)
-    assert sorted(p.name for p in run.programs) == ["head", "layer.0"], run.warnings
-    said = [w for w in run.warnings if "region 'layer.1' is not streamed: the mask hides keys by a selection per "
-            "key that the layer computes from its own activations" in w]
-    assert len(said) == 1 and "compute the selection before the layers" in said[0], run.warnings
-    assert "aten.gt" in said[0] and "keep = (self.dt(" in said[0], said
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "strict": True, "chunk_size": 5})
-    with pytest.raises(streamfx.StreamBPError, match="a selection per key that the layer computes"):
-        compiled(*inputs.args)
+    _only_layer_1_runs_whole(KeyBiasLM(), "the mask hides keys by a selection per key that the layer computes from "
+                             "its own activations", ["compute the selection before the layers", "aten.gt",
+                                                     "keep = (self.dt("], "a selection per key that the layer computes")
 
 
 @pytest.mark.fast
@@ -368,17 +358,24 @@ def test_a_region_that_does_not_instantiate_per_chunk_leaves_the_others_streamin
         return real(self, n)
 
     monkeypatch.setattr(chunks._Propagation, "run_node", run_node)
-    model = KeyBiasLM(select=False)
+    _only_layer_1_runs_whole(KeyBiasLM(select=False), "the region does not instantiate per chunk (RuntimeError: no "
+                             "chunk shape for this op)", ["aten.log1p", "per_key = F.softplus("],
+                             "does not instantiate per chunk")
+
+
+def _only_layer_1_runs_whole(model, cause, details, strict_match):
+    """``model`` (a ``KeyBiasLM``) streams its head and layer.0 and runs layer.1 whole with eager's
+    gradients, warned once with ``cause`` and each of ``details``; strict=True raises
+    ``strict_match``."""
     inputs = zoo._plain_inputs(zoo.VOCAB)("prompt")
     run = run_eager_and_compiled(model, inputs, {"chunk_size": 5, "head_chunk_size": 4})
     assert_grads_match(run.ref_grads, run.grads)
     assert sorted(p.name for p in run.programs) == ["head", "layer.0"], run.warnings
-    said = [w for w in run.warnings if "region 'layer.1' is not streamed: the region does not instantiate per chunk "
-            "(RuntimeError: no chunk shape for this op)" in w]
-    assert len(said) == 1 and "aten.log1p" in said[0] and "per_key = F.softplus(" in said[0], run.warnings
+    said = [w for w in run.warnings if f"region 'layer.1' is not streamed: {cause}" in w]
+    assert len(said) == 1 and all(d in said[0] for d in details), run.warnings
     torch._dynamo.reset()
     compiled = torch.compile(model, backend="streambp", options={"codegen": "eager", "strict": True, "chunk_size": 5})
-    with pytest.raises(streamfx.StreamBPError, match="does not instantiate per chunk"):
+    with pytest.raises(streamfx.StreamBPError, match=strict_match):
         compiled(*inputs.args)
 
 
