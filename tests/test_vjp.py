@@ -106,3 +106,16 @@ def test_a_graph_the_joint_trace_does_not_take_runs_its_training_compile(monkeyp
     assert run.counters["vjp_fallbacks"] > 0 and run.counters["region_fallbacks"] == 0, run.counters
     assert not run.warnings, run.warnings
     chunks.forget()
+
+
+def test_the_joint_trace_takes_ops_whose_shape_rule_needs_the_python_dispatcher():
+    """Bloom's ALiBi: ``baddbmm`` of the per-key bias [B*H, 1, T] broadcasts it to the chunk's
+    rows; its shape rule expands at the symbolic chunk sizes, which only the Python dispatcher's
+    rules take (the joint trace runs under it, as AOTAutograd's does). Every chunk's backward runs
+    the one-graph vjp (the autouse check fails a test with a fallback), exact."""
+    chunks.forget()
+    model, inputs = zoo.alibi()
+    run = run_eager_and_compiled(model, inputs("prompt"), {"codegen": "inductor", "chunk_size": 5})
+    assert_grads_match(run.ref_grads, run.grads)
+    assert run.counters["vjp_compiles"] > 0 and run.counters["vjp_fallbacks"] == 0, run.counters
+    chunks.forget()
