@@ -429,6 +429,7 @@ def chunk_curve(graph, grads=(), train=False, fused=False) -> ChunkCurve:
 
 
 def _trace_curve(graph, grads, train, fused=False, one_hot=False) -> ChunkCurve:
+    from torch._dispatch.python import enable_python_dispatcher
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from .chunks import fake_inputs
@@ -457,7 +458,9 @@ def _trace_curve(graph, grads, train, fused=False, one_hot=False) -> ChunkCurve:
     # autograd: a budget policy sizes chunks from inside the region op)
     from .runtime import autograd_inside_op
 
-    with mode, autograd_inside_op():
+    # (and under the Python dispatcher, as AOTAutograd traces: some ops' shape rules, baddbmm's
+    # broadcast of its input, take symbolic sizes only there)
+    with mode, autograd_inside_op(), enable_python_dispatcher():
         traced = make_fx(run)(*fakes)
     q = k = None
     for slot, x in zip(graph.slots, fakes):

@@ -16,6 +16,7 @@ from streamfx.chunks import COUNTERS
 from streamfx.passes.schedule import chunk_candidates, chunk_count, largest_fitting
 
 import zoo
+from tiers import cases
 
 pytestmark = pytest.mark.fast
 TRACE = 32
@@ -124,6 +125,21 @@ def test_checkpointing_baseline_keeps_layer_inputs_only(report):
     assert not [r for r in rows if r[2] == "lm_head" and not r[1].startswith(("backward ", "parameter gradient"))], rows
     _, rows = report.baselines["no checkpointing"].breakdown(T)
     assert len(layers_with_internals(rows)) == zoo.LAYERS
+
+
+@pytest.mark.parametrize("form", cases(list(zoo.FORMS), list(zoo.FORMS), fast=[]))
+def test_every_attention_form_of_the_zoo_is_planned(form):
+    """The memory model traces each chunk graph at symbolic sizes: every attention form plans,
+    Bloom's ``baddbmm`` of a per-key bias broadcast to the chunk's rows too (its shape rule takes
+    symbolic sizes under the Python dispatcher only). The step peak grows at least by the saved
+    layer inputs and stays under no checkpointing's."""
+    model, inputs = zoo.FORMS[form]()
+    batch = inputs(zoo.Case("plan", B=1, T=TRACE))
+    report = streamfx.plan_memory(model, *batch.args, **batch.kwargs)
+    width = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding)).embedding_dim
+    a, b = report.step_peak(1024), report.step_peak(2048)
+    assert b - a >= 1024 * zoo.LAYERS * width * 4, (a, b)
+    assert b < report.step_peak(2048, "no checkpointing"), report.breakdown(2048)
 
 
 @pytest.mark.heavy
