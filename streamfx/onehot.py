@@ -18,6 +18,7 @@ sizes (``memory._trace_curve``), so the predicted working set is the one the com
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from torch import fx
@@ -165,6 +166,10 @@ def _row_sums(node: fx.Node, dim: int, ndim: int, chain=()) -> list:
     return out
 
 
+# (this file, and chunks.py: the shape guards of a chunk compile and when the caches are used)
+HASHED = (__file__, os.path.join(os.path.dirname(__file__), "chunks.py"))
+
+
 def _pass():
     try:
         from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
@@ -172,13 +177,16 @@ def _pass():
         return None
 
     class OneHotPass(CustomGraphPass):
-        """``rewrite`` as an Inductor joint-graph pass (hashed by this file for Inductor's caches)."""
+        """``rewrite`` as an Inductor joint-graph pass. Its hash, part of the key of every chunk
+        compile's entries in Inductor's and AOTAutograd's caches, is that of ``HASHED``: the code
+        that decides what a chunk compile's code may serve, so entries another version of it wrote
+        (which served sizes this one guards against) are never loaded."""
 
         def __call__(self, graph: fx.Graph) -> None:
             rewrite(graph)
 
         def uuid(self):
-            return get_hash_for_files((__file__,))
+            return get_hash_for_files(HASHED)
 
     return OneHotPass()
 

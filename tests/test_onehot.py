@@ -146,3 +146,31 @@ def test_the_memory_model_sizes_what_chunk_compiles_run_now(monkeypatch):
         assert memory.chunk_curve(Graph(), (0,), True, fused=True) == (True, False)
     assert memory.chunk_curve(Graph(), (0,), True, fused=False) == (False, False)
     assert onehot.ONE_HOT_PASS is None or memory.chunk_curve(Graph(), (0,), True, fused=True) == (True, True)
+
+
+@pytest.mark.fast
+@pytest.mark.skipif(onehot.ONE_HOT_PASS is None, reason="this Inductor has no custom passes")
+def test_cached_chunk_compiles_are_keyed_by_the_code_that_guards_them(tmp_path, monkeypatch):
+    """The pass's hash is part of every chunk compile's cache key: it covers chunks.py, whose shape
+    guards decide which sizes a compile's code serves, so an entry written by another version of
+    it (one that served sizes this one guards against) is never loaded."""
+    import os
+    import shutil
+
+    from torch._inductor.custom_graph_pass import get_hash_for_files
+
+    from streamfx import chunks
+
+    assert any(os.path.samefile(p, chunks.__file__) for p in onehot.HASHED)
+    copies = []
+    for p in onehot.HASHED:
+        copies.append(str(tmp_path / os.path.basename(p)))
+        shutil.copy(p, copies[-1])
+    monkeypatch.setattr(onehot, "HASHED", tuple(copies))
+    get_hash_for_files.cache_clear()
+    before = onehot.ONE_HOT_PASS.uuid()
+    with open(copies[[os.path.basename(p) for p in copies].index("chunks.py")], "a") as f:
+        f.write("\n# another version\n")
+    get_hash_for_files.cache_clear()
+    assert onehot.ONE_HOT_PASS.uuid() != before
+    get_hash_for_files.cache_clear()
