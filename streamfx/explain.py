@@ -187,6 +187,7 @@ def _prepared_options(state) -> dict:
 
 
 def _explain_once(model, args, kwargs, options, dynamic, state) -> Report:
+    from . import frames
     from .backend import compile_graph
     from .session import Session
 
@@ -206,9 +207,8 @@ def _explain_once(model, args, kwargs, options, dynamic, state) -> Report:
     # symbolic too; the caller's tensors must not change what their own run compiles
     args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _fresh, (args, kwargs))
     try:
-        compiled = torch.compile(model, backend=capture, dynamic=dynamic)
         with torch.enable_grad():
-            compiled(*args, **kwargs)
+            frames.traced_call(model, capture, args, kwargs, dynamic=dynamic)
     finally:
         if target is not None:
             target._compiled_call_impl = saved

@@ -11,6 +11,7 @@ the graph break and what to change, once per function.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import sys
@@ -43,6 +44,30 @@ def _read_metrics() -> None:
             _skipped[(os.path.abspath(m.co_filename), m.co_firstlineno, m.co_name)] = m
     if entries:
         _cursor = entries[-1]
+
+
+def traced_call(model, backend, args, kwargs, **compile_kwargs):
+    """``torch.compile(model, backend=backend, **compile_kwargs)(*args, **kwargs)``: the one traced
+    call of an analysis (``explain``, ``plan_memory``), whose backend is a new object at every
+    analysis. Dynamo keeps one list of compiled entries per function for every torch.compile call
+    (a decorator's wrapper around every model of a library shares one) and, once it holds
+    ``recompile_limit`` entries (8), runs the function eagerly without calling any backend: the
+    ninth analysis in a process would see no graph, and each analysis would take a place of the
+    user's own compiles. Here the trace's entries are a region of their own (torch's
+    ``isolate_recompiles``), with the accumulated limit lifted for it; a torch without isolation
+    (before 2.13) lifts both limits for the trace, whose entries then count toward the user's."""
+    import torch
+
+    from torch._dynamo import config
+
+    lifted = {"accumulated_recompile_limit": max(config.accumulated_recompile_limit, 1 << 20)}
+    if "isolate_recompiles" in inspect.signature(torch.compile).parameters:
+        compile_kwargs = {**compile_kwargs, "isolate_recompiles": True}
+    else:
+        lifted["recompile_limit"] = max(config.recompile_limit, 1 << 20)
+    compiled = torch.compile(model, backend=backend, **compile_kwargs)
+    with config.patch(lifted):
+        return compiled(*args, **kwargs)
 
 
 def check_callers(strict: bool) -> None:

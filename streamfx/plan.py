@@ -97,7 +97,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
     instead of tracing it again without their gradients. None: the backend's guess
     (``backend.likely_dropped``). A graph with an output detached that the step keeps is traced
     again as it is."""
-    from . import runtime
+    from . import frames, runtime
     from .backend import compile_graph
     from .session import Session
 
@@ -115,9 +115,8 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
         return fn
 
     args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, lambda x: x.detach(), (args, kwargs))
-    compiled = torch.compile(model, backend=capture, **_length_symbolic(args, kwargs))
     with torch.enable_grad(), runtime.shapes_only():  # (the regions' chunks need not run)
-        compiled(*args, **kwargs)
+        frames.traced_call(model, capture, args, kwargs, **_length_symbolic(args, kwargs))
     analyses = [a for a in collected if getattr(a, "graphs", None) is not None]
     if not analyses:
         raise StreamBPError("streamfx.plan_memory: nothing in the model streams (see streamfx.explain)")

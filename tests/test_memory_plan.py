@@ -938,3 +938,27 @@ def test_size_expressions_evaluate_exactly():
     assert memory.evaluate(17, {}) == 17
     with pytest.raises(TypeError):   # a symbol without a value, as sympy reports it
         memory.evaluate(4 * s0 * s1, {s0: 3})
+
+
+@pytest.mark.heavy
+def test_analyses_in_one_process_neither_stop_seeing_graphs_nor_take_the_users_compiles():
+    """Every ``plan_memory`` and ``explain`` compiles the model with a backend of its own. Dynamo
+    keeps one list of compiled entries per function for every torch.compile call (transformers'
+    decorator wrapper around the forward is one function for every model) and runs a function
+    eagerly, calling no backend, once it holds 8 entries: the ninth analysis saw no graph ("nothing
+    in the model streams"). Ten in one process (eight explains, then two plans) all trace; where
+    torch isolates a compile's entries (``isolate_recompiles``), the user's own compile afterwards
+    still streams."""
+    import inspect
+
+    model, _ = zoo.qwen3("sdpa")
+    ids = _ids(TRACE)
+    for _ in range(8):
+        assert len(streamfx.explain(model, input_ids=ids, labels=ids).plan) == zoo.LAYERS + 1
+    for _ in range(2):
+        assert streamfx.plan_memory(model, input_ids=ids, labels=ids).step_peak(1024) > 0
+    if "isolate_recompiles" in inspect.signature(torch.compile).parameters:
+        before = COUNTERS["region_forward"]
+        compiled = torch.compile(model, backend="streambp")
+        compiled(input_ids=ids, labels=ids).loss.backward()
+        assert COUNTERS["region_forward"] - before == zoo.LAYERS + 1
