@@ -46,26 +46,33 @@ def _read_metrics() -> None:
         _cursor = entries[-1]
 
 
+def isolated() -> dict:
+    """torch.compile's arguments that keep a compile's entries a region of their own (torch >= 2.13's
+    ``isolate_recompiles``; {} before). Dynamo keeps one list of compiled entries per function for
+    every torch.compile call, and once it holds ``recompile_limit`` entries (8) runs the function
+    eagerly without calling any backend: ``nn.Module._call_impl`` and transformers' decorator
+    wrappers are one function for every model, so the ninth model compiled in a process (a
+    hyperparameter search, a policy beside its reference, an analysis per configuration) would
+    not reach its backend. Isolated, each compile counts its own recompiles."""
+    import torch
+
+    return {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
+
+
 def traced_call(model, backend, args, kwargs, **compile_kwargs):
     """``torch.compile(model, backend=backend, **compile_kwargs)(*args, **kwargs)``: the one traced
     call of an analysis (``explain``, ``plan_memory``), whose backend is a new object at every
-    analysis. Dynamo keeps one list of compiled entries per function for every torch.compile call
-    (a decorator's wrapper around every model of a library shares one) and, once it holds
-    ``recompile_limit`` entries (8), runs the function eagerly without calling any backend: the
-    ninth analysis in a process would see no graph, and each analysis would take a place of the
-    user's own compiles. Here the trace's entries are a region of their own (torch's
-    ``isolate_recompiles``), with the accumulated limit lifted for it; a torch without isolation
-    (before 2.13) lifts both limits for the trace, whose entries then count toward the user's."""
+    analysis: ``isolated``, with the accumulated limit lifted for the trace; a torch without
+    isolation (before 2.13) lifts both limits for the trace, whose entries then count toward the
+    user's own compiles of the same functions."""
     import torch
 
     from torch._dynamo import config
 
     lifted = {"accumulated_recompile_limit": max(config.accumulated_recompile_limit, 1 << 20)}
-    if "isolate_recompiles" in inspect.signature(torch.compile).parameters:
-        compile_kwargs = {**compile_kwargs, "isolate_recompiles": True}
-    else:
+    if not isolated():
         lifted["recompile_limit"] = max(config.recompile_limit, 1 << 20)
-    compiled = torch.compile(model, backend=backend, **compile_kwargs)
+    compiled = torch.compile(model, backend=backend, **compile_kwargs, **isolated())
     with config.patch(lifted):
         return compiled(*args, **kwargs)
 

@@ -139,6 +139,7 @@ def _compile_target(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _install(target: torch.nn.Module, state: StreamState) -> None:
+    from . import frames
     from .backend import compile_graph
 
     config = StreamConfig.from_options(_effective_options(state))
@@ -154,7 +155,8 @@ def _install(target: torch.nn.Module, state: StreamState) -> None:
         state.regions.append(list(dict.fromkeys(new)))  # (a retrace after dropping logits registers them again)
         return compiled
 
-    state.compiled = torch.compile(target._call_impl, backend=backend, dynamic=state.dynamic)
+    # (a region of its own: every model prepared in the process counts its own recompiles)
+    state.compiled = torch.compile(target._call_impl, backend=backend, dynamic=state.dynamic, **frames.isolated())
     if getattr(getattr(target, "_compiled_call_impl", None), "_streamfx", False):
         return  # the dispatcher is installed; it reads state.compiled
     gc_modules = [m for m in target.modules() if hasattr(m, "gradient_checkpointing")]
@@ -203,11 +205,34 @@ def _install(target: torch.nn.Module, state: StreamState) -> None:
             finally:
                 target.forward = streamable
         state.compiled_calls += 1
-        return state.compiled(*args, **kwargs)
+        out = state.compiled(*args, **kwargs)
+        if not state.compiles and torch.is_grad_enabled():
+            _never_compiled(target, config.strict)
+        return out
 
     call._streamfx = True
     target._compiled_call_impl = call
     _wrap_generate(target, state)
+
+
+def _never_compiled(target, strict: bool) -> None:
+    """A training call of a prepared model that reached no backend: Dynamo ran it eagerly. Warned
+    once per model (``strict``: raised)."""
+    from torch._dynamo import config
+
+    if getattr(target, "_streamfx_never_compiled", False):
+        return
+    message = (f"streamfx: torch.compile ran {type(target).__name__} without handing its graph to the streambp "
+               f"backend: nothing streams, the step runs eagerly. Dynamo runs a function without compiling it once "
+               f"it holds torch._dynamo.config.recompile_limit ({config.recompile_limit}) compiled entries, and "
+               f"before torch 2.13 (no isolate_recompiles) every torch.compile call in the process counts toward "
+               f"it (nn.Module._call_impl is one function for every model: each model prepared earlier took an "
+               f"entry); compiling is also off under TORCHDYNAMO_DISABLE=1 or torch.compiler.set_stance"
+               f"('force_eager'). Raise torch._dynamo.config.recompile_limit, or prepare fewer models in one process")
+    if strict:
+        raise StreamBPError(message + " (strict=True)")
+    target._streamfx_never_compiled = True
+    warnings.warn(message, stacklevel=3)
 
 
 def _input_embedding_weight(target):

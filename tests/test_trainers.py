@@ -626,6 +626,59 @@ def test_prepare_keeps_the_model_and_its_signature():
         streamfx.prepare(tiny_model(), chunk=4)
 
 
+@pytest.mark.parametrize("isolation", ["torch's", "none"])
+def test_every_model_prepared_in_a_process_streams_or_says_why_not(isolation, monkeypatch):
+    """Dynamo keeps one list of compiled entries per function for every torch.compile call and runs
+    the function eagerly, calling no backend, at ``recompile_limit`` entries; ``nn.Module._call_impl``
+    is one function for every model. Under a limit of 1, two models prepared one after the other
+    (a hyperparameter search, a policy beside its reference) both stream where torch keeps each
+    compile's entries apart (``isolate_recompiles``, torch >= 2.13); without it (as before 2.13),
+    the model that reaches no backend says so, once, naming the limit."""
+    from torch._dynamo import config
+
+    from streamfx import frames
+
+    if isolation == "none":
+        monkeypatch.setattr(frames, "isolated", lambda: {})
+    elif not frames.isolated():
+        pytest.skip("this torch has no isolate_recompiles")
+    torch._dynamo.reset()
+    ids = torch.randint(3, V, (1, 15), generator=torch.Generator().manual_seed(0))
+    streamed = []
+    with config.patch(recompile_limit=1), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            model = streamfx.prepare(tiny_model(), **OPTIONS)
+            before = COUNTERS["region_forward"]
+            model(input_ids=ids, labels=ids).loss.backward()
+            streamed.append(COUNTERS["region_forward"] - before)
+    said = [str(w.message) for w in caught if "without handing its graph" in str(w.message)]
+    if isolation == "none":
+        assert streamed == [len(STREAMED), 0] and len(said) == 1, (streamed, said)
+        assert "recompile_limit (1)" in said[0], said
+    else:
+        assert streamed == [len(STREAMED)] * 2 and not said, (streamed, said)
+
+
+@pytest.mark.fast
+def test_a_prepared_model_run_eagerly_by_torch_says_so():
+    """Compiling switched off (``torch.compiler.set_stance("force_eager")``): the training call runs
+    eagerly and exactly, and says once that nothing streams; with ``strict`` it raises."""
+    torch._dynamo.reset()
+    ids = torch.randint(3, V, (1, 15), generator=torch.Generator().manual_seed(0))
+    model, ref = streamfx.prepare(tiny_model(), **OPTIONS), tiny_model()
+    with torch.compiler.set_stance("force_eager"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            loss = model(input_ids=ids, labels=ids).loss
+        torch.testing.assert_close(loss, ref(input_ids=ids, labels=ids).loss)
+        strict = streamfx.prepare(tiny_model(), strict=True, **OPTIONS)
+        with pytest.raises(streamfx.StreamBPError, match="without handing its graph"):
+            strict(input_ids=ids, labels=ids)
+    said = [str(w.message) for w in caught if "without handing its graph" in str(w.message)]
+    assert len(said) == 1 and "force_eager" in said[0], said
+
+
 def test_generation_runs_uncompiled():
     """``generate`` on a prepared model compiles nothing, whatever its lengths; a training step
     afterwards compiles once and streams."""
