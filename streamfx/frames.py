@@ -66,7 +66,6 @@ def traced_call(model, backend, args, kwargs, **compile_kwargs):
     isolation (before 2.13) lifts both limits for the trace, whose entries then count toward the
     user's own compiles of the same functions."""
     import torch
-
     from torch._dynamo import config
 
     lifted = {"accumulated_recompile_limit": max(config.accumulated_recompile_limit, 1 << 20)}
