@@ -33,6 +33,7 @@ class Report:
     storage: list = dataclasses.field(default_factory=list)  # offload.StorePlan of each layer whose inputs leave the device or are rebuilt
     _later: object = dataclasses.field(default=None, repr=False)  # () -> Report for dynamic=None's later lengths
     _memory: object = dataclasses.field(default=None, repr=False)  # the memory model's summary, made on first use
+    training_graphs: int = 1   # graphs with a backward that the explained call ran
 
     def memory(self):
         """(T, layer chunk, head chunk, predicted step peak, [(bytes, role, module, source)], the
@@ -44,6 +45,9 @@ class Report:
             # graphs the report's own compile ran)
             codegen = StreamConfig.from_options(self.settings["options"] or None).codegen \
                 if "options" in self.settings else None
+            from .membudget import one_graph_step
+
+            one_graph_step(self.training_graphs, "the memory model")
             self._memory = _step_memory(self.analyses, codegen)
         return self._memory or None
 
@@ -187,15 +191,18 @@ def _prepared_options(state) -> dict:
 
 
 def _explain_once(model, args, kwargs, options, dynamic, state) -> Report:
-    from . import frames
+    from . import frames, membudget
     from .backend import compile_graph
     from .session import Session
 
     config = dataclasses.replace(StreamConfig.from_options(options), codegen="eager")
     collected: list = []
 
+    trains: set = set()   # the graphs with a backward that ran
+
     def capture(gm, example_inputs):
-        return compile_graph(gm, example_inputs, config, Session(config, collected))
+        fn = compile_graph(gm, example_inputs, config, Session(config, collected))
+        return membudget.training_graph(fn, example_inputs, trains)
 
     # a prepared model's own compiled call is set aside while it is explained
     target = state.target if state is not None else None
@@ -212,7 +219,9 @@ def _explain_once(model, args, kwargs, options, dynamic, state) -> Report:
     finally:
         if target is not None:
             target._compiled_call_impl = saved
-    return build_report(collected)
+    report = build_report(collected)
+    report.training_graphs = len(trains)
+    return report
 
 
 def _fresh(x: torch.Tensor) -> torch.Tensor:

@@ -249,6 +249,34 @@ def host_available() -> int:
 
 
 # ---- the report ------------------------------------------------------------------------------------
+def training_graph(fn, example_inputs, ran: set):
+    """``fn`` (a backend's compiled graph), recording in ``ran`` that it ran where the graph trains
+    (an input needs a gradient: a parameter). A traced call whose compiles ran more than one such
+    graph is a step in pieces; a graph Dynamo compiled and then dropped (it compiled the frame
+    again before running it) does not count."""
+    if not any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+        return fn
+    key = object()
+
+    def run(*args):
+        ran.add(key)
+        return fn(*args)
+
+    return run
+
+
+def one_graph_step(graphs: int, who: str) -> None:
+    """Raises unless the step has at most one compiled graph with a backward: the memory model is
+    that of one graph's step, and what other graphs keep for their backward (and the activations
+    passed between them) would be in no prediction."""
+    if graphs > 1:
+        raise StreamBPError(
+            f"{who}: the step compiles to {graphs} graphs with a backward (Dynamo's graph breaks: "
+            f"TORCH_LOGS=graph_breaks lists them), and the memory model predicts the step of one graph: a "
+            f"prediction would leave out what the other graphs keep for their backward. Remove the graph "
+            f"breaks to plan the model; its streamed regions train as they are")
+
+
 @dataclasses.dataclass
 class MemoryReport:
     """Predicted memory of a training step at any length, from one small-length compile.

@@ -35,7 +35,8 @@ import torch
 from . import offload
 from .config import StreamConfig
 from .errors import StreamBPError
-from .membudget import MemoryReport, Storages, gib, longest_fitting, parse_budget, step_models
+from .membudget import (MemoryReport, Storages, gib, longest_fitting, one_graph_step, parse_budget, step_models,
+                        training_graph)
 from .passes.schedule import MIN_CHUNK, chunk_candidates, largest_fitting
 
 # Published shapes (the models' config.json on the Hugging Face hub).
@@ -106,13 +107,15 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
     collected: list = []
     detached: list = []
 
+    trains: set = set()   # the graphs with a backward that ran
+
     def capture(gm, example_inputs):
         given = None if detach is None else detach[len(detached)] if len(detached) < len(detach) else ()
         session = Session(traced, collected)
         session.keep_graphs = True
         fn = compile_graph(gm, example_inputs, traced, session, detach=given)
         detached.append(tuple(session.detached))
-        return fn
+        return training_graph(fn, example_inputs, trains)
 
     args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, lambda x: x.detach(), (args, kwargs))
     with torch.enable_grad(), runtime.shapes_only():  # (the regions' chunks need not run)
@@ -120,6 +123,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
     analyses = [a for a in collected if getattr(a, "graphs", None) is not None]
     if not analyses:
         raise StreamBPError("streamfx.plan_memory: nothing in the model streams (see streamfx.explain)")
+    one_graph_step(len(trains), "streamfx.plan_memory")
     a = analyses[-1]
     device = device or _device(args, kwargs)
     codegen = StreamConfig.from_options(options).codegen

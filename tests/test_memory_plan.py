@@ -962,3 +962,27 @@ def test_analyses_in_one_process_neither_stop_seeing_graphs_nor_take_the_users_c
         compiled = torch.compile(model, backend="streambp")
         compiled(input_ids=ids, labels=ids).loss.backward()
         assert COUNTERS["region_forward"] - before == zoo.LAYERS + 1
+
+
+@pytest.mark.heavy
+def test_a_step_in_several_graphs_is_not_planned_as_one():
+    """A graph break inside a decoder layer: the step compiles to several graphs with a backward
+    (each layer, the head), and the memory model is that of one graph's step. ``plan_memory``
+    raises with the cause instead of predicting one graph (it said 16M tokens fit a tiny budget);
+    ``explain`` says its prediction is not available, and why."""
+    model, _ = zoo.qwen3("sdpa")
+    mlp = model.model.layers[1].mlp
+    forward = mlp.forward
+
+    def breaking(x):
+        torch._dynamo.graph_break()
+        return forward(x)
+
+    mlp.forward = breaking
+    ids = _ids(TRACE)
+    with pytest.warns(UserWarning, match="without compiling it"):
+        with pytest.raises(streamfx.StreamBPError, match=r"compiles to \d+ graphs with a backward"):
+            streamfx.plan_memory(model, input_ids=ids, labels=ids)
+    text = str(streamfx.explain(model, input_ids=ids, labels=ids))
+    assert re.search(r"predicted step peak: not available \(StreamBPError: the memory model: the step compiles to "
+                     r"\d+ graphs with a backward", text), text
