@@ -252,8 +252,8 @@ def host_available() -> int:
 def training_graph(fn, example_inputs, ran: set):
     """``fn`` (a backend's compiled graph), recording in ``ran`` that it ran where the graph trains
     (an input needs a gradient: a parameter). A traced call whose compiles ran more than one such
-    graph is a step in pieces; a graph Dynamo compiled and then dropped (it compiled the frame
-    again before running it) does not count."""
+    graph is a step in pieces; a graph Dynamo compiled but did not run (it compiled the frame again
+    within the call and ran that one: ``explain(..., dynamic=True)`` of a Qwen3) does not count."""
     if not any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
         return fn
     key = object()
