@@ -11,6 +11,7 @@ the graph break and what to change, once per function.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
@@ -46,6 +47,7 @@ def _read_metrics() -> None:
         _cursor = entries[-1]
 
 
+@functools.cache
 def isolated() -> dict:
     """torch.compile's arguments that keep a compile's entries a region of their own (torch >= 2.13's
     ``isolate_recompiles``; {} before). Dynamo keeps one list of compiled entries per function for
@@ -68,10 +70,11 @@ def traced_call(model, backend, args, kwargs, **compile_kwargs):
     import torch
     from torch._dynamo import config
 
+    isolation = isolated()
     lifted = {"accumulated_recompile_limit": max(config.accumulated_recompile_limit, 1 << 20)}
-    if not isolated():
+    if not isolation:
         lifted["recompile_limit"] = max(config.recompile_limit, 1 << 20)
-    compiled = torch.compile(model, backend=backend, **compile_kwargs, **isolated())
+    compiled = torch.compile(model, backend=backend, **compile_kwargs, **isolation)
     with config.patch(lifted):
         return compiled(*args, **kwargs)
 

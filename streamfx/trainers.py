@@ -76,6 +76,7 @@ class StreamState:
     compiled: object = dataclasses.field(default=None, repr=False)  # torch.compile of target._call_impl
     trl_forward: object = dataclasses.field(default=None, repr=False)  # TRL's fused forward (function)
     checkpointing_disabled: int = 0         # times gradient checkpointing was found on and switched off
+    never_compiled_warned: bool = False     # a training call reached no backend, and that was said
     _local: threading.local = dataclasses.field(default_factory=threading.local, repr=False)
 
     @property
@@ -207,7 +208,7 @@ def _install(target: torch.nn.Module, state: StreamState) -> None:
         state.compiled_calls += 1
         out = state.compiled(*args, **kwargs)
         if not state.compiles and torch.is_grad_enabled():
-            _never_compiled(target, config.strict)
+            _never_compiled(target, state, config.strict)
         return out
 
     call._streamfx = True
@@ -215,12 +216,12 @@ def _install(target: torch.nn.Module, state: StreamState) -> None:
     _wrap_generate(target, state)
 
 
-def _never_compiled(target, strict: bool) -> None:
+def _never_compiled(target, state: StreamState, strict: bool) -> None:
     """A training call of a prepared model that reached no backend: Dynamo ran it eagerly. Warned
     once per model (``strict``: raised)."""
     from torch._dynamo import config
 
-    if getattr(target, "_streamfx_never_compiled", False):
+    if state.never_compiled_warned:
         return
     message = (f"streamfx: torch.compile ran {type(target).__name__} without handing its graph to the streambp "
                f"backend: nothing streams, the step runs eagerly. Dynamo runs a function without compiling it once "
@@ -231,7 +232,7 @@ def _never_compiled(target, strict: bool) -> None:
                f"('force_eager'). Raise torch._dynamo.config.recompile_limit, or prepare fewer models in one process")
     if strict:
         raise StreamBPError(message + " (strict=True)")
-    target._streamfx_never_compiled = True
+    state.never_compiled_warned = True
     warnings.warn(message, stacklevel=3)
 
 
