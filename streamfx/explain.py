@@ -167,12 +167,22 @@ def explain(model, *args, options=_UNSET, dynamic=_UNSET, **kwargs) -> Report:
         dynamic = state.dynamic if state is not None else None
     if dynamic not in (None, True, False):
         raise StreamBPError(f"dynamic must be None, True or False (as for torch.compile), got {dynamic!r}")
-    report = _explain_once(model, args, kwargs, options, dynamic, state)
+    report, records = _explain_once(model, args, kwargs, options, dynamic, state)
     report.settings = {"dynamic": dynamic, "options": dict(options or {})}
     if dynamic is None:
         def later():
+            # the call a later length makes: the same function called again at other sizes, after
+            # this one (its records), so what changed turns symbolic and what did not stays as it
+            # is (an int such as a resumed frame's logits_to_keep); without inputs to resize, every
+            # size symbolic
+            resized = later_inputs(args, kwargs, report.seq_dim)
             try:
-                r = _explain_once(model, args, kwargs, options, True, state)
+                if resized is not None:
+                    r, _ = _explain_once(model, *resized, options, None, state, records=records)
+                    if any(isinstance(t, torch.SymInt) for t in r.seq_dim):
+                        r.settings = {"dynamic": None, "options": dict(options or {})}
+                        return r
+                r, _ = _explain_once(model, args, kwargs, options, True, state)
             except Exception as e:  # noqa: BLE001 - reported, not raised: the first report stands
                 r = build_report([])
                 r.not_streamed.append(("compile", f"compiling with symbolic sizes failed: {type(e).__name__}: "
@@ -184,13 +194,44 @@ def explain(model, *args, options=_UNSET, dynamic=_UNSET, **kwargs) -> Report:
     return report
 
 
+def later_inputs(args, kwargs, lengths) -> tuple | None:
+    """``(args, kwargs)`` as a later call of a training run passes them: every dim of the sequence
+    length T (``lengths``: the static ones a report found) cut to a shorter T' (a prefix: masks,
+    labels and positions stay consistent), and the batch (dim 0 of the tensors that hold T after
+    it) one row longer (its first row again). T' is the longest that equals no other size of the
+    inputs, which Dynamo would take for the same symbol. None without such a T or T'."""
+    leaves = [x for x in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(x, torch.Tensor)]
+    held = Counter(n for x in leaves for n in x.shape)
+    T = max((n for n in lengths if isinstance(n, int) and held[n]), key=lambda n: held[n], default=None)
+    if T is None:
+        return None
+    B = Counter(x.shape[0] for x in leaves if T in x.shape[1:]).most_common(1)
+    B = B[0][0] if B else None
+    others = {n for x in leaves for n in x.shape if n not in (T, B)} | ({B + 1} if B is not None else set())
+    short = next((n for n in range(T - 1, 1, -1) if n not in others), None)
+    if short is None:
+        return None
+
+    def resize(x: torch.Tensor) -> torch.Tensor:
+        for d, n in enumerate(x.shape):
+            if n == T:
+                x = x.narrow(d, 0, short)
+        if B is not None and x.dim() and x.shape[0] == B:
+            x = torch.cat([x, x[:1]])
+        return x.detach().requires_grad_(x.requires_grad)
+
+    return torch.utils._pytree.tree_map_only(torch.Tensor, resize, (args, kwargs))
+
+
 def _prepared_options(state) -> dict:
     from .trainers import _effective_options
 
     return _effective_options(state)
 
 
-def _explain_once(model, args, kwargs, options, dynamic, state) -> Report:
+def _explain_once(model, args, kwargs, options, dynamic, state, records=None) -> tuple:
+    """(report, Dynamo's automatic-dynamic records after the call): one traced call, in a
+    process whose earlier calls are ``records`` (None: the model's first call)."""
     from . import frames, membudget
     from .backend import compile_graph
     from .session import Session
@@ -215,13 +256,13 @@ def _explain_once(model, args, kwargs, options, dynamic, state) -> Report:
     args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _fresh, (args, kwargs))
     try:
         with torch.enable_grad():
-            frames.traced_call(model, capture, args, kwargs, dynamic=dynamic)
+            _, records = frames.traced_call(model, capture, args, kwargs, records=records, dynamic=dynamic)
     finally:
         if target is not None:
             target._compiled_call_impl = saved
     report = build_report(collected)
     report.training_graphs = len(trains)
-    return report
+    return report, records
 
 
 def _fresh(x: torch.Tensor) -> torch.Tensor:

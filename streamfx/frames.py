@@ -11,6 +11,9 @@ the graph break and what to change, once per function.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
+import copy
 import functools
 import inspect
 import os
@@ -61,12 +64,41 @@ def isolated() -> dict:
     return {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
 
 
-def traced_call(model, backend, args, kwargs, **compile_kwargs):
+@contextlib.contextmanager
+def dynamic_records(records=None):
+    """Dynamo's automatic-dynamic records (for each compiled function, the sizes and ints its calls
+    have seen: one that changed between calls compiles as a symbol) replaced, for the block, by a
+    copy of ``records`` (None: none, as in a fresh process); the caller's are back after it.
+    Yields the block's records. An analysis's trace then compiles as the model's first compile
+    does, whatever the process compiled before, and the sizes it saw do not make the user's own
+    next compile symbolic. (Records are written to disk only under ``torch.compiler.config.job_id``:
+    kept from the disk for the block.)"""
+    import torch
+
+    try:
+        from torch._dynamo import pgo
+        fresh = pgo.CodeState
+        saved = pgo._CODE_STATE, pgo._INIT_CODE_STATE
+    except (ImportError, AttributeError):   # (a torch that keeps them otherwise: left as they are)
+        yield None
+        return
+    mine = copy.deepcopy(records) if records is not None else collections.defaultdict(fresh)
+    pgo._CODE_STATE, pgo._INIT_CODE_STATE = mine, copy.deepcopy(mine)
+    try:
+        with torch.compiler.config.patch(job_id=None):
+            yield mine
+    finally:
+        pgo._CODE_STATE, pgo._INIT_CODE_STATE = saved
+
+
+def traced_call(model, backend, args, kwargs, *, records=None, **compile_kwargs):
     """``torch.compile(model, backend=backend, **compile_kwargs)(*args, **kwargs)``: the one traced
     call of an analysis (``explain``, ``plan_memory``), whose backend is a new object at every
     analysis: ``isolated``, with the accumulated limit lifted for the trace; a torch without
     isolation (before 2.13) lifts both limits for the trace, whose entries then count toward the
-    user's own compiles of the same functions."""
+    user's own compiles of the same functions. Sizes turn symbolic as in a process whose earlier
+    calls are ``records`` (``dynamic_records``; None: the model's first call). Returns the call's
+    result and the records after it."""
     import torch
     from torch._dynamo import config
 
@@ -75,8 +107,9 @@ def traced_call(model, backend, args, kwargs, **compile_kwargs):
     if not isolation:
         lifted["recompile_limit"] = max(config.recompile_limit, 1 << 20)
     compiled = torch.compile(model, backend=backend, **compile_kwargs, **isolation)
-    with config.patch(lifted):
-        return compiled(*args, **kwargs)
+    with config.patch(lifted), dynamic_records(records) as after:
+        out = compiled(*args, **kwargs)
+        return out, copy.deepcopy(after)
 
 
 def check_callers(strict: bool) -> None:

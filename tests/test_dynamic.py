@@ -429,6 +429,66 @@ def test_main_example_later_lengths_stream(monkeypatch):
     assert not [str(w.message) for w in caught if "streamfx" in str(w.message)]
 
 
+def _symbolic_graphs(seen: list):
+    """A backend recording, per graph it compiles, whether an input has a symbolic size."""
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    def backend(gm, example_inputs):
+        seen.append(any(free_symbols(n.meta.get("example_value")) for n in gm.graph.find_nodes(op="placeholder")))
+        return gm.forward
+    return backend
+
+
+@pytest.mark.fast
+def test_explain_and_the_users_compiles_leave_each_other_their_sizes():
+    """Dynamo turns a size symbolic where a function's calls have seen it change, remembered per
+    function for the whole process. explain() compiles as the model's first compile does, whatever
+    the process compiled before, and the sizes it saw do not make the user's first compile
+    symbolic."""
+    model, make_inputs = zoo.qwen3()
+    short, long = make_inputs(zoo.Case("t16", 2, 16)), make_inputs(zoo.Case("t24", 2, 24))
+    report = streamfx.explain(model, *short.args, **short.kwargs)
+    assert report.seq_dim == [16], report.seq_dim
+    seen = []
+    compiled = torch.compile(model, backend=_symbolic_graphs(seen))
+    compiled(*long.args, **long.kwargs)
+    assert seen == [False], seen                 # the user's first compile: static sizes
+    compiled(*short.args, **short.kwargs)
+    assert seen == [False, True], seen           # their second length: symbolic
+    report = streamfx.explain(model, *short.args, **short.kwargs)
+    assert report.seq_dim == [16], report.seq_dim  # still the first compile's static sizes
+
+
+@pytest.mark.fast
+def test_later_lengths_of_a_model_in_graph_pieces_are_its_recompiles():
+    """A graph break between the decoder and the LM head: the head's graph is a resumed frame
+    whose local ``logits_to_keep`` (0) never changes, so a later length recompiles it with a
+    symbolic length and that int as it is: the head streams at every length. explain's later
+    lengths say the same (compiling every size and int symbolic would slice the head's input at a
+    symbolic bound and refuse it), and the run agrees."""
+    model, make_inputs = zoo.qwen3()
+
+    def graph_break(module, args, out):
+        torch._dynamo.graph_break()
+        return out
+
+    model.model.register_forward_hook(graph_break)
+    inputs = make_inputs("right_pad")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = streamfx.explain(model, *inputs.args, **inputs.kwargs)
+        later = report.later_lengths
+    assert not [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    assert len(report.seq_dim) == 2 and {p.name for p in report.plan} == {"layer.0", "layer.1", "head"}, report
+    assert {p.name for p in later.plan} == {"layer.0", "layer.1", "head"} and not later.not_streamed, str(report)
+    assert all(isinstance(n, torch.SymInt) for n in later.seq_dim), later.seq_dim
+    calls = Calls(zoo.qwen3, head_chunk_size=4)
+    calls.model.model.register_forward_hook(graph_break)
+    calls.ref = copy.deepcopy(calls.model)
+    for case in [zoo.Case("a", 2, 16, pad="right"), zoo.Case("b", 3, 11, pad="left"), zoo.Case("c", 1, 21)]:
+        calls.call(make_inputs(case))
+
+
 def test_trl_grpo_every_length_and_completion_length():
     """TRL's GRPO loss (``logits_to_keep=K + 1``, the logits shifted by one, a per-row logsumexp
     stack) over calls whose prompt length T and completion length K both change: once Dynamo
