@@ -104,7 +104,7 @@ def test_chunked_attention_reads_keys_from_its_block_start():
         assert ranges == [(s // 4 * 4, e) for s, e in bounds], (bounds, ranges)
 
 
-@pytest.mark.parametrize("form, codegen, chunk", [pytest.param("mla", "eager", 5, marks=pytest.mark.fast),
+@pytest.mark.parametrize("form, codegen, chunk", [pytest.param("mla", "eager", 5, marks=[pytest.mark.fast, pytest.mark.heavy]),
                                                  pytest.param("mla_cat", "eager", 5, marks=[pytest.mark.fast, pytest.mark.heavy])] + [
     pytest.param("mla", codegen, chunk, marks=SLOW if (codegen, chunk) == ("inductor", 5)
                  else [SLOW, pytest.mark.extended]) for codegen, chunk in

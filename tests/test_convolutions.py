@@ -324,7 +324,8 @@ def _lfm2(types, k=3):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("pad", [pytest.param(None, marks=pytest.mark.heavy), "left"])
+@pytest.mark.heavy
+@pytest.mark.parametrize("pad", [None, "left"])
 def test_lfm2_convolution_layers_stream(pad):
     """Hugging Face's LFM2 with convolution layers around an attention layer, through its own
     ``causal_conv1d_fn`` (the reference implementation): every layer and the head stream

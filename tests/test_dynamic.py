@@ -459,7 +459,6 @@ def test_explain_and_the_users_compiles_leave_each_other_their_sizes():
     assert report.seq_dim == [16], report.seq_dim  # still the first compile's static sizes
 
 
-@pytest.mark.fast
 def test_later_lengths_of_a_model_in_graph_pieces_are_its_recompiles():
     """A graph break between the decoder and the LM head: the head's graph is a resumed frame
     whose local ``logits_to_keep`` (0) never changes, so a later length recompiles it with a
@@ -485,7 +484,7 @@ def test_later_lengths_of_a_model_in_graph_pieces_are_its_recompiles():
     calls = Calls(zoo.qwen3, head_chunk_size=4)
     calls.model.model.register_forward_hook(graph_break)
     calls.ref = copy.deepcopy(calls.model)
-    for case in [zoo.Case("a", 2, 16, pad="right"), zoo.Case("b", 3, 11, pad="left"), zoo.Case("c", 1, 21)]:
+    for case in [zoo.Case("a", 2, 16, pad="right"), zoo.Case("b", 3, 11, pad="left")]:
         calls.call(make_inputs(case))
 
 

@@ -336,7 +336,8 @@ def test_a_guess_the_plans_do_not_bear_out_costs_one_trace_and_keeps_the_gradien
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("where", ["rewrite", pytest.param("compile", marks=pytest.mark.heavy)])
+@pytest.mark.heavy
+@pytest.mark.parametrize("where", ["rewrite", "compile"])
 def test_a_detached_retrace_whose_rewrite_fails_keeps_the_logits_gradient(where, monkeypatch):
     """The retraced graph's rewrite fails (a refusal), or its compile after the rewrite (an
     error): the graph runs as captured, unstreamed and warned, and the logits it returns keep

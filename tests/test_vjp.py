@@ -92,6 +92,7 @@ def test_the_streamed_step_runs_fewer_matmuls_than_checkpointing_and_is_exact(ma
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 @pytest.mark.expect_fallback
 def test_a_graph_the_joint_trace_does_not_take_runs_its_training_compile(monkeypatch):
     """A failing joint compile is no failure of the step: the chunk's training compile runs."""
