@@ -24,7 +24,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from streamfx import blocks, chunks, offload  # noqa: F401  (blocks registers streamfx::causal_blocks)
 from streamfx.chunks import ChunkGraph, Slot
 from streamfx.errors import CannotStream
-from streamfx.runtime import Keep, LayerProgram, MaskCheck, RegionProgram
+from streamfx.runtime import Keep, LayerProgram, MaskCheck, RegionProgram, no_nan_check
 from . import kernels, reach, verify
 from .graphs import (ALIASES, COPIES, ancestors, bind, hint, is_tangent, order, outputs as graph_outputs, primals,
                      tangents, unpadded, written_input)
@@ -786,7 +786,7 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     vals_p = [p.meta["val"] for p in ps]
     vals_t = [t.meta["val"] for t in ts]
     mode = detect_fake_mode(vals_p + vals_t)
-    with mode:
+    with mode, no_nan_check():
         new_joint = make_fx(joint_fn, decomposition_table=select_decomp_table(),
                             record_module_stack=True)(vals_p, vals_t)
     _tag_forward_backward(new_joint.graph)

@@ -547,15 +547,12 @@ class Vjp:
 def _trace(graph: ChunkGraph, grads: tuple, values: dict | None = None) -> tuple:
     """(fake mode, symbolic fake inputs with ``grads`` requiring a gradient, the graph's outputs
     on them); sampled at ``values`` where given (``fake_inputs``)."""
-    from torch._dispatch.python import enable_python_dispatcher
-
-    from .runtime import autograd_inside_op
+    from .runtime import fake_autograd
 
     mode, fakes = fake_inputs(graph.slots, graph.sizes, grads, values=values)
     # (sizes read from data here, ``.tolist()`` of tokens per expert, are the joint trace's to
     # bind: left pending in the shape environment, that trace finds them in none of its outputs)
-    with mode, autograd_inside_op(), torch.enable_grad(), mode.shape_env.ignore_fresh_unbacked_symbols(), \
-            enable_python_dispatcher():
+    with mode, fake_autograd(), torch.enable_grad(), mode.shape_env.ignore_fresh_unbacked_symbols():
         return mode, fakes, list(graph.gm(*fakes))
 
 
@@ -564,13 +561,12 @@ def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple) -
     exist, the tangents' shapes in the inputs' symbols, their dtypes, {symbol: (input, dim)} to
     read them from, which of ``grads`` has a gradient), with the shape guards of the trace and the
     compile. ``traced``: ``_trace(graph, grads, values)``."""
-    from torch._dispatch.python import enable_python_dispatcher
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from . import onehot
-    from .runtime import autograd_inside_op
+    from .runtime import autograd_inside_op, fake_autograd
 
     mode, fakes, outs = traced
     n, m = len(graph.slots), len(graph.sizes)
@@ -603,9 +599,7 @@ def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple) -
     _LazyGraphModule.force_recompile(gm)
     # (the backward on the calling thread, as AOTAutograd traces its joint graph: the autograd
     # engine runs a CUDA backward on its device thread, where the trace's dispatch state is not set)
-    # (under the Python dispatcher, as AOTAutograd traces: the shape rules of some ops, baddbmm's
-    # broadcast of its input, take symbolic sizes only there)
-    with mode, autograd_inside_op(), torch.autograd.set_multithreading_enabled(False), enable_python_dispatcher():
+    with mode, fake_autograd(), torch.autograd.set_multithreading_enabled(False):
         traced = make_fx(joint)(*fakes, *tangents)
     with mode:
         inputs = [x.detach() if isinstance(x, torch.Tensor) else x for x in fakes] + tangents

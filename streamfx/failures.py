@@ -6,6 +6,8 @@ never a silent change of program. ``settle`` decides from the exception and the 
 - a device error (out of memory, an accelerator or CUDA error) reaches the user as itself (the
   same object and type), with a note naming the region and the chunk; the region is never rerun
   whole (that would need more memory than the chunk that failed, and hide the first cause);
+- so does an error the user asked for about the step's values (anomaly mode's NaN found in a
+  backward's output): it is the model's, streamed or not;
 - with ``strict=True`` (and under ``STREAMFX_VERIFY``, the tests' self-checks) any other failure
   raises ``StreamBPError`` naming the region, the chunk, and the op and its source line where
   the chunk graph runs as an FX graph (``codegen="eager"``);
@@ -27,6 +29,10 @@ from .errors import StreamBPError, op_name, source_line
 DEVICE_ERRORS = tuple(t for t in (torch.OutOfMemoryError, getattr(torch, "AcceleratorError", None)) if t)
 DEVICE_MESSAGES = ("CUDA error", "CUDA driver error", "CUDA out of memory", "cuDNN error", "CUDNN_STATUS_",
                    "CUBLAS_STATUS_", "HIP error", "XPU out of memory", "MPS backend out of memory", "NCCL error")
+
+# the words of RuntimeError messages the user asked for about the values the step computes:
+# anomaly mode's check of each backward's outputs (``torch.autograd.set_detect_anomaly``)
+VALUE_MESSAGES = ("returned nan values in its",)
 
 
 class chunk:
@@ -55,6 +61,10 @@ def is_device_error(err: BaseException) -> bool:
         isinstance(err, RuntimeError) and str(err).lstrip().startswith(DEVICE_MESSAGES))
 
 
+def is_value_error(err: BaseException) -> bool:
+    return isinstance(err, RuntimeError) and any(m in str(err) for m in VALUE_MESSAGES)
+
+
 def settle(prog, err: Exception, phase: str) -> None:
     """Raise what must reach the user; return (after the warning and the count) when the region
     may run whole for this call."""
@@ -63,6 +73,10 @@ def settle(prog, err: Exception, phase: str) -> None:
     where = f"region '{prog.name}', in {_chunk(err, phase)}"
     if is_device_error(err):
         err.add_note(f"streamfx: raised in {where} (not rerun whole: a device error reaches the caller)")
+        raise err
+    if is_value_error(err):
+        err.add_note(f"streamfx: raised in {where} (anomaly mode's check of the values, which the region's "
+                     "unstreamed form meets as well: not rerun whole)")
         raise err
     cause = f"{type(err).__name__}: {_first_line(err)}{_op(prog, err)}"
     failed = f"streamfx: region '{prog.name}' could not run chunk by chunk ({cause}), in {_chunk(err, phase)}"

@@ -429,7 +429,6 @@ def chunk_curve(graph, grads=(), train=False, fused=False) -> ChunkCurve:
 
 
 def _trace_curve(graph, grads, train, fused=False, one_hot=False) -> ChunkCurve:
-    from torch._dispatch.python import enable_python_dispatcher
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from .chunks import fake_inputs
@@ -454,13 +453,9 @@ def _trace_curve(graph, grads, train, fused=False, one_hot=False) -> ChunkCurve:
             got = torch.autograd.grad(outs, wrt, [torch.empty_like(o) for o in outs], allow_unused=True)
             return [g for g in got if g is not None]
 
-    # (autograd dispatch on, also when the caller is a custom op's kernel, which runs below
-    # autograd: a budget policy sizes chunks from inside the region op)
-    from .runtime import autograd_inside_op
+    from .runtime import fake_autograd
 
-    # (and under the Python dispatcher, as AOTAutograd traces: some ops' shape rules, baddbmm's
-    # broadcast of its input, take symbolic sizes only there)
-    with mode, autograd_inside_op(), enable_python_dispatcher():
+    with mode, fake_autograd():
         traced = make_fx(run)(*fakes)
     q = k = None
     for slot, x in zip(graph.slots, fakes):

@@ -839,6 +839,31 @@ def autograd_inside_op():
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
 
 
+def no_nan_check():
+    """Anomaly mode, where the user turned it on, without its check of every backward's outputs for
+    NaN while a backward is traced through fake tensors (the check reads a value, which a fake
+    tensor has not), as AOTAutograd traces its joint graph; its tracebacks stay on."""
+    if not torch.is_anomaly_enabled():
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.filterwarnings("ignore", "Anomaly Detection has been enabled")
+    stack.enter_context(torch.autograd.set_detect_anomaly(True, check_nan=False))
+    return stack
+
+
+@contextlib.contextmanager
+def fake_autograd():
+    """The state a chunk graph's backward is traced in through fake tensors, as AOTAutograd traces
+    its joint graph: autograd dispatch on (``autograd_inside_op``: also inside a custom op's
+    kernel, where a budget policy sizes chunks), the Python dispatcher (the shape rules of some
+    ops, baddbmm's broadcast of its input, take symbolic sizes only there) and ``no_nan_check``."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    with autograd_inside_op(), enable_python_dispatcher(), no_nan_check():
+        yield
+
+
 def _acc_dtype(x: torch.Tensor) -> torch.dtype:
     return accumulation_dtype(x.dtype)
 

@@ -144,3 +144,41 @@ def test_device_errors_are_told_apart():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not is_device_error(ValueError("Cannot view a tensor"))
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("codegen", ["eager", pytest.param("inductor", marks=pytest.mark.heavy)])
+def test_anomaly_mode_streams_exactly(codegen):
+    """Under ``torch.autograd.set_detect_anomaly(True)`` (a user hunting a NaN) every region still
+    streams, exactly, without a warning: the backward traces through fake tensors (the joint graph,
+    each chunk graph's vjp, the memory model's curves) run without anomaly mode's NaN check, which
+    reads values a fake tensor has not, as AOTAutograd's own trace does."""
+    model, make_inputs = zoo.qwen3()
+    with torch.autograd.set_detect_anomaly(True):
+        run = run_eager_and_compiled(model, make_inputs("right_pad"),
+                                     {"codegen": codegen, "chunk_size": 5, "memory_budget": "1GiB"})
+    assert not run.warnings, run.warnings
+    assert run.counters["region_forward"] == zoo.LAYERS + 1 and run.counters["region_backward"] == zoo.LAYERS + 1
+    assert run.counters["region_fallbacks"] == 0, run.counters
+    assert_grads_match(run.ref_grads, run.grads)
+
+
+@pytest.mark.fast
+def test_anomaly_modes_nan_reaches_the_caller_as_in_eager():
+    """A NaN that anomaly mode finds in a chunk's backward is the model's, not a failure of the
+    schedule: its RuntimeError reaches the caller as itself (as eager raises one), with a note
+    naming the region, never rerun whole nor turned into a StreamBPError."""
+    import streamfx
+
+    model, make_inputs = zoo.qwen3()
+    inputs = make_inputs("right_pad")
+    with torch.no_grad():
+        model.model.layers[0].mlp.down_proj.weight[0, 0] = float("nan")
+    for step in (model, torch.compile(model, backend="streambp", options={"codegen": "eager", "chunk_size": 5})):
+        with torch.autograd.set_detect_anomaly(True), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)   # (anomaly mode's own tracebacks)
+            with pytest.raises(RuntimeError, match="returned nan values") as raised:
+                inputs.loss_of(step(*inputs.args, **inputs.kwargs)).backward()
+        assert not isinstance(raised.value, streamfx.StreamBPError)
+    assert any("streamfx: raised in region" in note for note in getattr(raised.value, "__notes__", [])), \
+        getattr(raised.value, "__notes__", None)
