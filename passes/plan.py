@@ -27,6 +27,10 @@ SUM_OPS = (aten.sum.dim_IntList, aten.sum.default)
 CACHE_OUTPUT = ("the attention's keys or values leave the layer in a form its K/V graph does not keep "
                 "(a KV cache of what the keys are computed from: use_cache=True); training streams with "
                 "use_cache=False (model.config.use_cache = False, or use_cache=False in the call)")
+TOKEN_BY_TOKEN_OUTPUT = ("a [.., T, T] value leaves the layer, one entry per query and key (its attention "
+                         "probabilities, as output_attentions=True returns them, or scores a later layer reads): "
+                         "it exists whole for the whole sequence, so the layer runs unstreamed; call the model "
+                         "with output_attentions=False (the default) for its layers to stream")
 
 
 @dataclasses.dataclass
@@ -436,6 +440,8 @@ def _layer_plan(region, sd, config, sites, nodes, inputs, pulled, requires_grad=
                 raise CannotStream(CACHE_OUTPUT, o)
             returned[o] = chain
             continue
+        if "k" in sd.roles(o):
+            raise CannotStream(TOKEN_BY_TOKEN_OUTPUT, o)
         d = sd.seq_dim(o)
         merged = _merged(o, sd) if d is not None else "none"
         if merged == "none":

@@ -304,6 +304,31 @@ def test_inputs_embeds_streams():
     assert run.counters["region_backward"] == zoo.LAYERS + 1
 
 
+@pytest.mark.fast
+def test_output_attentions_runs_the_layers_whole_and_says_why():
+    """output_attentions=True (eager attention) makes each layer's [B, H, T, T] probabilities an
+    output of the graph, read by the loss here: a layer cannot hand them out chunk by chunk, so the
+    layers run unstreamed with that cause named (op and source line) and the remedy; the head
+    streams; the probabilities and every gradient are eager's."""
+    model, make_inputs = zoo.qwen3("eager")
+    inputs = make_inputs("left_pad")
+    inputs.kwargs["output_attentions"] = True
+
+    def loss_of(out):
+        assert len(out.attentions) == zoo.LAYERS
+        return inputs.loss_of(out) + sum((a ** 2).sum() for a in out.attentions)
+
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5}, loss_of=loss_of)
+    assert_grads_match(run.ref_grads, run.grads)
+    for mine, ref in zip(run.out.attentions, run.ref_out.attentions):
+        torch.testing.assert_close(mine, ref, rtol=1e-5, atol=1e-6)
+    assert run.counters["region_fallbacks"] == 0 and run.counters["region_backward"] == 1, run.counters
+    said = [w for w in run.warnings if "layer.0" in w]
+    assert len(said) == 1 and "[.., T, T] value leaves the layer" in said[0] and "output_attentions=False" in said[0], \
+        run.warnings
+    assert "eager_attention_forward" in said[0] or "modeling_qwen3.py" in said[0], said[0]
+
+
 @pytest.mark.parametrize("name,codegen,extra", [
     pytest.param("qwen3_sdpa", "eager", {}, marks=pytest.mark.fast), ("qwen3_sdpa", "inductor", {}),
     ("qwen3_eager", "eager", {}), ("gpt2", "eager", {}), ("mistral_sliding", "eager", {}),
