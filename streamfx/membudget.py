@@ -413,8 +413,8 @@ class BudgetPolicy:
     def __init__(self, model: StepModel, config, device: str, held_fn, storages: Storages | None = None):
         self.model, self.config, self.device, self.held_fn = model, config, device, held_fn
         self.storages = storages or Storages(model)
-        self.cache: dict = {}
-        self.chosen: dict = {}           # T -> the storage of layer inputs (tier, keep_every) chosen
+        self.cache = memory.Recent(memory.RECENT)    # T -> (layer, head) chunk sizes
+        self.chosen = memory.Recent(memory.RECENT)   # T -> the storage of layer inputs (tier, keep_every) chosen
         self.failed: str | None = None   # why the memory model failed at run time (fixed rules since)
 
     def budget(self) -> int:

@@ -15,6 +15,7 @@ intermediates, its attention over the key prefix, its weight gradients).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import operator
 import re
@@ -366,6 +367,31 @@ def _made(n: fx.Node) -> list:
 
 
 # ---- chunk graphs ---------------------------------------------------------------------------------
+RECENT = 32   # the lengths a cache keyed by length keeps (``Recent``)
+
+
+class Recent(collections.OrderedDict):
+    """A dict of the ``size`` entries used last. The caches keyed by a call's length (its chunk
+    sizes, its step's timeline) serve the calls of one step and the next steps at that length; a
+    training run with a new length per batch would otherwise grow them by an entry per length it
+    ever saw."""
+
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        self.move_to_end(key)
+        return value
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+
+
 @dataclasses.dataclass
 class ChunkCurve:
     """The peak bytes a chunk graph allocates while it runs (inputs are views of what the region
@@ -376,7 +402,7 @@ class ChunkCurve:
     q: object
     k: object
     fixed: dict
-    _cache: dict = dataclasses.field(default_factory=dict)
+    _cache: dict = dataclasses.field(default_factory=lambda: Recent(1024))   # (q, k) -> peak
 
     def __call__(self, q: int, k: int | None = None) -> int:
         key = (q, k)

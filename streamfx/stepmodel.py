@@ -286,7 +286,7 @@ class StepModel:
 
     def timeline(self, T: int) -> list:
         """Bytes live at each step (``live.steps``) at length T, regions' working sets left out."""
-        cache, key = self.__dict__.setdefault("_timelines", {}), (T, self.device)
+        cache, key = self.__dict__.setdefault("_timelines", memory.Recent(memory.RECENT)), (T, self.device)
         if key not in cache:
             subs = self.subs(T)
             current, alive, out = 0, {}, []
@@ -356,7 +356,7 @@ class StepModel:
 
     def keyed_profile(self, T: int) -> dict:
         """``profile`` per place (``positions``): {place: (peak outside regions, [(bytes, work, phase)])}."""
-        cache, key = self.__dict__.setdefault("_keyed", {}), (T, self.device)
+        cache, key = self.__dict__.setdefault("_keyed", memory.Recent(memory.RECENT)), (T, self.device)
         if key not in cache:
             cache[key] = self._keyed_profile(T)
         return cache[key]

@@ -299,6 +299,29 @@ def test_the_step_runs_the_chunk_sizes_the_report_predicts(report):
     assert layer == report.chunks(T, budget)[0] == c
 
 
+def test_a_run_of_many_lengths_keeps_a_bounded_record_of_them():
+    """The budget policy decides chunk sizes once per length and keeps the decision for the
+    step's other regions and the next steps at that length. A training run whose batches each
+    have a new length (padding to the longest) asks it at every length it sees: the policy and
+    the step model behind it keep the lengths used last, not one entry (a timeline of the whole
+    step) per length for the whole run, and a length asked again gets the same sizes."""
+    from streamfx import memory
+
+    model, _ = zoo.qwen3("sdpa")
+    compiled = torch.compile(model, backend="streambp", options={"memory_budget": "1GiB", "codegen": "eager"})
+    ids = _ids(TRACE)
+    compiled(input_ids=ids, labels=ids).loss.backward()
+    policy = next(p.policy for p in runtime._PROGRAMS.values() if p.policy is not None
+                  and p.policy.config.memory_budget == "1GiB" and p.policy.model.live.steps)
+    first = policy.sizes(64)
+    for T in range(65, 65 + 3 * memory.RECENT):
+        policy.sizes(T)
+        policy.model.peak(T)
+    kept = (policy.cache, policy.chosen, policy.model.__dict__["_timelines"])
+    assert all(len(c) <= memory.RECENT for c in kept), [len(c) for c in kept]
+    assert 64 not in policy.cache and policy.sizes(64) == first
+
+
 # ---- explain and the CLI ----------------------------------------------------------------------------
 @pytest.mark.heavy
 def test_explain_shows_chunks_and_predicted_peak():
