@@ -299,6 +299,7 @@ def test_the_step_runs_the_chunk_sizes_the_report_predicts(report):
     assert layer == report.chunks(T, budget)[0] == c
 
 
+@pytest.mark.heavy
 def test_a_run_of_many_lengths_keeps_a_bounded_record_of_them():
     """The budget policy decides chunk sizes once per length and keeps the decision for the
     step's other regions and the next steps at that length. A training run whose batches each
