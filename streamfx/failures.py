@@ -30,6 +30,8 @@ DEVICE_ERRORS = tuple(t for t in (torch.OutOfMemoryError, getattr(torch, "Accele
 DEVICE_MESSAGES = ("CUDA error", "CUDA driver error", "CUDA out of memory", "cuDNN error", "CUDNN_STATUS_",
                    "CUBLAS_STATUS_", "HIP error", "XPU out of memory", "MPS backend out of memory", "NCCL error")
 
+KEPT_CAUSES = 8   # distinct (phase, cause) pairs a region program keeps of the calls it ran whole
+
 # the words of RuntimeError messages the user asked for about the values the step computes:
 # anomaly mode's check of each backward's outputs (``torch.autograd.set_detect_anomaly``)
 VALUE_MESSAGES = ("returned nan values in its",)
@@ -82,9 +84,11 @@ def settle(prog, err: Exception, phase: str) -> None:
     failed = f"streamfx: region '{prog.name}' could not run chunk by chunk ({cause}), in {_chunk(err, phase)}"
     if prog.strict or verify.enabled():
         raise StreamBPError(f"{failed} ({'strict=True' if prog.strict else 'STREAMFX_VERIFY'})") from err
-    COUNTERS["region_fallbacks"] += 1
-    prog.fallbacks.append((phase, cause))
-    if len(prog.fallbacks) == 1:  # once per region program, as the compile-time refusals
+    COUNTERS["region_fallbacks"] += 1   # (every call; the program keeps its first distinct causes)
+    first = not prog.fallbacks
+    if (phase, cause) not in prog.fallbacks and len(prog.fallbacks) < KEPT_CAUSES:
+        prog.fallbacks.append((phase, cause))
+    if first:  # once per region program, as the compile-time refusals
         warnings.warn(f"{failed}; it runs without streaming for this call (strict=True raises instead)",
                       stacklevel=4)
 

@@ -87,7 +87,7 @@ class RegionProgram:
     codegen: str = "eager"
     key: int = -1
     strict: bool = False              # a run-time chunk failure raises (``failures.settle``)
-    fallbacks: list = dataclasses.field(default_factory=list)  # (phase, cause) of each call run whole
+    fallbacks: list = dataclasses.field(default_factory=list)  # (phase, cause) of the calls run whole, distinct
     # the gradient computed in the forward: (output, flat index) of each scalar output element
     # whose gradients with respect to the inputs the forward keeps (``forward_with_grads``), or
     # None: the backward recomputes the chunks

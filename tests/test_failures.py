@@ -128,6 +128,10 @@ def test_without_strict_a_failing_chunk_runs_whole_warned_once_and_counted(monke
     said = [w for w in caught if "could not run chunk by chunk" in str(w.message)]
     # (Dynamo reuses the first compile: the same region programs, already warned)
     assert not said and COUNTERS["region_fallbacks"] == before + 8, [str(w.message) for w in caught]
+    # each program keeps the distinct causes, not one entry per call of a long run
+    from streamfx.runtime import _PROGRAMS
+    kept = [p.fallbacks for p in _PROGRAMS.values() if p.name == "layer.0" and p.fallbacks]
+    assert kept and all(len(f) == len(set(f)) <= 2 for f in kept), kept
     report = streamfx.explain(model, *inputs.args, options={"chunk_size": 5}, dynamic=False)
     assert [where for where, _ in report.fallbacks] == ["layer.0"], report.fallbacks
     assert "ran whole at run time (1" in str(report) and "a chunk that does not run" in str(report), str(report)
