@@ -273,10 +273,25 @@ class Extrapolated:
         return longest_fitting(self, budget, method, limit)
 
 
+def layers_key(config: dict) -> str:
+    """The config's own name for its layer count: ``num_hidden_layers``, or what its config class
+    maps that to (GPT-2's ``n_layer``)."""
+    import transformers
+
+    kind = config.get("model_type")
+    if kind not in transformers.CONFIG_MAPPING:
+        raise StreamBPError(f"the config's model_type {kind!r} is not one transformers knows: a Hugging Face "
+                            f"config.json names its model_type (e.g. 'qwen3', 'llama')")
+    key = transformers.CONFIG_MAPPING[kind].attribute_map.get("num_hidden_layers", "num_hidden_layers")
+    if key not in config:
+        raise StreamBPError(f"the config gives no layer count ({key!r})")
+    return key
+
+
 def build_meta_model(config: dict, dtype: torch.dtype, layers: int):
     import transformers
 
-    config = dict(config, num_hidden_layers=layers, use_cache=False)
+    config = dict(config, use_cache=False, **{layers_key(config): layers})
     config.pop("architectures", None)
     kinds = config.get("layer_types")
     if isinstance(kinds, list) and kinds and len(kinds) != layers:
@@ -327,7 +342,7 @@ def extrapolated(config: dict, dtype, batch: int = 1, optimizer=None, device: st
     attention output and log-sum-exp held for its backward; not with offload or keep_every)."""
     if not isinstance(keep_every, int) or isinstance(keep_every, bool) or keep_every < 1:
         raise StreamBPError(f"keep_every must be a positive integer; got {keep_every!r}")
-    L = int(config["num_hidden_layers"])
+    L = int(config[layers_key(config)])
     traced = traced_layers(L, keep_every)
     options = {"offload": "auto"} if offload or keep_every > 1 else {}
     if attention != "recompute":
@@ -377,9 +392,12 @@ def main(argv=None) -> int:
         if opt.lower() not in OPTIMIZER_BYTES:
             parser.error(f"--optimizer: one of {sorted(OPTIMIZER_BYTES)} or bytes per parameter")
     t0 = time.perf_counter()
-    model = extrapolated(config, DTYPES[ns.dtype], ns.batch, opt, offload=ns.offload,
-                         host=parse_budget(ns.host) if ns.host is not None else None, keep_every=ns.keep_every,
-                         attention=ns.attention)
+    try:
+        model = extrapolated(config, DTYPES[ns.dtype], ns.batch, opt, offload=ns.offload,
+                             host=parse_budget(ns.host) if ns.host is not None else None, keep_every=ns.keep_every,
+                             attention=ns.attention)
+    except StreamBPError as e:   # (what the planner cannot plan, said as such: no traceback)
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     L, r2, r3, traced = model.L, model.r2, model.r3, model.traced
     best = {m: model.max_length(budget, m) for m in METHODS}
     print(f"longest sequence (streamfx): {best['streamfx']} tokens")

@@ -458,6 +458,32 @@ def test_cli_prints_longest_sequences(tmp_path, capsys):
 
 
 @pytest.mark.heavy
+def test_cli_reads_the_layer_count_by_the_configs_own_name_and_says_what_it_cannot_plan(tmp_path, capsys):
+    """A config whose class names its layer count otherwise (GPT-2's ``n_layer``, through its
+    ``attribute_map``) is planned at its depth; a config the planner cannot extrapolate (layers
+    of mixed attention types) ends the CLI with its cause and exit status 2, not a traceback."""
+    from transformers import GPT2Config
+
+    from streamfx import plan
+
+    gpt2 = GPT2Config(n_embd=32, n_layer=6, n_head=4, vocab_size=96, n_positions=256, attn_pdrop=0.0).to_dict()
+    assert "num_hidden_layers" not in gpt2 and plan.layers_key(gpt2) == "n_layer"
+    model = plan.build_meta_model(gpt2, torch.float32, 3)
+    assert len(model.transformer.h) == 3
+    path = tmp_path / "gpt2.json"
+    path.write_text(json.dumps(gpt2))
+    assert plan.main(["--config", str(path), "--dtype", "fp32", "--budget", "256MiB"]) == 0
+    out = capsys.readouterr().out
+    assert re.match(r"longest sequence \(streamfx\): \d+ tokens", out) and ", 6 layers;" in out, out
+    mixed = dict(_tiny_config(), layer_types=["sliding_attention", "full_attention"] * 4, sliding_window=8)
+    path.write_text(json.dumps(mixed))
+    with pytest.raises(SystemExit) as ended:
+        plan.main(["--config", str(path), "--dtype", "fp32"])
+    err = capsys.readouterr().err
+    assert ended.value.code == 2 and "error: the planner traces a few layers" in err and "Traceback" not in err, err
+
+
+@pytest.mark.heavy
 def test_cli_predicts_the_step_that_keeps_the_attention(tmp_path, capsys):
     """``--attention keep``: every layer's attention output and log-sum-exp held for its backward,
     a shorter longest sequence than the default's, and their bytes in the breakdown; not with
