@@ -189,6 +189,7 @@ class Extrapolated:
     def __init__(self, r2: MemoryReport, r3: MemoryReport, layers: int, host: int | None = None,
                  tier: str | None = None, traced: tuple = (3, 4), keep_every: int = 1):
         self.r2, self.r3, self.L, self.host, self.traced = r2, r3, layers, host, traced
+        self.note: str | None = None   # what the plan assumed of the config (``bounded_by_full_attention``)
         order = r3.storages.order if r3.storages is not None else [None]
         if keep_every == 1:
             self.order = [s for s in order if s is None or (s[1] == 1 and tier in (None, "auto", s[0]))]
@@ -273,6 +274,26 @@ class Extrapolated:
         return longest_fitting(self, budget, method, limit)
 
 
+# layer types whose attention reads at most the keys a full causal attention reads (a window, a
+# chunk of the sequence): a model that mixes them with full attention is planned with every layer
+# full, an upper bound
+KEY_SUBSETS = ("full_attention", "sliding_attention", "chunked_attention")
+
+
+def bounded_by_full_attention(config: dict) -> tuple[dict, str | None]:
+    """(config, note): a config whose ``layer_types`` mix full attention with attention over fewer
+    keys (Gemma 3's sliding layers, Llama 4's chunked ones) as one whose layers are all full
+    attention, and the note that says so; any other config as it is, without a note."""
+    kinds = config.get("layer_types")
+    if not isinstance(kinds, list) or len(set(kinds)) < 2 or not set(kinds) <= set(KEY_SUBSETS):
+        return config, None
+    counts = ", ".join(f"{kinds.count(k)} {k}" for k in KEY_SUBSETS if k in kinds)
+    return dict(config, layer_types=["full_attention"] * len(kinds)), (
+        f"the config's layers mix attention types ({counts}); planned with every layer's attention full (a layer "
+        f"attending to a window or chunk of the keys reads fewer of them per chunk): its peaks are upper bounds, its "
+        f"longest sequences lower bounds")
+
+
 def layers_key(config: dict) -> str:
     """The config's own name for its layer count: ``num_hidden_layers``, or what its config class
     maps that to (GPT-2's ``n_layer``)."""
@@ -342,6 +363,7 @@ def extrapolated(config: dict, dtype, batch: int = 1, optimizer=None, device: st
     attention output and log-sum-exp held for its backward; not with offload or keep_every)."""
     if not isinstance(keep_every, int) or isinstance(keep_every, bool) or keep_every < 1:
         raise StreamBPError(f"keep_every must be a positive integer; got {keep_every!r}")
+    config, note = bounded_by_full_attention(config)
     L = int(config[layers_key(config)])
     traced = traced_layers(L, keep_every)
     options = {"offload": "auto"} if offload or keep_every > 1 else {}
@@ -352,7 +374,9 @@ def extrapolated(config: dict, dtype, batch: int = 1, optimizer=None, device: st
     r2 = report_for(config, dtype, traced[0], batch, optimizer, device=device, options=options)
     r3 = r2 if L <= traced[0] else report_for(config, dtype, traced[1], batch, optimizer, device=device,
                                               detach=r2.detached, options=options)
-    return Extrapolated(r2, r3, L, host, offload, traced, keep_every)
+    model = Extrapolated(r2, r3, L, host, offload, traced, keep_every)
+    model.note = note
+    return model
 
 
 def main(argv=None) -> int:
@@ -414,6 +438,8 @@ def main(argv=None) -> int:
         host = "" if storage[0] != "cpu" else f"; pinned host memory {gib(model.host_bytes(T, choice[0]))}" \
             + (f" of {gib(model.host)}" if model.host is not None else "")
         print(f"at T={T}: {offload.describe_storage(*storage)}{host}")
+    if model.note:
+        print(f"note: {model.note}")
     state = "parameters" + (", optimizer state" if opt not in ("none", "sgd", 0.0) else "")
     print(f"budget {gib(budget)}, batch {ns.batch}, {ns.dtype}, {L} layers; held before the step ({state}): "
           f"{gib(model.held)}")

@@ -460,8 +460,10 @@ def test_cli_prints_longest_sequences(tmp_path, capsys):
 @pytest.mark.heavy
 def test_cli_reads_the_layer_count_by_the_configs_own_name_and_says_what_it_cannot_plan(tmp_path, capsys):
     """A config whose class names its layer count otherwise (GPT-2's ``n_layer``, through its
-    ``attribute_map``) is planned at its depth; a config the planner cannot extrapolate (layers
-    of mixed attention types) ends the CLI with its cause and exit status 2, not a traceback."""
+    ``attribute_map``) is planned at its depth; layers that mix full attention with attention over
+    fewer keys (Gemma 3's sliding layers) are planned as full, said in a note; a config the
+    planner cannot extrapolate (layers of another kind among them) ends the CLI with its cause and
+    exit status 2, not a traceback."""
     from transformers import GPT2Config
 
     from streamfx import plan
@@ -475,8 +477,18 @@ def test_cli_reads_the_layer_count_by_the_configs_own_name_and_says_what_it_cann
     assert plan.main(["--config", str(path), "--dtype", "fp32", "--budget", "256MiB"]) == 0
     out = capsys.readouterr().out
     assert re.match(r"longest sequence \(streamfx\): \d+ tokens", out) and ", 6 layers;" in out, out
-    mixed = dict(_tiny_config(), layer_types=["sliding_attention", "full_attention"] * 4, sliding_window=8)
-    path.write_text(json.dumps(mixed))
+    windows = dict(_tiny_config(), num_hidden_layers=6, layer_types=["sliding_attention"] * 5 + ["full_attention"],
+                   sliding_window=8)
+    path.write_text(json.dumps(windows))
+    assert plan.main(["--config", str(path), "--dtype", "fp32", "--budget", "256MiB"]) == 0
+    out = capsys.readouterr().out
+    assert "note: the config's layers mix attention types (1 full_attention, 5 sliding_attention)" in out, out
+    full = dict(windows, layer_types=["full_attention"] * 6)
+    path.write_text(json.dumps(full))
+    assert plan.main(["--config", str(path), "--dtype", "fp32", "--budget", "256MiB"]) == 0
+    assert capsys.readouterr().out.splitlines()[:3] == out.splitlines()[:3]   # (the same plan)
+    other = dict(windows, layer_types=["linear_attention", "full_attention"] * 3)
+    path.write_text(json.dumps(other))
     with pytest.raises(SystemExit) as ended:
         plan.main(["--config", str(path), "--dtype", "fp32"])
     err = capsys.readouterr().err
