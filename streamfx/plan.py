@@ -169,6 +169,9 @@ def _device(args, kwargs) -> str:
 
 
 # ---- the command line -------------------------------------------------------------------------------
+SEARCHED = 1 << 22   # the longest sequence the extrapolated plan's search tries
+
+
 class Extrapolated:
     """Reports at ``traced`` = (3, 4) layers, extrapolated linearly to L layers: place by place in
     the step (``StepModel.keyed_peaks``), then the maximum. Extrapolating the peak itself would
@@ -270,7 +273,7 @@ class Extrapolated:
         storage, (c, h) = choice
         return self._peak(*self._models("streamfx", storage), T, c, h)
 
-    def max_length(self, budget: int, method: str = "streamfx", limit: int = 1 << 22) -> int:
+    def max_length(self, budget: int, method: str = "streamfx", limit: int = SEARCHED) -> int:
         return longest_fitting(self, budget, method, limit)
 
 
@@ -292,6 +295,10 @@ def bounded_by_full_attention(config: dict) -> tuple[dict, str | None]:
         f"the config's layers mix attention types ({counts}); planned with every layer's attention full (a layer "
         f"attending to a window or chunk of the keys reads fewer of them per chunk): its peaks are upper bounds, its "
         f"longest sequences lower bounds")
+
+
+def _tokens(n: int) -> str:
+    return f"at least {n} tokens (the longest searched)" if n >= SEARCHED else f"{n} tokens"
 
 
 def layers_key(config: dict) -> str:
@@ -325,7 +332,9 @@ def build_meta_model(config: dict, dtype: torch.dtype, layers: int):
                                 f"(streamfx.plan_memory on the model)")
         config["layer_types"] = kinds[:1] * layers
     cfg = transformers.AutoConfig.for_model(**config)
-    cfg._attn_implementation = "sdpa"
+    # SDPA where the model has it (as transformers' own default), else its eager attention
+    causal_lm = transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING.get(type(cfg), None)
+    cfg._attn_implementation = "sdpa" if getattr(causal_lm, "_supports_sdpa", True) else "eager"
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     return model.train()
@@ -424,9 +433,13 @@ def main(argv=None) -> int:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
     L, r2, r3, traced = model.L, model.r2, model.r3, model.traced
     best = {m: model.max_length(budget, m) for m in METHODS}
-    print(f"longest sequence (streamfx): {best['streamfx']} tokens")
-    print(f"longest sequence (activation checkpointing): {best['activation checkpointing']} tokens")
-    print(f"longest sequence (no checkpointing): {best['no checkpointing']} tokens")
+    print(f"longest sequence (streamfx): {_tokens(best['streamfx'])}")
+    print(f"longest sequence (activation checkpointing): {_tokens(best['activation checkpointing'])}")
+    print(f"longest sequence (no checkpointing): {_tokens(best['no checkpointing'])}")
+    if not any(best.values()):
+        floor = model.step_peak(16, "activation checkpointing")
+        print(f"nothing fits in {gib(budget)}: {gib(model.held)} is held before the step, and a step of 16 tokens "
+              f"adds {gib(floor)} (checkpointed; its parameters' gradients among it)")
     T = ns.length or best["streamfx"] or 1024
     try:
         choice = model.choice(T, budget)

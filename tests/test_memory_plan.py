@@ -496,6 +496,39 @@ def test_cli_reads_the_layer_count_by_the_configs_own_name_and_says_what_it_cann
 
 
 @pytest.mark.heavy
+def test_cli_plans_a_model_without_sdpa_and_says_when_nothing_or_everything_fits(tmp_path, capsys, monkeypatch):
+    """BLOOM has no SDPA attention in transformers: the planner builds it with its eager attention
+    (transformers' own default), as the model runs. A budget its parameters and their gradients
+    do not fit says so after the three longest lengths (0 tokens); one that fits every length
+    searched says "at least"."""
+    from transformers import BloomConfig
+
+    from streamfx import plan
+
+    cfg = BloomConfig(hidden_size=32, n_layer=4, n_head=4, vocab_size=96).to_dict()
+    path = tmp_path / "bloom.json"
+    path.write_text(json.dumps(cfg))
+    built = []
+    extrapolated = plan.extrapolated
+
+    def once(*args, **kwargs):   # (one pair of traces for the three budgets)
+        built[:] = built or [extrapolated(*args, **kwargs)]
+        return built[0]
+
+    monkeypatch.setattr(plan, "extrapolated", once)
+    assert plan.main(["--config", str(path), "--dtype", "fp32", "--budget", "256MiB"]) == 0
+    out = capsys.readouterr().out
+    assert re.match(r"longest sequence \(streamfx\): \d+ tokens\n", out) and ", 4 layers;" in out, out
+    assert built[0].r3.baselines and plan.build_meta_model(cfg, torch.float32, 2).config._attn_implementation == "eager"
+    assert plan.main(["--config", str(path), "--dtype", "fp32", "--budget", "64KiB"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert all(line.endswith(": 0 tokens") for line in out[:3]) and out[3].startswith("nothing fits in"), out[:4]
+    assert plan.main(["--config", str(path), "--dtype", "fp32", "--budget", "1TiB"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"longest sequence (streamfx): at least {plan.SEARCHED} tokens (the longest searched)", out[0]
+
+
+@pytest.mark.heavy
 def test_cli_predicts_the_step_that_keeps_the_attention(tmp_path, capsys):
     """``--attention keep``: every layer's attention output and log-sum-exp held for its backward,
     a shorter longest sequence than the default's, and their bytes in the breakdown; not with
