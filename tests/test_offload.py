@@ -225,6 +225,7 @@ class Recording(offload.HostCopies):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_host_tier_copies_back_a_layer_ahead(monkeypatch):
     """The "cpu" tier, with the device copies recorded: every input goes to the host once in the
     forward; in the backward each comes back (to_device) while the layer after it computes its
