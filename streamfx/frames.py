@@ -108,8 +108,9 @@ def traced_call(model, backend, args, kwargs, *, records=None, **compile_kwargs)
         lifted["recompile_limit"] = max(config.recompile_limit, 1 << 20)
     compiled = torch.compile(model, backend=backend, **compile_kwargs, **isolation)
     with config.patch(lifted), dynamic_records(records) as after:
-        out = compiled(*args, **kwargs)
-        return out, copy.deepcopy(after)
+        # (the block's records are its own: the caller's are back after it, and a later block
+        # starts from a copy of them)
+        return compiled(*args, **kwargs), after
 
 
 def check_callers(strict: bool) -> None:

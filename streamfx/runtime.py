@@ -839,17 +839,18 @@ def autograd_inside_op():
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
 
 
+@contextlib.contextmanager
 def no_nan_check():
     """Anomaly mode, where the user turned it on, without its check of every backward's outputs for
     NaN while a backward is traced through fake tensors (the check reads a value, which a fake
     tensor has not), as AOTAutograd traces its joint graph; its tracebacks stay on."""
     if not torch.is_anomaly_enabled():
-        return contextlib.nullcontext()
-    stack = contextlib.ExitStack()
-    stack.enter_context(warnings.catch_warnings())
-    warnings.filterwarnings("ignore", "Anomaly Detection has been enabled")
-    stack.enter_context(torch.autograd.set_detect_anomaly(True, check_nan=False))
-    return stack
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Anomaly Detection has been enabled")
+        with torch.autograd.set_detect_anomaly(True, check_nan=False):
+            yield
 
 
 @contextlib.contextmanager
