@@ -20,6 +20,7 @@ import torch.fx as fx
 
 from . import kernels, verify
 from .graphs import ancestors, hint, in_order, is_tensor, val
+from .rules import is_reduction
 
 aten = torch.ops.aten
 MAX_EVAL = 2048   # masks are evaluated at compile time up to this many tokens (T x T values)
@@ -34,10 +35,6 @@ CONSTANT_MAKERS = {aten.zeros_like.default, aten.ones_like.default, aten.full_li
 # model's values, not on positions and flags alone
 ACTIVATION_OPS = {aten.embedding.default, aten.mm.default, aten.bmm.default, aten.addmm.default,
                   aten.baddbmm.default, aten.convolution.default}
-# per-row summaries of per-token values (Llama 4 counts each row's left padding with a sum)
-REDUCTIONS = {aten.sum.default, aten.sum.dim_IntList, aten.amax.default, aten.amin.default, aten.argmax.default,
-              aten.argmin.default, aten.max.dim, aten.min.dim, aten.any.dim, aten.any.default, aten.all.dim,
-              aten.all.default, aten.count_nonzero.default, aten.count_nonzero.dim_IntList}
 
 
 def classify(site, constants: dict, length) -> None:
@@ -154,8 +151,9 @@ def _positions(node, within: set) -> bool:
         n = stack.pop()
         for u in n.users:
             if u in within and u not in seen:
-                if u.target in CONSTANT_MAKERS or u.target in REDUCTIONS:
-                    continue  # its values are not the input's, or no longer per token (a count of padding)
+                if u.target in CONSTANT_MAKERS or is_reduction(u.target):
+                    continue  # its values are not the input's, or a per-row summary (Llama 4 counts each
+                    # row's left padding with a sum)
                 if u.target in COMPARISONS and all(isinstance(a, fx.Node) and a.target not in CONSTANT_MAKERS
                                                    for a in u.args[:2]):
                     return True

@@ -99,21 +99,44 @@ register(aten.where.self, aten.clone.default, aten._to_copy.default, aten.alias.
 
 
 # ---- reduction family ----------------------------------------------------------------------------
-@register(aten.sum.dim_IntList, aten.mean.dim, aten.amax.default, aten.amin.default,
-          aten.sum.default, aten.mean.default, aten.var.correction, aten.logsumexp.default,
-          aten.prod.dim_int, aten.any.dim, aten.all.dim, aten.argmax.default, aten.argmin.default,
-          aten.max.dim, aten.min.dim, aten.var_mean.correction, aten.std.correction)
+# Every ATen overload tagged ``reduction`` (sum, mean, amax, any.dims, var.dim, norm, aminmax, ...)
+# and the order statistics that carry no tag, read by one rule: the dims named by the schema's
+# ``dim`` argument (every dim when it is absent, None or empty), kept when ``keepdim``.
+ORDER_STATISTICS = {aten.median.default, aten.median.dim, aten.nanmedian.default, aten.nanmedian.dim,
+                    aten.mode.default, aten.kthvalue.default}
+
+
+def is_reduction(op) -> bool:
+    """Whether ``op`` reduces dims of its first tensor argument (functional overloads only)."""
+    if op in ORDER_STATISTICS:
+        return True
+    schema = getattr(op, "_schema", None)
+    if schema is None or torch.Tag.reduction not in getattr(op, "tags", ()):
+        return False
+    args = schema.arguments
+    return bool(args) and str(args[0].type) == "Tensor" and not any(a.is_out or a.alias_info is not None
+                                                                     and a.alias_info.is_write for a in args)
+
+
 def reduction(node, table, ax):
     x = node.args[0]
     a, n = ax(x), len(shape(x))
-    dims = dims_arg(node, 1, n) if node.target not in (aten.sum.default, aten.mean.default) else list(range(n))
+    b = bind(node)
+    dims = _bound_dims(b.get("dim"), n)
     kept = tuple((() if k in dims else a[k]) for k in range(n))
-    keepdim = node.kwargs.get("keepdim", node.args[2] if len(node.args) > 2 and isinstance(node.args[2], bool) else False)
-    out = kept if keepdim else tuple(a[k] for k in range(n) if k not in dims)
+    out = kept if b.get("keepdim", False) else tuple(a[k] for k in range(n) if k not in dims)
     n_out = len(node.meta["val"]) if isinstance(node.meta["val"], (tuple, list)) else 1
     if node.target is aten.sum.dim_IntList and _only_group_sizes(node, table):
         return RuleOut([out] * n_out)  # counted per chunk, with that chunk's rows
     return RuleOut([out] * n_out, reduced=tuple((x, k) for k in dims))
+
+
+def _bound_dims(d, n: int) -> list[int]:
+    """The dims a reduction's ``dim`` argument names: every dim for None or an empty list."""
+    if d is None:
+        return list(range(n))
+    d = [d] if isinstance(d, int) else list(d)
+    return [normalize_dim(k, n) for k in d] or list(range(n))
 
 
 @register(aten.linalg_vector_norm.default)
@@ -980,8 +1003,9 @@ def _sliced_group(node, dim, table):
 
 
 def rule_for(target):
-    """The rule of an op: registered by overload, or by name (``namespace::op``)."""
-    return RULES.get(target) or NAMED_RULES.get(op_name(target))
+    """The rule of an op: registered by overload, or by name (``namespace::op``); a reduction's
+    when the op is one (``is_reduction``)."""
+    return RULES.get(target) or NAMED_RULES.get(op_name(target)) or (reduction if is_reduction(target) else None)
 
 
 @register(aten.histc.default, aten.bincount.default)

@@ -147,3 +147,37 @@ def test_a_flat_dim_broadcast_with_merged_tokens_is_their_product():
     noise = next(n for n in gm.graph.nodes if n.target is aten.log.default)
     for n in (*outs, noise):
         assert sd.roles(n) == ("q", None) and not sd.seq_is_atomic(n), (n, sd.roles(n))
+
+
+# Reductions in every schema form: a dims list, one dim, a dim keyword, a dim after other
+# arguments, no dim (every dim), several outputs; and order statistics, which carry no tag.
+REDUCTION_FORMS = {
+    "any.dims": lambda x, d, k: aten.any.dims(x > 0, [d], k),
+    "all.dims": lambda x, d, k: aten.all.dims(x > 0, [d], k),
+    "var.dim": lambda x, d, k: aten.var.dim(x, [d], True, k),
+    "norm.ScalarOpt_dim": lambda x, d, k: aten.norm.ScalarOpt_dim(x, 2, [d], k),
+    "nansum": lambda x, d, k: aten.nansum.default(x, [d], k),
+    "aminmax": lambda x, d, k: aten.aminmax.default(x, dim=d, keepdim=k)[1],
+    "std_mean.correction": lambda x, d, k: aten.std_mean.correction(x, [d], correction=0, keepdim=k)[0],
+    "median.dim": lambda x, d, k: aten.median.dim(x, d, k)[0],
+    "mode": lambda x, d, k: aten.mode.default(x, d, k)[0],
+    "kthvalue": lambda x, d, k: aten.kthvalue.default(x, 2, d, k)[0],
+    "logsumexp": lambda x, d, k: aten.logsumexp.default(x, [d], k),
+}
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("form", sorted(REDUCTION_FORMS))
+def test_every_reduction_form_reduces_the_dims_its_schema_names(form, keepdim):
+    """Over the features a reduction is token-local and its result keeps the token dim where the
+    schema's ``keepdim`` puts it; over the tokens it is a sum-like reduction of the sequence."""
+    op = REDUCTION_FORMS[form]
+    x = torch.randn(2, 5, 5)
+    gm, sd, out, classes = analyse(lambda x: (op(x, -1, keepdim),), x)
+    reduced = [n for n in gm.graph.nodes if n.op == "call_function" and classes[n] != seq_dims.TOKEN_LOCAL]
+    assert not reduced, {n.name: classes[n] for n in reduced}
+    assert sd.roles(out) == ((None, "q", None) if keepdim else (None, "q"))
+    gm, sd, out, classes = analyse(lambda x: (op(x, 1, keepdim),), x)
+    assert seq_dims.SEQ_REDUCTION in set(classes.values()), {n.name: c for n, c in classes.items()}
+    assert seq_dims.UNKNOWN_MIXING not in set(classes.values()), {n.name: c for n, c in classes.items()}
+    assert "q" not in sd.roles(out)
