@@ -19,7 +19,7 @@ from streamfx.errors import source_line
 from . import kernels
 from .axes import RuleOut
 from .graphs import bind, normalize_dim, same
-from .rules import conv_step, register, shape, token_shift
+from .rules import conv_step, is_pointwise, register, shape, token_shift
 
 aten = torch.ops.aten
 
@@ -313,7 +313,7 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
     if out is None:
         return None
     # softmax statistics (max and sum over the keys) leave the two-sequence-dim shape and come back,
-    # directly or through the item of a reduction that returns several (``max(-1).values``)
+    # directly or through per-row values computed from them (``_rejoins``)
     grown = True
     while grown:
         grown = False
@@ -321,10 +321,9 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
             for user in n.users:
                 if user in interior or user not in forward or user is out:
                     continue
-                items = [u for u in user.users if u.target is operator.getitem and u in forward
-                         and any(w in interior for w in u.users)]
-                if any(u in interior for u in user.users) or items:
-                    interior.update([user, *items])
+                back = _rejoins(user, interior, forward, out)
+                if back:
+                    interior.update(back)
                     grown = True
     # token-by-token terms entering the scores: the mask, and score terms (a learned bias). A term
     # applied to the probabilities after the softmax (the keep mask of dropout on them) hides no
@@ -353,6 +352,37 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
     return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
                          frozenset(interior | {out} | stats), False, mask, mask_user=mask_user, conflict=conflict,
                          softmax=softmax, mask_chain=chain)
+
+
+# steps of per-row values between a statistic of the scores and its use in them
+REJOIN_STEPS = 4
+
+
+def _rejoins(start: fx.Node, interior: set, forward: set, out: fx.Node) -> set:
+    """``start`` and the per-row values computed from it on a path back into ``interior`` (items of
+    a reduction that returns several, pointwise ops; at most ``REJOIN_STEPS`` of them): a softmax
+    statistic and what is computed from it before it meets the scores again (``max(-1).values``;
+    ``_safe_softmax``'s rows with every key hidden, ``logical_not(any(logical_not(s == -inf)))``,
+    choosing zeros over the probabilities). Empty when nothing returns."""
+    reaches: dict = {}
+
+    def back(n, steps):
+        if n in reaches:
+            return reaches[n]
+        reaches[n] = False
+        hit = False
+        for u in n.users:
+            if u is out or u not in forward:
+                continue
+            if u in interior:
+                hit = True
+            elif steps < REJOIN_STEPS and (u.target is operator.getitem or is_pointwise(u.target)) \
+                    and back(u, steps + 1):
+                hit = True
+        reaches[n] = hit
+        return hit
+
+    return {n for n, hit in reaches.items() if hit} if back(start, 0) else set()
 
 
 # reductions over the keys a chunk computes exactly from the keys it reads: the keys it does not
