@@ -342,7 +342,9 @@ def detach_outputs(gm, indices):
 def _compile(gm, example_inputs, config, session):
     patches = dict(enable_autograd_cache=False)
     with functorch_config.patch(**patches), inductor_config.patch(fx_graph_cache=False):
-        if config.codegen == "eager":
+        if config.codegen == "eager" and session is not None and session.passes_of == "inductor":
+            compiled = _fx_after_inductor_passes(gm, example_inputs, session)
+        elif config.codegen == "eager":
             compiled = aot_autograd(
                 fw_compiler=_boxed_nop, bw_compiler=_boxed_nop, inference_compiler=_boxed_nop,
                 partition_fn=lambda gm_, ins, **kw: session.partition(gm_, ins, default_partition, **kw),
@@ -354,6 +356,29 @@ def _compile(gm, example_inputs, config, session):
             with inductor_config.patch(custom_partitioner_fn=_Partitioner(session)):
                 compiled = compile_fx(gm, example_inputs, decompositions=decompositions())
     return session.wrap(compiled)
+
+
+def _fx_after_inductor_passes(gm, example_inputs, session):
+    """``gm`` traced as Inductor's compile traces it (its pre-grad passes on the captured graph,
+    its joint-graph passes before the partition, its partitioner) and run as FX graphs: what an
+    analysis of an Inductor compile reads, without generating code."""
+    from torch._dynamo.utils import detect_fake_mode
+    from torch._inductor import compile_fx as inductor_compile
+    from torch._inductor.virtualized import V
+    from torch._subclasses import FakeTensorMode
+    from torch._dynamo import compiled_autograd
+
+    # the contexts Inductor's compile runs its passes in (its random-number pass reads V.fake_mode)
+    fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
+    tracing = torch._guards.TracingContext.try_get() or torch._guards.TracingContext(fake_mode)
+    gm = inductor_compile._recursive_pre_grad_passes(gm, example_inputs)
+    with V.set_fake_mode(fake_mode), torch._guards.tracing(tracing), compiled_autograd._disable(), \
+            inductor_config.patch(custom_partitioner_fn=_Partitioner(session)):
+        return aot_autograd(
+            fw_compiler=_boxed_nop, bw_compiler=_boxed_nop, inference_compiler=_boxed_nop,
+            partition_fn=inductor_compile.partition_fn, decompositions=decompositions(),
+            keep_inference_input_mutations=True,
+        )(gm, example_inputs)
 
 
 # Ops kept whole in the joint graph: the streamed joint differentiates the forward graph again,

@@ -154,7 +154,8 @@ def explain(model, *args, options=_UNSET, dynamic=_UNSET, **kwargs) -> Report:
     backend's) and ``dynamic`` (``torch.compile``'s, default None as there). A model prepared with
     ``streamfx.prepare`` (or ``StreamBPCallback``) is explained with the settings it was prepared
     with unless they are given here. Chunk graphs run as FX graphs (``codegen="eager"``): what
-    streams is decided before code generation. With ``dynamic=None`` the report also holds what a
+    streams is decided before code generation, on the graphs the options' codegen reads (for
+    Inductor's, after its pre-grad and joint-graph passes). With ``dynamic=None`` the report also holds what a
     later length (compiled with symbolic sizes) streams: ``report.later_lengths``.
     Gradients are enabled so the joint graph is built; no backward runs and the model is left
     unchanged."""
@@ -241,8 +242,12 @@ def _explain_once(model, args, kwargs, options, dynamic, state, records=None) ->
 
     trains: set = set()   # the graphs with a backward that ran
 
+    passes_of = StreamConfig.from_options(options).codegen
+
     def capture(gm, example_inputs):
-        fn = compile_graph(gm, example_inputs, config, Session(config, collected))
+        session = Session(config, collected)
+        session.passes_of = passes_of
+        fn = compile_graph(gm, example_inputs, config, session)
         return membudget.training_graph(fn, example_inputs, trains)
 
     # a prepared model's own compiled call is set aside while it is explained

@@ -113,6 +113,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
         given = None if detach is None else detach[len(detached)] if len(detached) < len(detach) else ()
         session = Session(traced, collected)
         session.keep_graphs = True
+        session.passes_of = StreamConfig.from_options(options).codegen
         fn = compile_graph(gm, example_inputs, traced, session, detach=given)
         detached.append(tuple(session.detached))
         return training_graph(fn, example_inputs, trains)

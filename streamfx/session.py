@@ -57,6 +57,9 @@ class Session:
         self.ddp_piece = False     # a piece of a graph that DDPOptimizer cut at gradient buckets
         self.keep_graphs = False   # keep the partitioned graphs (streamed and not) on the analysis
         self.forward_only = False  # an evaluation graph: its forward saves nothing (``without_saved``)
+        # an analysis (explain, plan_memory) runs its graphs as FX graphs but reads the graphs the
+        # user's codegen compiles: "inductor" passes them through Inductor's graph passes first
+        self.passes_of = None
 
     def begin_graph(self, gm, example_inputs) -> None:
         self.graph_id = next(_graph_ids)

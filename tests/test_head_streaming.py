@@ -3,9 +3,11 @@ return_logits, tied embeddings, the size of what a chunk holds, RL-style losses 
 
 Parity is against eager autograd on a deep copy with the same weights (``conftest``); every
 parity test also checks that the head streamed (a "head" region program ran chunk by chunk), so a
-silently skipped pass fails. ``codegen="eager"`` throughout.
+silently skipped pass fails. ``codegen="eager"`` throughout, but for the losses at a temperature,
+whose graph Inductor's joint-graph passes rewrite.
 """
 import copy
+from collections import Counter
 
 import pytest
 import torch
@@ -897,3 +899,73 @@ def test_a_head_that_keeps_its_seed_gradients_gives_a_0_dim_input_a_0_dim_gradie
     assert [p.seeds for p in run.programs if p.name == "head"] == [((0, 0),)]
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
+
+
+class DistillationLoss(nn.Module):
+    """Knowledge distillation at a temperature: KL(teacher || student) of the softened
+    distributions over every token, scaled by t^2 (the teacher's logits are an input)."""
+
+    def __init__(self, lm, temperature=2.0):
+        super().__init__()
+        self.lm, self.t = lm, temperature
+
+    def forward(self, ids, teacher_logits):
+        _, logits = self.lm(ids)
+        student = F.log_softmax(logits / self.t, dim=-1)
+        teacher = F.log_softmax(teacher_logits / self.t, dim=-1)
+        return F.kl_div(student, teacher, reduction="batchmean", log_target=True) * self.t ** 2
+
+
+def temperature_case(form):
+    if form == "distillation":
+        lm, make_inputs = zoo.tiny_llama()
+        ids = make_inputs("prompt").args[0]
+        teacher = torch.randn(*ids.shape, zoo.VOCAB, generator=torch.Generator().manual_seed(41))
+        return DistillationLoss(lm), PlainInputs((ids, teacher), *ids.shape), ids.shape[1]
+    model, _ = zoo.qwen3_sdpa()
+    B, T, K = 2, 16, 10
+    g = torch.Generator().manual_seed(42)
+    ids = torch.randint(1, zoo.VOCAB, (B, T), generator=g)
+    mask, completion = torch.ones(B, T, dtype=torch.long), torch.ones(B, K)
+    loss = TRLGRPOLoss(model)
+    with torch.no_grad():
+        old = loss.per_token_logps(ids, mask, K) + 0.3 * torch.randn(B, K, generator=g)
+    return loss, PlainInputs((ids, mask, completion, old, torch.tensor([0.8, -1.1])), B, T), K
+
+
+def joint_structure(gm) -> Counter:
+    """A graph's ops, each with the ops of its inputs: equal for the same graph traced twice."""
+    def name(n):
+        return n.op if n.op != "call_function" else str(n.target)
+    return Counter((name(n), tuple(sorted(name(a) for a in n.all_input_nodes))) for n in gm.graph.nodes)
+
+
+@pytest.mark.parametrize("form", ["distillation", "trl-grpo"])
+def test_losses_at_a_temperature_stream_as_inductor_compiles_them(form, monkeypatch):
+    """Logits over a temperature under Inductor's codegen: its joint-graph passes rewrite the
+    softmax of the scaled logits (scale after subtracting the maximum, guarded by an
+    ``all(isfinite(x / t))`` over the vocabulary on torch 2.13, a reduction the head computes per
+    token). The head streams with exact gradients, and ``explain`` analyses the same joint graph
+    as the compile (it had analysed the graph before those passes, and said the head streamed
+    when the compile refused it)."""
+    from streamfx.passes import pipeline
+
+    model, inputs, T = temperature_case(form)
+    joints = []
+    analyse = pipeline.run
+
+    def spy(joint, *args, **kwargs):
+        joints.append(joint_structure(joint))
+        return analyse(joint, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "run", spy)
+    run = run_eager_and_compiled(model, inputs, {"codegen": "inductor", "head_chunk_size": 4})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert not [m for m in run.warnings if HEAD_REFUSAL in m], run.warnings
+    assert_streamed(run, T=T, head_chunk_size=4)
+    compiled = joints[-1]
+    report = streamfx.explain(model, *inputs.args, options={"head_chunk_size": 4})
+    assert joints[-1] == compiled, (joints[-1] - compiled, compiled - joints[-1])
+    (plan,) = head_plans(report)
+    assert plan.length == T
