@@ -362,11 +362,11 @@ def _fx_after_inductor_passes(gm, example_inputs, session):
     """``gm`` traced as Inductor's compile traces it (its pre-grad passes on the captured graph,
     its joint-graph passes before the partition, its partitioner) and run as FX graphs: what an
     analysis of an Inductor compile reads, without generating code."""
+    from torch._dynamo import compiled_autograd
     from torch._dynamo.utils import detect_fake_mode
     from torch._inductor import compile_fx as inductor_compile
     from torch._inductor.virtualized import V
     from torch._subclasses import FakeTensorMode
-    from torch._dynamo import compiled_autograd
 
     # the contexts Inductor's compile runs its passes in (its random-number pass reads V.fake_mode)
     fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)

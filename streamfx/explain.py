@@ -155,8 +155,8 @@ def explain(model, *args, options=_UNSET, dynamic=_UNSET, **kwargs) -> Report:
     ``streamfx.prepare`` (or ``StreamBPCallback``) is explained with the settings it was prepared
     with unless they are given here. Chunk graphs run as FX graphs (``codegen="eager"``): what
     streams is decided before code generation, on the graphs the options' codegen reads (for
-    Inductor's, after its pre-grad and joint-graph passes). With ``dynamic=None`` the report also holds what a
-    later length (compiled with symbolic sizes) streams: ``report.later_lengths``.
+    Inductor's, after its pre-grad and joint-graph passes). With ``dynamic=None`` the report also
+    holds what a later length (compiled with symbolic sizes) streams: ``report.later_lengths``.
     Gradients are enabled so the joint graph is built; no backward runs and the model is left
     unchanged."""
     state = None
@@ -241,7 +241,6 @@ def _explain_once(model, args, kwargs, options, dynamic, state, records=None) ->
     collected: list = []
 
     trains: set = set()   # the graphs with a backward that ran
-
     passes_of = StreamConfig.from_options(options).codegen
 
     def capture(gm, example_inputs):

@@ -3,6 +3,7 @@
 
     PYTHONPATH=tests python tests/arch_sweep.py MODEL_TYPE...   # one JSON line per family
     PYTHONPATH=tests python tests/arch_sweep.py --use-cache MODEL_TYPE...   # calls with use_cache=True
+    PYTHONPATH=tests python tests/arch_sweep.py --inductor-passes MODEL_TYPE...   # graphs as Inductor's passes leave them
     PYTHONPATH=tests python tests/arch_sweep.py --record OUT.json RESULTS.jsonl...   # the streamed floor
 
 ``check(model_type)`` returns a dict: ``status`` ("ok", "skip" with ``reason``, "eager-fails"),
@@ -82,7 +83,10 @@ def build(model_type: str):
     return arch_configs.build(model_type, "eager"), "eager"
 
 
-def check(model_type: str, options: dict | None = None, use_cache: bool = False) -> dict:
+def check(model_type: str, options: dict | None = None, use_cache: bool = False, passes: str | None = None) -> dict:
+    """``passes="inductor"``: the graphs go through Inductor's pre-grad and joint-graph passes
+    before the analysis, as the default codegen's compile does (the chunk graphs still run as
+    FX graphs)."""
     from streamfx.backend import compile_graph
     from streamfx.config import StreamConfig
     from streamfx.session import Session
@@ -120,7 +124,9 @@ def check(model_type: str, options: dict | None = None, use_cache: bool = False)
     analyses: list = []
 
     def backend(gm, example_inputs):
-        return compile_graph(gm, example_inputs, config, Session(config, collect=analyses))
+        session = Session(config, collect=analyses)
+        session.passes_of = passes
+        return compile_graph(gm, example_inputs, config, session)
 
     torch._dynamo.reset()
     mine = copy.deepcopy(model)
@@ -189,9 +195,10 @@ if __name__ == "__main__":
         sys.exit(0)
     torch.set_num_threads(1)
     cache = "--use-cache" in sys.argv[1:]
-    for name in (a for a in sys.argv[1:] if a != "--use-cache"):
+    passes = "inductor" if "--inductor-passes" in sys.argv[1:] else None
+    for name in (a for a in sys.argv[1:] if a not in ("--use-cache", "--inductor-passes")):
         try:
-            result = check(name, use_cache=cache)
+            result = check(name, use_cache=cache, passes=passes)
         except Exception as e:  # noqa: BLE001
             result = dict(model_type=name, error=f"harness: {type(e).__name__}: {e}")
         print(json.dumps(result, default=str), flush=True)

@@ -350,15 +350,33 @@ def test_dropout_on_attention_probabilities_streams_and_replays_per_chunk(form):
     assert not torch.allclose(_seeded_step(model, idx, 7, chunk_size=3)[0], losses[0])
     report = streamfx.explain(copy.deepcopy(model), idx, idx, options={"chunk_size": 3})
     assert "layer.0" in [p.name for p in report.plan] and not report.not_streamed, report
-    if form == "manual_fp32_softmax":
-        # Inductor's joint-graph passes rewrite this attention into SDPA's decomposition, whose
-        # ``_safe_softmax`` chooses zeros for rows with every key hidden (an ``any`` over the keys
-        # of the scores): the layer streams there too, its randomness drawn once
-        steps = [_seeded_step(model, idx, 123, chunk_size=chunk, codegen="inductor", strict=True)
-                 for chunk in (3, 12)]
-        torch.testing.assert_close(steps[0][0], steps[1][0], rtol=1e-6, atol=1e-7)
-        for a, b in zip(steps[0][1], steps[1][1]):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_hf_eager_attention_with_dropout_streams_as_inductor_rewrites_it():
+    """Hugging Face's eager attention (an additive mask, the softmax in fp32) with dropout on the
+    probabilities, under Inductor's codegen: its joint-graph passes rewrite the attention into
+    SDPA's decomposition, whose ``_safe_softmax`` gives rows with every key hidden zeros (an
+    ``any`` over the keys of the scores, read back through ``logical_not`` and ``where``). The
+    layer streams (strict), its randomness drawn once: 4 chunks give the gradients of 1."""
+
+    class EagerAttentionDropLM(_AttendingLM):
+        def forward(self, idx, targets):
+            B, T = idx.shape
+            h = self.emb(idx)
+            q, k, v = self.heads(h)
+            s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5 + torch.full((T, T), torch.finfo(q.dtype).min).triu(1)
+            p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+            y = F.dropout(p, 0.25, training=True) @ v
+            return self.loss(h + y.transpose(1, 2).reshape(B, T, -1), targets)
+
+    torch.manual_seed(0)
+    model = EagerAttentionDropLM(24, 16, 2)
+    idx = torch.randint(0, 24, (2, 12))
+    steps = [_seeded_step(model, idx, 123, chunk_size=chunk, codegen="inductor", strict=True) for chunk in (3, 12)]
+    torch.testing.assert_close(steps[0][0], steps[1][0], rtol=1e-6, atol=1e-7)
+    for a, b in zip(steps[0][1], steps[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert not torch.allclose(_seeded_step(model, idx, 7, chunk_size=3, codegen="inductor")[0], steps[0][0])
 
 
 @settings(max_examples=examples(7), deadline=None, derandomize=True,
