@@ -25,7 +25,7 @@ from .errors import CannotStream, StreamBPError, failure
 from . import logging_calls
 from .passes import stops, unit_axes, units, verify
 from .passes.graphs import ancestors
-from .session import DetachOutputs, KeepOutputs, Session
+from .session import DetachOutputs, KeepOutputs, Session, _copy as _copy_graph
 
 logging_calls.install()  # (loaded as a backend: before Dynamo traces the first model)
 
@@ -372,11 +372,17 @@ def _fx_after_inductor_passes(gm, example_inputs, session):
     fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
     tracing = torch._guards.TracingContext.try_get() or torch._guards.TracingContext(fake_mode)
     gm = inductor_compile._recursive_pre_grad_passes(gm, example_inputs)
+
+    def partition(joint, joint_inputs, **kwargs):
+        if session.keep_graphs:
+            session.eager_joint = _copy_graph(joint)
+        return inductor_compile.partition_fn(joint, joint_inputs, **kwargs)
+
     with V.set_fake_mode(fake_mode), torch._guards.tracing(tracing), compiled_autograd._disable(), \
             inductor_config.patch(custom_partitioner_fn=_Partitioner(session)):
         return aot_autograd(
             fw_compiler=_boxed_nop, bw_compiler=_boxed_nop, inference_compiler=_boxed_nop,
-            partition_fn=inductor_compile.partition_fn, decompositions=decompositions(),
+            partition_fn=partition, decompositions=decompositions(),
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
 

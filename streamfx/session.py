@@ -60,6 +60,7 @@ class Session:
         # an analysis (explain, plan_memory) runs its graphs as FX graphs but reads the graphs the
         # user's codegen compiles: "inductor" passes them through Inductor's graph passes first
         self.passes_of = None
+        self.eager_joint = None    # (with ``passes_of``: the joint before those passes, for the baselines)
 
     def begin_graph(self, gm, example_inputs) -> None:
         self.graph_id = next(_graph_ids)
@@ -85,7 +86,9 @@ class Session:
         if self.unstreamed:
             return base_partition(joint, joint_inputs, **kwargs)
         original, users = joint, _user_outputs(joint, nfwd, self.n_user_outputs)
-        baseline = _copy(joint) if self.keep_graphs else None
+        # the baselines (no checkpointing, checkpointing) model eager autograd: the joint as the
+        # model wrote it, before any codegen's passes, and every op's saved tensors kept
+        baseline = _copy(self.eager_joint if self.eager_joint is not None else joint) if self.keep_graphs else None
 
         def planned(dropped_fwd):   # outputs the plans drop: traced again without their gradients first
             dropped = sorted(users.get(i, -1) for i in dropped_fwd)
@@ -131,7 +134,7 @@ class Session:
             from .membudget import attach
 
             analysis.graphs = result   # the streamed step's forward and backward (the memory model's)
-            analysis.baseline = base_partition(baseline, joint_inputs, **kwargs) if baseline is not None else None
+            analysis.baseline = _eager_partition(baseline, joint_inputs, **kwargs) if baseline is not None else None
             attach(analysis, self.config)
         return result
 
@@ -240,6 +243,16 @@ def without_saved(fw, bw, nfwd: int):
         bw.graph.erase_node(p)
     bw.recompile()
     return fw, bw
+
+
+def _eager_partition(joint, joint_inputs, **kwargs):
+    """The forward and backward of eager autograd: every op's saved tensors kept for the backward
+    (AOTAutograd's default partition)."""
+    from torch._functorch.partitioners import default_partition
+
+    stops.strip(joint)
+    kwargs.pop("compiler", None)
+    return default_partition(joint, joint_inputs, **kwargs)
 
 
 def _copy(gm):
