@@ -168,7 +168,8 @@ def explain(model, *args, options=_UNSET, dynamic=_UNSET, **kwargs) -> Report:
         dynamic = state.dynamic if state is not None else None
     if dynamic not in (None, True, False):
         raise StreamBPError(f"dynamic must be None, True or False (as for torch.compile), got {dynamic!r}")
-    report, records = _explain_once(model, args, kwargs, options, dynamic, state)
+    said: set = set()   # the causes warned, shared by every graph of the first and later traces
+    report, records = _explain_once(model, args, kwargs, options, dynamic, state, said=said)
     report.settings = {"dynamic": dynamic, "options": dict(options or {})}
     if dynamic is None:
         def later():
@@ -179,11 +180,11 @@ def explain(model, *args, options=_UNSET, dynamic=_UNSET, **kwargs) -> Report:
             resized = later_inputs(args, kwargs, report.seq_dim)
             try:
                 if resized is not None:
-                    r, _ = _explain_once(model, *resized, options, None, state, records=records)
+                    r, _ = _explain_once(model, *resized, options, None, state, records=records, said=said)
                     if any(isinstance(t, torch.SymInt) for t in r.seq_dim):
                         r.settings = {"dynamic": None, "options": dict(options or {})}
                         return r
-                r, _ = _explain_once(model, args, kwargs, options, True, state)
+                r, _ = _explain_once(model, args, kwargs, options, True, state, said=said)
             except Exception as e:  # noqa: BLE001 - reported, not raised: the first report stands
                 r = build_report([])
                 r.not_streamed.append(("compile", f"compiling with symbolic sizes failed: {type(e).__name__}: "
@@ -230,9 +231,11 @@ def _prepared_options(state) -> dict:
     return _effective_options(state)
 
 
-def _explain_once(model, args, kwargs, options, dynamic, state, records=None) -> tuple:
+def _explain_once(model, args, kwargs, options, dynamic, state, records=None, said=None) -> tuple:
     """(report, Dynamo's automatic-dynamic records after the call): one traced call, in a
-    process whose earlier calls are ``records`` (None: the model's first call)."""
+    process whose earlier calls are ``records`` (None: the model's first call). ``said``: the
+    causes already warned (a refusal that holds at the first length and at later ones is said
+    once; the reports list it for each)."""
     from . import frames, membudget
     from .backend import compile_graph
     from .session import Session
@@ -246,6 +249,8 @@ def _explain_once(model, args, kwargs, options, dynamic, state, records=None) ->
     def capture(gm, example_inputs):
         session = Session(config, collected)
         session.passes_of = passes_of
+        if said is not None:
+            session.warned = said
         fn = compile_graph(gm, example_inputs, config, session)
         return membudget.training_graph(fn, example_inputs, trains)
 

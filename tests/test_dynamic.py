@@ -647,3 +647,20 @@ def test_code_compiled_under_a_shape_guard_runs_only_where_it_holds():
         calls = Calls("qwen3_sdpa", codegen="inductor", chunk_size=100, head_chunk_size=100)
         second = calls.call(hf_inputs(calls, 1, 200))
         assert second["chunk_compiles"] == 0 and second["guard_recompiles"] > 0, second
+
+
+@pytest.mark.fast
+def test_explain_says_a_refusal_that_holds_at_every_length_once():
+    """A refusal found at the first length and again at a later one (its recompile) is warned
+    once; each report lists it."""
+    model, make_inputs = zoo.qwen3()
+    model.model.norm.register_forward_hook(lambda module, args, out: out.cumsum(1))
+    inputs = make_inputs("right_pad")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = streamfx.explain(model, *inputs.args, **inputs.kwargs)
+        later = report.later_lengths
+    said = [str(w.message) for w in caught if str(w.message).startswith("streamfx")]
+    assert len(said) == 1 and "cumsum" in said[0], said
+    assert report.not_streamed and later.not_streamed, (report.not_streamed, later.not_streamed)
+    assert all(isinstance(n, torch.SymInt) for n in later.seq_dim), later.seq_dim
