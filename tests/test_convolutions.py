@@ -380,8 +380,7 @@ def test_plan_memory_predicts_a_step_whose_kv_graph_reads_rows_before_the_chunks
     assert "each chunk's runs over its own rows and the" in text, text
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize("pad", ["left", pytest.param("right", marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("pad", ["left", "right"])
 @pytest.mark.skipif(not zoo.moe_streams(), reason="transformers < 5.24: grouped_mm_fallback's backward reads "
                     "offs.tolist() (Zaya's fp32 experts); tests/test_untraceable.py checks the refusal")
 def test_zaya_with_padding_streams_exactly(pad):

@@ -649,16 +649,15 @@ def test_code_compiled_under_a_shape_guard_runs_only_where_it_holds():
         assert second["chunk_compiles"] == 0 and second["guard_recompiles"] > 0, second
 
 
-@pytest.mark.fast
 def test_explain_says_a_refusal_that_holds_at_every_length_once():
     """A refusal found at the first length and again at a later one (its recompile) is warned
     once; each report lists it."""
-    model, make_inputs = zoo.qwen3()
-    model.model.norm.register_forward_hook(lambda module, args, out: out.cumsum(1))
-    inputs = make_inputs("right_pad")
+    model, make_inputs = zoo.nanogpt()
+    model.transformer.ln_f.register_forward_hook(lambda module, args, out: out.cumsum(1))
+    inputs = make_inputs("prompt")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        report = streamfx.explain(model, *inputs.args, **inputs.kwargs)
+        report = streamfx.explain(model, *inputs.args, options={"codegen": "eager"})
         later = report.later_lengths
     said = [str(w.message) for w in caught if str(w.message).startswith("streamfx")]
     assert len(said) == 1 and "cumsum" in said[0], said

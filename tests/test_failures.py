@@ -150,8 +150,7 @@ def test_device_errors_are_told_apart():
         assert not is_device_error(ValueError("Cannot view a tensor"))
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize("codegen", ["eager", pytest.param("inductor", marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("codegen", ["eager", "inductor"])
 def test_anomaly_mode_streams_exactly(codegen):
     """Under ``torch.autograd.set_detect_anomaly(True)`` (a user hunting a NaN) every region still
     streams, exactly, without a warning: the backward traces through fake tensors (the joint graph,

@@ -97,7 +97,6 @@ def test_offload_dir_that_is_a_file_raises(tmp_path):
 
 
 # ---- exact gradients ----------------------------------------------------------------------------
-@pytest.mark.fast
 @pytest.mark.parametrize("case", [pytest.param("right_pad", marks=pytest.mark.extended), "left_pad"])
 def test_disk_offload_is_exact_and_leaves_no_files(case, tmp_path, monkeypatch):
     deep(monkeypatch)
