@@ -305,6 +305,34 @@ def test_dropout_randomness_is_drawn_once_and_replayed_per_chunk():
     assert "layer.0" in [p.name for p in report.plan]
 
 
+class _ProbDropLM(_AttendingLM):
+    """Dropout on the attention probabilities: SDPA's ``dropout_p`` ("sdpa"), or ``F.dropout``
+    after a hand-written softmax under a ``-inf`` causal mask ("manual") or, as Hugging Face's
+    eager attention does, an additive ``finfo.min`` mask with the softmax in fp32
+    ("manual_fp32_softmax")."""
+
+    def __init__(self, form, *args):
+        super().__init__(*args)
+        self.form = form
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        h = self.emb(idx)
+        q, k, v = self.heads(h)
+        if self.form == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.25)
+        else:
+            s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+            if self.form == "manual":
+                s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+                p = s.softmax(-1)
+            else:  # an additive mask, as Hugging Face's eager attention adds its causal mask
+                s = s + torch.full((T, T), torch.finfo(s.dtype).min).triu(1)
+                p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
+            y = F.dropout(p, 0.25, training=True) @ v
+        return self.loss(h + y.transpose(1, 2).reshape(B, T, -1), targets)
+
+
 @pytest.mark.fast
 @pytest.mark.parametrize("form", ["sdpa", "manual", "manual_fp32_softmax"])
 def test_dropout_on_attention_probabilities_streams_and_replays_per_chunk(form):
@@ -316,26 +344,8 @@ def test_dropout_on_attention_probabilities_streams_and_replays_per_chunk(form):
     1 under the same seed. Its keep mask is kept per layer whole ([B, H, T, T]): one warning says
     that memory grows with the square of the length, and what to change."""
 
-    class ProbDropLM(_AttendingLM):
-        def forward(self, idx, targets):
-            B, T = idx.shape
-            h = self.emb(idx)
-            q, k, v = self.heads(h)
-            if form == "sdpa":
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.25)
-            else:
-                s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
-                if form == "manual":
-                    s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-                    p = s.softmax(-1)
-                else:  # an additive mask, as Hugging Face's eager attention adds its causal mask
-                    s = s + torch.full((T, T), torch.finfo(s.dtype).min).triu(1)
-                    p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
-                y = F.dropout(p, 0.25, training=True) @ v
-            return self.loss(h + y.transpose(1, 2).reshape(B, T, -1), targets)
-
     torch.manual_seed(0)
-    model = ProbDropLM(24, 16, 2)
+    model = _ProbDropLM(form, 24, 16, 2)
     idx = torch.randint(0, 24, (2, 12))
     grads, losses = [], []
     for chunk in (3, 12):
@@ -360,18 +370,8 @@ def test_hf_eager_attention_with_dropout_streams_as_inductor_rewrites_it():
     layer streams (strict), its randomness drawn once: 4 chunks give the loss and gradients of
     Inductor's own compile (its random numbers, the same under the same seed)."""
 
-    class EagerAttentionDropLM(_AttendingLM):
-        def forward(self, idx, targets):
-            B, T = idx.shape
-            h = self.emb(idx)
-            q, k, v = self.heads(h)
-            s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5 + torch.full((T, T), torch.finfo(q.dtype).min).triu(1)
-            p = F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
-            y = F.dropout(p, 0.25, training=True) @ v
-            return self.loss(h + y.transpose(1, 2).reshape(B, T, -1), targets)
-
     torch.manual_seed(0)
-    model = EagerAttentionDropLM(24, 16, 2)
+    model = _ProbDropLM("manual_fp32_softmax", 24, 16, 2)
     idx = torch.randint(0, 24, (2, 12))
     loss, grads, said = _seeded_step(model, idx, 123, chunk_size=3, codegen="inductor", strict=True)
     torch._dynamo.reset()
