@@ -104,6 +104,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
 
     config = dataclasses.replace(StreamConfig.from_options(options), codegen="eager")
     traced = dataclasses.replace(config, memory_budget=None, offload="auto" if config.storage_auto else config.offload)
+    codegen = StreamConfig.from_options(options).codegen   # the user's: its graphs are analysed and modelled
     collected: list = []
     detached: list = []
 
@@ -113,7 +114,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
         given = None if detach is None else detach[len(detached)] if len(detached) < len(detach) else ()
         session = Session(traced, collected)
         session.keep_graphs = True
-        session.passes_of = StreamConfig.from_options(options).codegen
+        session.passes_of = codegen
         fn = compile_graph(gm, example_inputs, traced, session, detach=given)
         detached.append(tuple(session.detached))
         return training_graph(fn, example_inputs, trains)
@@ -127,7 +128,6 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
     one_graph_step(len(trains), "streamfx.plan_memory")
     a = analyses[-1]
     device = device or _device(args, kwargs)
-    codegen = StreamConfig.from_options(options).codegen
     step, baselines = step_models(a, device, codegen)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     head = next((p.chunk_size for p, _ in a.programs if p.kind == "head"), None)
