@@ -95,7 +95,8 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
     while a.plans:
         try:
             streamed = stream_joint(joint, num_fwd_outputs, a.fwd_nodes, a.plans, config.codegen,
-                                    storage=offload.Options.of(config), attention=config.attention)
+                                    storage=offload.Options.of(config), attention=config.attention,
+                                    mode=config.mode)
             break
         except RegionFailed as err:
             # that region runs unstreamed and the others stream, where the outputs dropped stay

@@ -30,12 +30,15 @@ from .session import DetachOutputs, KeepOutputs, Session, _copy as _copy_graph
 logging_calls.install()  # (loaded as a backend: before Dynamo traces the first model)
 
 
-def streambp_backend(gm: torch.fx.GraphModule, example_inputs, options=None, **kwargs):
-    """Entry point for ``torch.compile(m, backend="streambp", options={...})``."""
+def streambp_backend(gm: torch.fx.GraphModule, example_inputs, options=None, mode=None, **kwargs):
+    """Entry point for ``torch.compile(m, backend="streambp", options={...})`` (or ``mode=...``:
+    torch.compile takes one of the two; ``streamfx.backend(mode=..., ...)`` takes both)."""
     if kwargs:
         raise StreamBPError(f"unsupported torch.compile argument(s) {sorted(kwargs)} for backend 'streambp'; "
                             f"pass streamfx options through options={{...}} with keys "
                             f"{list(StreamConfig.__dataclass_fields__)}")
+    if mode is not None:
+        options = {**(options or {}), "mode": mode}
     return compile_graph(gm, example_inputs, StreamConfig.from_options(options))
 
 
@@ -343,7 +346,8 @@ def _compile(gm, example_inputs, config, session):
     patches = dict(enable_autograd_cache=False)
     with functorch_config.patch(**patches), inductor_config.patch(fx_graph_cache=False):
         if config.codegen == "eager" and session is not None and session.passes_of == "inductor":
-            compiled = _fx_after_inductor_passes(gm, example_inputs, session)
+            with inductor_config.patch(session.inductor_options):
+                compiled = _fx_after_inductor_passes(gm, example_inputs, session)
         elif config.codegen == "eager":
             compiled = aot_autograd(
                 fw_compiler=_boxed_nop, bw_compiler=_boxed_nop, inference_compiler=_boxed_nop,
@@ -353,7 +357,8 @@ def _compile(gm, example_inputs, config, session):
         else:
             from torch._inductor.compile_fx import compile_fx
 
-            with inductor_config.patch(custom_partitioner_fn=_Partitioner(session)):
+            with inductor_config.patch(config.inductor_options), \
+                    inductor_config.patch(custom_partitioner_fn=_Partitioner(session)):
                 compiled = compile_fx(gm, example_inputs, decompositions=decompositions())
     return session.wrap(compiled)
 

@@ -35,6 +35,7 @@ from torch._functorch import config as functorch_config
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
+from .config import inductor_mode_options
 from .passes.graphs import hint
 from .passes.specs import dense, dim_order, empty_in_order, leading
 
@@ -153,23 +154,24 @@ class ChunkGraph:
                          _constants_key(self.gm))
         return self._key
 
-    def fn(self, codegen: str, train: bool, grads=()) -> Callable:
+    def fn(self, codegen: str, train: bool, grads=(), mode: str = "default") -> Callable:
         """The graph as run, taking the tensors (sizes are read from them): itself (codegen
-        "eager"), or compiled by Inductor, once per key, at the sizes of its first call (``Sized``).
-        ``grads``: the slots that get a gradient (with ``train``: the training compile)."""
+        "eager"), or compiled by Inductor with the options of torch.compile's ``mode``, once per
+        key, at the sizes of its first call (``Sized``). ``grads``: the slots that get a
+        gradient (with ``train``: the training compile)."""
         if codegen == "eager":
             # (its forward, not the module: a module call of a GraphModule prints the failing line
             # and drops the traceback, which ``failures`` reads the failing node from)
             return self._with_sizes(self.gm.forward)
         grads = tuple(sorted(grads)) if train else ()
-        mine = self._fns.get((grads, train))
+        mine = self._fns.get((grads, train, mode))
         if mine is not None and mine[1] == _GENERATION[0]:
             return mine[0]
-        key = (self.key(), grads, train)
+        key = (self.key(), grads, train, mode)
         if key not in _COMPILED:
             COUNTERS["chunk_compiles"] += 1
             def compile_at(values):
-                return compile_graph(self.gm, self.slots, self.sizes, grads, train, values, self.symbols)
+                return compile_graph(self.gm, self.slots, self.sizes, grads, train, values, self.symbols, mode)
 
             def failed(e):
                 COUNTERS["chunk_compile_failures"] += 1
@@ -178,10 +180,10 @@ class ChunkGraph:
                 return Variant(self.gm)
 
             _COMPILED[key] = self._with_sizes(Sized(self, compile_at, failed), fit=True)
-        self._fns[(grads, train)] = (_COMPILED[key], _GENERATION[0])
+        self._fns[(grads, train, mode)] = (_COMPILED[key], _GENERATION[0])
         return _COMPILED[key]
 
-    def vjp(self, codegen: str, grads: tuple) -> "Vjp | None":
+    def vjp(self, codegen: str, grads: tuple, mode: str = "default") -> "Vjp | None":
         """The graph's vector-Jacobian product as one compiled inference graph (Inductor's code
         for the chunk's recomputation and its backward together, with nothing of the forward
         computed that no gradient reads: a layer's last projection, whose output only its
@@ -191,18 +193,18 @@ class ChunkGraph:
         if codegen == "eager":
             return None
         grads = tuple(sorted(grads))
-        mine = self._fns.get(("vjp", grads))
+        mine = self._fns.get(("vjp", grads, mode))
         if mine is not None and mine[1] == _GENERATION[0]:
             return mine[0]
-        key = (self.key(), grads, "vjp")
+        key = (self.key(), grads, "vjp", mode)
         if key not in _COMPILED:
             try:
-                _COMPILED[key] = Vjp(self, grads)
+                _COMPILED[key] = Vjp(self, grads, mode)
             except Exception as e:  # noqa: BLE001 - the training compile runs it instead
                 COUNTERS["vjp_fallbacks"] += 1
                 _log.debug("streamfx: %s: no joint vjp compile (%s: %s)", self.name, type(e).__name__, e)
                 _COMPILED[key] = None
-        self._fns[("vjp", grads)] = (_COMPILED[key], _GENERATION[0])
+        self._fns[("vjp", grads, mode)] = (_COMPILED[key], _GENERATION[0])
         return _COMPILED[key]
 
     def check_agree(self, args) -> None:
@@ -456,28 +458,30 @@ def shape_guards(mode, symbols) -> tuple:
 
 
 def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool, values: dict | None,
-                  symbols: tuple) -> Variant:
+                  symbols: tuple, mode: str = "default") -> Variant:
     """Inductor-compile a chunk graph on symbolic fake inputs (sampled at ``values`` where given:
     ``fake_inputs``), with the shape guards the compile took (``symbols``: the sizes a call
     gives, ``ChunkGraph.symbols``). With ``train``, the ``grads``
     inputs require grad, so AOTAutograd also compiles the backward; without, the graph is
     compiled for inference (its outputs hold no autograd graph). AOTAutograd's and Inductor's
     caches serve it: a graph an earlier process compiled (the same model restarted, a measurement
-    at another length) loads instead of tracing and compiling again."""
+    at another length) loads instead of tracing and compiling again. ``mode``: torch.compile's,
+    whose Inductor options the compile runs with."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
     from . import onehot
     from .runtime import autograd_inside_op
 
-    mode, fakes = fake_inputs(slots, sizes, grads, values=values)
+    fake_mode, fakes = fake_inputs(slots, sizes, grads, values=values)
     _LazyGraphModule.force_recompile(gm)
     # (a loss's one-hot gradient made pointwise, ``onehot``)
-    with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
+    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), autograd_inside_op(), \
             torch.set_grad_enabled(train), inductor_config.patch(onehot.compile_config()), \
-            functorch_config.patch(force_non_lazy_backward_lowering=True), _caches(mode):
+            inductor_config.patch(inductor_mode_options(mode)), \
+            functorch_config.patch(force_non_lazy_backward_lowering=True), _caches(fake_mode):
         code = compile_fx(gm, fakes)
-    return Variant(code, shape_guards(mode, symbols))
+    return Variant(code, shape_guards(fake_mode, symbols))
 
 
 class Vjp:
@@ -490,8 +494,8 @@ class Vjp:
     call: every chunk length, key length and batch size runs that compile, except sizes that
     break one of its shape guards (``Sized``)."""
 
-    def __init__(self, graph: ChunkGraph, grads: tuple):
-        self.graph, self.grads = graph, grads
+    def __init__(self, graph: ChunkGraph, grads: tuple, mode: str = "default"):
+        self.graph, self.grads, self.mode = graph, grads, mode
         self._given: dict = {}
         # (the outputs that need a gradient: their gradients are the tangents)
         outs = _trace(graph, grads)[2]
@@ -501,7 +505,7 @@ class Vjp:
         if given not in self._given:
             def compile_at(values):
                 COUNTERS["vjp_compiles"] += 1
-                return _compile_vjp(self.graph, self.grads, given, _trace(self.graph, self.grads, values))
+                return _compile_vjp(self.graph, self.grads, given, _trace(self.graph, self.grads, values), self.mode)
 
             def failed(e):   # (these sizes and later ones run the training compile)
                 COUNTERS["vjp_fallbacks"] += 1
@@ -533,7 +537,7 @@ class Vjp:
         """The call run by the chunk's training compile and autograd (no joint compile)."""
         from .runtime import autograd_inside_op
 
-        fn = self.graph.fn("inductor", True, self.grads)
+        fn = self.graph.fn("inductor", True, self.grads, self.mode)
         with autograd_inside_op(), torch.enable_grad():
             xs = [x.detach().requires_grad_(i in self.grads and x.dtype.is_floating_point)
                   for i, x in enumerate(args)]
@@ -556,11 +560,11 @@ def _trace(graph: ChunkGraph, grads: tuple, values: dict | None = None) -> tuple
         return mode, fakes, list(graph.gm(*fakes))
 
 
-def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple) -> Variant:
+def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple, mode: str = "default") -> Variant:
     """A ``Variant`` whose code is (compiled fn(*inputs, *sizes, *tangents) -> the gradients that
     exist, the tangents' shapes in the inputs' symbols, their dtypes, {symbol: (input, dim)} to
     read them from, which of ``grads`` has a gradient), with the shape guards of the trace and the
-    compile. ``traced``: ``_trace(graph, grads, values)``."""
+    compile. ``traced``: ``_trace(graph, grads, values)``; ``mode``: torch.compile's (``compile_graph``)."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -568,7 +572,7 @@ def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple) -
     from . import onehot
     from .runtime import autograd_inside_op, fake_autograd
 
-    mode, fakes, outs = traced
+    fake_mode, fakes, outs = traced
     n, m = len(graph.slots), len(graph.sizes)
     where = {}
     for i, x in enumerate(fakes[:n]):
@@ -582,7 +586,7 @@ def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple) -
         if missing:
             raise ValueError(f"output {j}'s size symbols {sorted(map(str, missing))} are no input's dims")
         shapes.append(tuple(int(s) if not isinstance(s, int) and s.is_number else s for s in shape))
-    with mode:
+    with fake_mode:
         tangents = [torch.empty(outs[j].shape, dtype=outs[j].dtype, device=outs[j].device) for j in given]
     present = []
     gm = graph.gm
@@ -599,15 +603,16 @@ def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple) -
     _LazyGraphModule.force_recompile(gm)
     # (the backward on the calling thread, as AOTAutograd traces its joint graph: the autograd
     # engine runs a CUDA backward on its device thread, where the trace's dispatch state is not set)
-    with mode, fake_autograd(), torch.autograd.set_multithreading_enabled(False):
+    with fake_mode, fake_autograd(), torch.autograd.set_multithreading_enabled(False):
         traced = make_fx(joint)(*fakes, *tangents)
-    with mode:
+    with fake_mode:
         inputs = [x.detach() if isinstance(x, torch.Tensor) else x for x in fakes] + tangents
-    with torch._guards.tracing(torch._guards.TracingContext(mode)), autograd_inside_op(), \
+    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), autograd_inside_op(), \
             torch.set_grad_enabled(False), inductor_config.patch(onehot.compile_config()), \
-            functorch_config.patch(force_non_lazy_backward_lowering=True), _caches(mode):
+            inductor_config.patch(inductor_mode_options(mode)), \
+            functorch_config.patch(force_non_lazy_backward_lowering=True), _caches(fake_mode):
         fn = compile_fx(traced, inputs)
-    return Variant((fn, shapes, [t.dtype for t in tangents], where, tuple(present)), shape_guards(mode, graph.symbols))
+    return Variant((fn, shapes, [t.dtype for t in tangents], where, tuple(present)), shape_guards(fake_mode, graph.symbols))
 
 
 class ChunkCheckFailed(Exception):

@@ -14,6 +14,42 @@ OFFLOADS = (None, "auto", "cpu", "disk")
 ATTENTIONS = ("recompute", "keep")
 
 
+def inductor_modes() -> dict:
+    """{torch.compile mode: the Inductor options it sets}, as the installed torch defines them."""
+    import torch._inductor
+
+    return torch._inductor.list_mode_options()
+
+
+# Inductor options of a mode that a streamed compile leaves as they are, and why
+MODE_OPTIONS_LEFT = {
+    # ("lite"): the joint graph undecomposed; the passes read ATen's decompositions of the ops,
+    # a loss's per-token form among them (``passes/rules.py``)
+    "selective_decompose": "the streaming passes read the joint graph with ATen's decompositions applied",
+}
+
+
+def inductor_mode_options(mode: str) -> dict:
+    """The Inductor config patches of torch.compile's ``mode`` that a streamed compile applies."""
+    return {k: v for k, v in inductor_modes()[mode].items() if k not in MODE_OPTIONS_LEFT}
+
+
+def _check_mode(mode, codegen: str) -> None:
+    modes = inductor_modes()
+    allowed = tuple(m for m, o in modes.items() if not o.get("triton.cudagraphs"))
+    if not isinstance(mode, str) or mode not in modes:
+        raise StreamBPError(f"option 'mode' must be one of {allowed}, got {mode!r}")
+    if modes[mode].get("triton.cudagraphs"):
+        raise StreamBPError(f"mode {mode!r} turns on CUDA graphs, which replay one recorded sequence of kernels "
+                            f"at fixed addresses; a streamed step runs its chunk graphs from loops whose length "
+                            f"follows each call's sequence length, with buffers allocated per call. Use one of "
+                            f"{allowed}" + (" (max-autotune-no-cudagraphs tunes the kernels as max-autotune does)"
+                                            if "max-autotune-no-cudagraphs" in allowed else ""))
+    if mode != "default" and codegen != "inductor":
+        raise StreamBPError(f"option 'mode' sets the Inductor options of a compile; with codegen={codegen!r} "
+                            f"nothing is compiled by Inductor: drop mode={mode!r} or use codegen='inductor'")
+
+
 @dataclasses.dataclass(frozen=True)
 class StreamConfig:
     """Options of ``torch.compile(m, backend="streambp", options={...})``.
@@ -22,6 +58,13 @@ class StreamConfig:
     head_chunk_size: tokens per chunk in the LM head + loss region; None picks one automatically.
     codegen:         "inductor" compiles every graph with Inductor; "eager" runs the rewritten
                      FX graphs as they are (fast to compile, good for debugging).
+    mode:            torch.compile's ``mode`` (also given as ``torch.compile(..., mode=...)``):
+                     the Inductor options of that mode (``torch._inductor.list_mode_options``)
+                     apply to every graph streamfx compiles, the chunk graphs included, e.g.
+                     "max-autotune-no-cudagraphs" (except those of ``MODE_OPTIONS_LEFT``: "lite"
+                     runs decomposed). Modes that turn on CUDA graphs are refused:
+                     a streamed step runs its chunk graphs from loops whose length follows the
+                     call's, with buffers allocated per call, which a replayed graph cannot.
     dump_dir:        write graphviz/text dumps of every graph and pass here
                      (the environment variable STREAMFX_DUMP_DIR does the same).
     strict:          raise StreamBPError instead of falling back when streaming cannot apply.
@@ -72,6 +115,7 @@ class StreamConfig:
     chunk_size: int | None = None
     head_chunk_size: int | None = None
     codegen: str = "inductor"
+    mode: str = "default"
     dump_dir: str | None = None
     strict: bool = False
     return_logits: bool = False
@@ -90,6 +134,7 @@ class StreamConfig:
                 raise StreamBPError(f"option {key!r} must be a positive int or None, got {value!r}")
         if self.codegen not in CODEGENS:
             raise StreamBPError(f"option 'codegen' must be one of {CODEGENS}, got {self.codegen!r}")
+        _check_mode(self.mode, self.codegen)
         if self.kv_boundary not in KV_BOUNDARIES:
             raise StreamBPError(f"option 'kv_boundary' must be one of {KV_BOUNDARIES}, got {self.kv_boundary!r}")
         if self.head_grad not in HEAD_GRADS:
@@ -131,6 +176,11 @@ class StreamConfig:
         if unknown:
             raise StreamBPError(f"unknown option(s) {unknown}; allowed options are {allowed}")
         return cls(**options)
+
+    @property
+    def inductor_options(self) -> dict:
+        """The Inductor config patches of ``mode``, applied to every Inductor compile of the step."""
+        return inductor_mode_options(self.mode)
 
     @property
     def storage_auto(self) -> bool:

@@ -240,15 +240,15 @@ def _explain_once(model, args, kwargs, options, dynamic, state, records=None, sa
     from .backend import compile_graph
     from .session import Session
 
-    config = dataclasses.replace(StreamConfig.from_options(options), codegen="eager")
+    user = StreamConfig.from_options(options)   # (its codegen's graphs are the ones analysed)
+    config = dataclasses.replace(user, codegen="eager", mode="default")
     collected: list = []
 
     trains: set = set()   # the graphs with a backward that ran
-    passes_of = StreamConfig.from_options(options).codegen
 
     def capture(gm, example_inputs):
         session = Session(config, collected)
-        session.passes_of = passes_of
+        session.passes_of, session.inductor_options = user.codegen, user.inductor_options
         if said is not None:
             session.warned = said
         fn = compile_graph(gm, example_inputs, config, session)

@@ -102,9 +102,10 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
     from .backend import compile_graph
     from .session import Session
 
-    config = dataclasses.replace(StreamConfig.from_options(options), codegen="eager")
+    user = StreamConfig.from_options(options)   # (its codegen's graphs are analysed and modelled)
+    config = dataclasses.replace(user, codegen="eager", mode="default")
     traced = dataclasses.replace(config, memory_budget=None, offload="auto" if config.storage_auto else config.offload)
-    codegen = StreamConfig.from_options(options).codegen   # the user's: its graphs are analysed and modelled
+    codegen = user.codegen
     collected: list = []
     detached: list = []
 
@@ -114,7 +115,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
         given = None if detach is None else detach[len(detached)] if len(detached) < len(detach) else ()
         session = Session(traced, collected)
         session.keep_graphs = True
-        session.passes_of = codegen
+        session.passes_of, session.inductor_options = codegen, user.inductor_options
         fn = compile_graph(gm, example_inputs, traced, session, detach=given)
         detached.append(tuple(session.detached))
         return training_graph(fn, example_inputs, trains)

@@ -30,6 +30,71 @@ def test_bad_options_raise_streambp_error_through_torch_compile(options, key):
     assert key in str(err.value)
 
 
+@pytest.mark.parametrize("compile_kwargs, says", [
+    ({"mode": "max-autotune"}, "CUDA graphs"),
+    ({"mode": "reduce-overhead"}, "CUDA graphs"),
+    ({"mode": "fastest"}, "must be one of"),
+    ({"options": {"mode": "max-autotune-no-cudagraphs", "codegen": "eager"}}, "codegen='eager'"),
+])
+def test_a_compile_mode_streaming_cannot_honour_raises_with_the_modes_it_can(compile_kwargs, says):
+    """torch.compile's ``mode`` reaches the backend: a mode that turns
+    on CUDA graphs, one torch does not define, or one with nothing for Inductor to compile raises
+    before any compile work, naming the modes that apply."""
+    compiled = torch.compile(_model(), backend="streambp", **compile_kwargs)
+    with pytest.raises(StreamBPError, match=says) as err:
+        compiled(torch.randn(2, 4))
+    assert "'max-autotune-no-cudagraphs'" in str(err.value) or "codegen='eager'" in str(err.value), err.value
+    assert "'max-autotune'" not in str(err.value).split("one of")[-1], err.value
+
+
+@pytest.mark.heavy
+def test_a_compile_mode_reaches_every_inductor_compile_of_the_streamed_step(monkeypatch):
+    """``torch.compile(model, backend="streambp", mode="max-autotune-no-cudagraphs")``: the outer
+    graphs and every chunk graph compile with that mode's Inductor options, and the streamed step
+    is exact. ``options={"mode": "lite"}``: lite's options too, except its undecomposed joint graph
+    (``MODE_OPTIONS_LEFT``), without which the loss would be one op and the head would not stream."""
+    import copy
+    import functools
+
+    from torch._inductor import compile_fx as inductor_compile
+    from torch._inductor import config as inductor_config
+
+    import zoo
+    from conftest import assert_grads_match, grads_of
+    from streamfx.config import inductor_mode_options
+    from streamfx.runtime import _PROGRAMS, COUNTERS
+
+    seen = []
+    real = inductor_compile.compile_fx
+
+    def spy(*args, **kwargs):
+        seen.append({key: functools.reduce(getattr, key.split("."), inductor_config)
+                     for key in ("max_autotune", "coordinate_descent_tuning", "use_joint_graph_passes",
+                                 "fallback_by_default", "selective_decompose")})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(inductor_compile, "compile_fx", spy)
+    model, make_inputs = zoo.qwen3_sdpa()
+    inputs = make_inputs(zoo.Case("mode", 2, 16))
+    for mode, compile_kwargs in (("max-autotune-no-cudagraphs", {"mode": "max-autotune-no-cudagraphs"}),
+                                 ("lite", {"options": {"mode": "lite", "chunk_size": 4, "head_chunk_size": 4}})):
+        torch._dynamo.reset()
+        ref = copy.deepcopy(model)
+        ref(**inputs.kwargs).loss.backward()
+        mine = copy.deepcopy(model)
+        seen.clear()
+        before, keys = dict(COUNTERS), set(_PROGRAMS)
+        torch.compile(mine, backend="streambp", **compile_kwargs)(**inputs.kwargs).loss.backward()
+        moved = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
+        assert {p.kind for k, p in _PROGRAMS.items() if k not in keys} == {"layer", "head"}, mode
+        assert moved["region_backward"] >= 2, (mode, moved)
+        assert moved["chunk_compiles"] >= 2 and len(seen) > moved["chunk_compiles"], (mode, moved, len(seen))
+        want = {k: v for k, v in inductor_mode_options(mode).items() if k in seen[0]}
+        assert want and all({k: s[k] for k in want} == want for s in seen), (mode, want, seen)
+        assert not any(s["selective_decompose"] for s in seen)
+        assert_grads_match(grads_of(ref), grads_of(mine))
+
+
 def test_error_names_allowed_values():
     with pytest.raises(StreamBPError, match=r"\('inductor', 'eager'\)"):
         StreamConfig(codegen="fast")
