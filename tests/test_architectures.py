@@ -147,7 +147,7 @@ def test_mla_can_keep_the_latent_not_the_heads(monkeypatch, form, codegen, chunk
     (torch.float32, "scatter", zoo.HEADS, 8, False),
     # bf16, keys by cat, one head dim (fused attention reads them as they are), 16 heads from
     # a 12-wide latent: the per-head buffers and their fp32 accumulators outweigh it
-    (torch.bfloat16, "cat", 16, 12, True),
+    pytest.param(torch.bfloat16, "cat", 16, 12, True, marks=pytest.mark.heavy),
 ])
 def test_mla_kv_boundary_auto_takes_the_latent_where_it_holds_less(dtype, assemble, heads, dn, latent):
     """``kv_boundary="auto"`` (the default) weighs the bytes a layer's backward holds for its

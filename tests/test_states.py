@@ -222,8 +222,7 @@ def _two_graphs_reverse(model, make_inputs):
         {k.removeprefix("_orig_mod."): g.double() for k, g in grads_of(model).items()}
 
 
-@pytest.mark.fast
-@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_two_step_graphs_alive_backward_in_reverse_order(dtype):
     """fp32: equal to eager. bf16 (its weights' gradients summed in shared fp32 buffers): within
     the error eager bf16 has against float64, measured on the same weights and inputs."""
