@@ -186,6 +186,33 @@ def test_gpu_command_takes_a_part_budget_from_the_command_line(tmp_path, monkeyp
 
 
 @pytest.mark.fast
+def test_gpu_command_compiles_its_methods_with_the_mode_asked_for(tmp_path, monkeypatch, capsys):
+    """``--mode``: the memory, max_len and speed parts compile streamfx (its options) and
+    checkpointing under torch.compile with that mode; a mode streamfx refuses, or any mode with
+    ``--tiny`` (its graphs run as FX graphs), ends the command before anything runs."""
+    import torch
+
+    from streamfx.bench import gpu, gpu_parts, methods
+
+    setups = []
+    monkeypatch.setattr(gpu, "_run", lambda name, setup, state: setups.append(setup) or [])
+    assert gpu.main(["--device", "cpu", "--parts", "speed", "--mode", "max-autotune-no-cudagraphs",
+                     "--out", str(tmp_path)]) == 0
+    setup = setups[0]
+    assert setup.mode == "max-autotune-no-cudagraphs" and "mode" not in setup.streamfx_options
+    compiles = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: compiles.append(kwargs) or model)
+    for method in ("streamfx", "ckpt+compile"):
+        gpu_parts.stepper(method, torch.nn.Linear(2, 2), setup)
+    assert compiles[0]["options"]["mode"] == compiles[1]["mode"] == "max-autotune-no-cudagraphs", compiles
+    assert compiles[0]["backend"] == methods._streambp_backend() and "mode" not in compiles[0], compiles
+    for bad, says in ((["--mode", "max-autotune"], "CUDA graphs"), (["--mode", "lite", "--tiny"], "--tiny")):
+        with pytest.raises(SystemExit):
+            gpu.main(["--device", "cpu", "--parts", "speed", *bad, "--out", str(tmp_path)])
+        assert says in capsys.readouterr().err
+
+
+@pytest.mark.fast
 def test_gpu_longest_length_search_makes_no_probe_that_outlasts_its_time():
     """The GPU command's longest-length search on a device with far more memory than the measured
     lengths use (an H200's 139 GiB against four lengths up to 32k): the memory fit guesses a length

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", type=float, default=570.0, help="seconds for the whole command (default 570)")
     p.add_argument("--budget", action="append", default=[], metavar="PART=SECONDS",
                    help="a part's time budget in seconds instead of the plan's (repeatable), e.g. offload=70")
+    p.add_argument("--mode", default="default",
+                   help="torch.compile's mode for streamfx and checkpointing under torch.compile, e.g. "
+                        "max-autotune-no-cudagraphs (default: default; not with --tiny, whose graphs run as FX graphs)")
     p.add_argument("--mem-cap-gb", type=float, default=None,
                    help="memory cap of the longest-length search in GiB (default: the device's memory)")
     return p
@@ -99,7 +102,16 @@ def main(argv=None) -> int:
 
     if ns.device == "cuda" and not torch.cuda.is_available():
         build_parser().error("--device cuda but torch.cuda.is_available() is False (use --device cpu --tiny)")
-    start, setup, state = time.monotonic(), dataclasses.replace(setup_for(ns), methods=methods), {}
+    if ns.mode != "default":
+        from streamfx import StreamBPError, StreamConfig
+
+        if ns.tiny:
+            build_parser().error("--mode sets Inductor's options; --tiny runs its graphs as FX graphs")
+        try:
+            StreamConfig(mode=ns.mode)
+        except StreamBPError as e:
+            build_parser().error(f"--mode: {e}")
+    start, setup, state = time.monotonic(), dataclasses.replace(setup_for(ns), methods=methods, mode=ns.mode), {}
     out = Path(ns.out)
     out.mkdir(parents=True, exist_ok=True)
     results = {"meta": {**_meta(ns), "memory_preset": setup.memory_preset, "speed_preset": setup.speed_preset},
@@ -223,7 +235,7 @@ def _meta(ns) -> dict:
 
     return {"date": datetime.datetime.now().isoformat(timespec="seconds"),
             "command": "python -m streamfx.bench gpu" + (" --device cpu" if ns.device == "cpu" else "")
-                       + (" --tiny" if ns.tiny else ""),
+                       + (" --tiny" if ns.tiny else "") + (f" --mode {ns.mode}" if ns.mode != "default" else ""),
             "machine": machine_info(ns.device)}
 
 

@@ -48,6 +48,7 @@ class Setup:
     streamfx_options: dict
     compile_backend: str        # the checkpointing row's torch.compile backend ("inductor"; tiny: "aot_eager")
     methods: tuple = DEFAULT_METHODS    # the methods the memory, max_len and speed parts run
+    mode: str = "default"               # torch.compile's mode of the memory, max_len and speed parts' compiles
     offload_seq: int = 4096     # the offload part's length (the kernel preset)
     offload_chunk: int = 512
     deadline: float = float("inf")
@@ -172,11 +173,13 @@ def stepper(method: str, model, setup: Setup):
 
     from .methods import _streambp_backend
 
+    mode = {} if setup.mode == "default" else {"mode": setup.mode}
     if method.startswith("streamfx"):
-        options = {**setup.streamfx_options, **({"attention": "keep"} if method == "streamfx+keep" else {})}
+        options = {**setup.streamfx_options, **({"attention": "keep"} if method == "streamfx+keep" else {}), **mode}
         target = torch.compile(model, backend=_streambp_backend(), options=options, dynamic=True)
     else:
-        target = model if method == "ckpt" else compile_checkpointed(model, backend=setup.compile_backend, dynamic=True)
+        target = model if method == "ckpt" else compile_checkpointed(model, backend=setup.compile_backend, dynamic=True,
+                                                                    **mode)
 
     def step(ids, labels):
         model.zero_grad(set_to_none=True)
