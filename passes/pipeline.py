@@ -96,7 +96,7 @@ def run(joint: fx.GraphModule, num_fwd_outputs: int, config, constants: dict | N
         try:
             streamed = stream_joint(joint, num_fwd_outputs, a.fwd_nodes, a.plans, config.codegen,
                                     storage=offload.Options.of(config), attention=config.attention,
-                                    mode=config.mode)
+                                    inductor=config.inductor_patches)
             break
         except RegionFailed as err:
             # that region runs unstreamed and the others stream, where the outputs dropped stay

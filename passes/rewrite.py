@@ -732,9 +732,9 @@ class RegionFailed(CannotStream):
 
 
 def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, codegen: str,
-                 storage=None, attention: str = "recompute", mode: str = "default") -> Streamed:
+                 storage=None, attention: str = "recompute", inductor: dict | None = None) -> Streamed:
     """A new joint graph in which every planned region runs as a streamed region op, its chunk
-    graphs compiled by ``codegen`` (with "inductor", with the options of torch.compile's ``mode``).
+    graphs compiled by ``codegen`` (with "inductor", with the Inductor options ``inductor``).
     ``storage`` (``streamfx.offload.Options``): layer inputs offloaded or rebuilt; those layers
     run as ``streamfx::region_stored`` (see ``streamfx.offload``)."""
     outs = graph_outputs(joint.graph)
@@ -752,7 +752,7 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
         except CannotStream as err:   # (this region only: the caller streams the others without it)
             raise RegionFailed(plan, err) from err
     for _, prog in programs:
-        prog.mode = mode
+        prog.inductor = dict(inductor or {})
         prog.register()
     stores = offload.plans(programs, storage) if storage is not None else {}
     offload.PLANS.update(stores)

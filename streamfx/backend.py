@@ -346,7 +346,7 @@ def _compile(gm, example_inputs, config, session):
     patches = dict(enable_autograd_cache=False)
     with functorch_config.patch(**patches), inductor_config.patch(fx_graph_cache=False):
         if config.codegen == "eager" and session is not None and session.passes_of == "inductor":
-            with inductor_config.patch(session.inductor_options):
+            with inductor_config.patch(session.inductor_patches):
                 compiled = _fx_after_inductor_passes(gm, example_inputs, session)
         elif config.codegen == "eager":
             compiled = aot_autograd(
@@ -357,7 +357,7 @@ def _compile(gm, example_inputs, config, session):
         else:
             from torch._inductor.compile_fx import compile_fx
 
-            with inductor_config.patch(config.inductor_options), \
+            with inductor_config.patch(config.inductor_patches), \
                     inductor_config.patch(custom_partitioner_fn=_Partitioner(session)):
                 compiled = compile_fx(gm, example_inputs, decompositions=decompositions())
     return session.wrap(compiled)

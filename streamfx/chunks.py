@@ -35,7 +35,6 @@ from torch._functorch import config as functorch_config
 from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
-from .config import inductor_mode_options
 from .passes.graphs import hint
 from .passes.specs import dense, dim_order, empty_in_order, leading
 
@@ -154,9 +153,9 @@ class ChunkGraph:
                          _constants_key(self.gm))
         return self._key
 
-    def fn(self, codegen: str, train: bool, grads=(), mode: str = "default") -> Callable:
+    def fn(self, codegen: str, train: bool, grads=(), inductor: dict | None = None) -> Callable:
         """The graph as run, taking the tensors (sizes are read from them): itself (codegen
-        "eager"), or compiled by Inductor with the options of torch.compile's ``mode``, once per
+        "eager"), or compiled by Inductor with the options ``inductor`` (config patches), once per
         key, at the sizes of its first call (``Sized``). ``grads``: the slots that get a
         gradient (with ``train``: the training compile)."""
         if codegen == "eager":
@@ -164,14 +163,15 @@ class ChunkGraph:
             # and drops the traceback, which ``failures`` reads the failing node from)
             return self._with_sizes(self.gm.forward)
         grads = tuple(sorted(grads)) if train else ()
-        mine = self._fns.get((grads, train, mode))
+        options = _options_key(inductor)
+        mine = self._fns.get((grads, train, options))
         if mine is not None and mine[1] == _GENERATION[0]:
             return mine[0]
-        key = (self.key(), grads, train, mode)
+        key = (self.key(), grads, train, options)
         if key not in _COMPILED:
             COUNTERS["chunk_compiles"] += 1
             def compile_at(values):
-                return compile_graph(self.gm, self.slots, self.sizes, grads, train, values, self.symbols, mode)
+                return compile_graph(self.gm, self.slots, self.sizes, grads, train, values, self.symbols, inductor)
 
             def failed(e):
                 COUNTERS["chunk_compile_failures"] += 1
@@ -180,10 +180,10 @@ class ChunkGraph:
                 return Variant(self.gm)
 
             _COMPILED[key] = self._with_sizes(Sized(self, compile_at, failed), fit=True)
-        self._fns[(grads, train, mode)] = (_COMPILED[key], _GENERATION[0])
+        self._fns[(grads, train, options)] = (_COMPILED[key], _GENERATION[0])
         return _COMPILED[key]
 
-    def vjp(self, codegen: str, grads: tuple, mode: str = "default") -> "Vjp | None":
+    def vjp(self, codegen: str, grads: tuple, inductor: dict | None = None) -> "Vjp | None":
         """The graph's vector-Jacobian product as one compiled inference graph (Inductor's code
         for the chunk's recomputation and its backward together, with nothing of the forward
         computed that no gradient reads: a layer's last projection, whose output only its
@@ -193,18 +193,19 @@ class ChunkGraph:
         if codegen == "eager":
             return None
         grads = tuple(sorted(grads))
-        mine = self._fns.get(("vjp", grads, mode))
+        options = _options_key(inductor)
+        mine = self._fns.get(("vjp", grads, options))
         if mine is not None and mine[1] == _GENERATION[0]:
             return mine[0]
-        key = (self.key(), grads, "vjp", mode)
+        key = (self.key(), grads, "vjp", options)
         if key not in _COMPILED:
             try:
-                _COMPILED[key] = Vjp(self, grads, mode)
+                _COMPILED[key] = Vjp(self, grads, inductor)
             except Exception as e:  # noqa: BLE001 - the training compile runs it instead
                 COUNTERS["vjp_fallbacks"] += 1
                 _log.debug("streamfx: %s: no joint vjp compile (%s: %s)", self.name, type(e).__name__, e)
                 _COMPILED[key] = None
-        self._fns[("vjp", grads, mode)] = (_COMPILED[key], _GENERATION[0])
+        self._fns[("vjp", grads, options)] = (_COMPILED[key], _GENERATION[0])
         return _COMPILED[key]
 
     def check_agree(self, args) -> None:
@@ -235,6 +236,11 @@ class ChunkGraph:
     def values(self, args) -> dict:
         """{"q" | "k" | shape symbol: its size in this call}."""
         return {key: int(args[i].shape[d]) for key, i, d in self.symbols}
+
+
+def _options_key(inductor: dict | None) -> tuple:
+    """Inductor options as part of a compiled graph's cache key."""
+    return tuple(sorted((k, repr(v)) for k, v in (inductor or {}).items()))
 
 
 @dataclasses.dataclass
@@ -458,15 +464,15 @@ def shape_guards(mode, symbols) -> tuple:
 
 
 def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool, values: dict | None,
-                  symbols: tuple, mode: str = "default") -> Variant:
+                  symbols: tuple, inductor: dict | None = None) -> Variant:
     """Inductor-compile a chunk graph on symbolic fake inputs (sampled at ``values`` where given:
     ``fake_inputs``), with the shape guards the compile took (``symbols``: the sizes a call
     gives, ``ChunkGraph.symbols``). With ``train``, the ``grads``
     inputs require grad, so AOTAutograd also compiles the backward; without, the graph is
     compiled for inference (its outputs hold no autograd graph). AOTAutograd's and Inductor's
     caches serve it: a graph an earlier process compiled (the same model restarted, a measurement
-    at another length) loads instead of tracing and compiling again. ``mode``: torch.compile's,
-    whose Inductor options the compile runs with."""
+    at another length) loads instead of tracing and compiling again. ``inductor``: the Inductor
+    options (config patches) the compile runs with."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
@@ -478,7 +484,7 @@ def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool, values: 
     # (a loss's one-hot gradient made pointwise, ``onehot``)
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), autograd_inside_op(), \
             torch.set_grad_enabled(train), inductor_config.patch(onehot.compile_config()), \
-            inductor_config.patch(inductor_mode_options(mode)), \
+            inductor_config.patch(inductor or {}), \
             functorch_config.patch(force_non_lazy_backward_lowering=True), _caches(fake_mode):
         code = compile_fx(gm, fakes)
     return Variant(code, shape_guards(fake_mode, symbols))
@@ -494,8 +500,8 @@ class Vjp:
     call: every chunk length, key length and batch size runs that compile, except sizes that
     break one of its shape guards (``Sized``)."""
 
-    def __init__(self, graph: ChunkGraph, grads: tuple, mode: str = "default"):
-        self.graph, self.grads, self.mode = graph, grads, mode
+    def __init__(self, graph: ChunkGraph, grads: tuple, inductor: dict | None = None):
+        self.graph, self.grads, self.inductor = graph, grads, inductor
         self._given: dict = {}
         # (the outputs that need a gradient: their gradients are the tangents)
         outs = _trace(graph, grads)[2]
@@ -505,7 +511,7 @@ class Vjp:
         if given not in self._given:
             def compile_at(values):
                 COUNTERS["vjp_compiles"] += 1
-                return _compile_vjp(self.graph, self.grads, given, _trace(self.graph, self.grads, values), self.mode)
+                return _compile_vjp(self.graph, self.grads, given, _trace(self.graph, self.grads, values), self.inductor)
 
             def failed(e):   # (these sizes and later ones run the training compile)
                 COUNTERS["vjp_fallbacks"] += 1
@@ -537,7 +543,7 @@ class Vjp:
         """The call run by the chunk's training compile and autograd (no joint compile)."""
         from .runtime import autograd_inside_op
 
-        fn = self.graph.fn("inductor", True, self.grads, self.mode)
+        fn = self.graph.fn("inductor", True, self.grads, self.inductor)
         with autograd_inside_op(), torch.enable_grad():
             xs = [x.detach().requires_grad_(i in self.grads and x.dtype.is_floating_point)
                   for i, x in enumerate(args)]
@@ -560,11 +566,11 @@ def _trace(graph: ChunkGraph, grads: tuple, values: dict | None = None) -> tuple
         return mode, fakes, list(graph.gm(*fakes))
 
 
-def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple, mode: str = "default") -> Variant:
+def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple, inductor: dict | None = None) -> Variant:
     """A ``Variant`` whose code is (compiled fn(*inputs, *sizes, *tangents) -> the gradients that
     exist, the tangents' shapes in the inputs' symbols, their dtypes, {symbol: (input, dim)} to
     read them from, which of ``grads`` has a gradient), with the shape guards of the trace and the
-    compile. ``traced``: ``_trace(graph, grads, values)``; ``mode``: torch.compile's (``compile_graph``)."""
+    compile. ``traced``: ``_trace(graph, grads, values)``; ``inductor``: as ``compile_graph``'s."""
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -609,7 +615,7 @@ def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple, m
         inputs = [x.detach() if isinstance(x, torch.Tensor) else x for x in fakes] + tangents
     with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), autograd_inside_op(), \
             torch.set_grad_enabled(False), inductor_config.patch(onehot.compile_config()), \
-            inductor_config.patch(inductor_mode_options(mode)), \
+            inductor_config.patch(inductor or {}), \
             functorch_config.patch(force_non_lazy_backward_lowering=True), _caches(fake_mode):
         fn = compile_fx(traced, inputs)
     return Variant((fn, shapes, [t.dtype for t in tangents], where, tuple(present)), shape_guards(fake_mode, graph.symbols))

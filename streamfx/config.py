@@ -21,33 +21,68 @@ def inductor_modes() -> dict:
     return torch._inductor.list_mode_options()
 
 
-# Inductor options of a mode that a streamed compile leaves as they are, and why
-MODE_OPTIONS_LEFT = {
+_CUDA_GRAPHS = ("CUDA graphs replay one recorded sequence of kernels at fixed addresses; a streamed step runs its "
+                "chunk graphs from loops whose length follows each call's sequence length, with buffers "
+                "allocated per call")
+
+# Inductor options a streamed compile does not take, why, and what becomes of a mode that sets
+# them: "refused" (the mode raises), "left" (the mode applies without it); given in
+# ``inductor_options`` (set, for a flag), each raises
+INDUCTOR_OPTIONS_NOT_TAKEN = {
+    "triton.cudagraphs": (_CUDA_GRAPHS, "refused"),
     # ("lite"): the joint graph undecomposed; the passes read ATen's decompositions of the ops,
     # a loss's per-token form among them (``passes/rules.py``)
-    "selective_decompose": "the streaming passes read the joint graph with ATen's decompositions applied",
+    "selective_decompose": ("the streaming passes read the joint graph with ATen's decompositions applied", "left"),
+    "custom_partitioner_fn": ("streamfx's passes run in Inductor's partitioner slot", "refused"),
 }
 
 
 def inductor_mode_options(mode: str) -> dict:
     """The Inductor config patches of torch.compile's ``mode`` that a streamed compile applies."""
-    return {k: v for k, v in inductor_modes()[mode].items() if k not in MODE_OPTIONS_LEFT}
+    return {k: v for k, v in inductor_modes()[mode].items() if k not in INDUCTOR_OPTIONS_NOT_TAKEN}
 
 
 def _check_mode(mode, codegen: str) -> None:
     modes = inductor_modes()
-    allowed = tuple(m for m, o in modes.items() if not o.get("triton.cudagraphs"))
+
+    def refused(options):
+        return [k for k, v in options.items() if v and INDUCTOR_OPTIONS_NOT_TAKEN.get(k, (None, None))[1] == "refused"]
+
+    allowed = tuple(m for m, o in modes.items() if not refused(o))
     if not isinstance(mode, str) or mode not in modes:
         raise StreamBPError(f"option 'mode' must be one of {allowed}, got {mode!r}")
-    if modes[mode].get("triton.cudagraphs"):
-        raise StreamBPError(f"mode {mode!r} turns on CUDA graphs, which replay one recorded sequence of kernels "
-                            f"at fixed addresses; a streamed step runs its chunk graphs from loops whose length "
-                            f"follows each call's sequence length, with buffers allocated per call. Use one of "
-                            f"{allowed}" + (" (max-autotune-no-cudagraphs tunes the kernels as max-autotune does)"
-                                            if "max-autotune-no-cudagraphs" in allowed else ""))
+    if refused(modes[mode]):
+        why = "; ".join(INDUCTOR_OPTIONS_NOT_TAKEN[k][0] for k in refused(modes[mode]))
+        raise StreamBPError(f"mode {mode!r} sets {refused(modes[mode])}: {why}. Use one of {allowed}"
+                            + (" (max-autotune-no-cudagraphs tunes the kernels as max-autotune does)"
+                               if "max-autotune-no-cudagraphs" in allowed and mode == "max-autotune" else ""))
     if mode != "default" and codegen != "inductor":
         raise StreamBPError(f"option 'mode' sets the Inductor options of a compile; with codegen={codegen!r} "
                             f"nothing is compiled by Inductor: drop mode={mode!r} or use codegen='inductor'")
+
+
+def _check_inductor_options(options, codegen: str) -> None:
+    if options is None:
+        return
+    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+        raise StreamBPError(f"option 'inductor_options' must be a dict of Inductor option names "
+                            f"(torch._inductor.config, as torch.compile(options=...) takes them for Inductor) "
+                            f"to values, got {options!r}")
+    from torch._inductor import config as inductor_config
+
+    known = inductor_config.get_config_copy()
+    unknown = sorted(k for k in options if k not in known)
+    if unknown:
+        raise StreamBPError(f"option 'inductor_options': {unknown} are not options of torch._inductor.config "
+                            f"(e.g. 'max_autotune', 'coordinate_descent_tuning', 'epilogue_fusion')")
+    not_taken = [k for k in options if k in INDUCTOR_OPTIONS_NOT_TAKEN
+                 and (options[k] or not isinstance(known[k], bool))]
+    if not_taken:
+        raise StreamBPError("option 'inductor_options' sets " + "; ".join(
+            f"{k!r}: {INDUCTOR_OPTIONS_NOT_TAKEN[k][0]}" for k in not_taken))
+    if options and codegen != "inductor":
+        raise StreamBPError(f"option 'inductor_options' sets Inductor's options; with codegen={codegen!r} "
+                            f"nothing is compiled by Inductor: drop it or use codegen='inductor'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,10 +96,15 @@ class StreamConfig:
     mode:            torch.compile's ``mode`` (also given as ``torch.compile(..., mode=...)``):
                      the Inductor options of that mode (``torch._inductor.list_mode_options``)
                      apply to every graph streamfx compiles, the chunk graphs included, e.g.
-                     "max-autotune-no-cudagraphs" (except those of ``MODE_OPTIONS_LEFT``: "lite"
+                     "max-autotune-no-cudagraphs" (see ``INDUCTOR_OPTIONS_NOT_TAKEN``: "lite"
                      runs decomposed). Modes that turn on CUDA graphs are refused:
                      a streamed step runs its chunk graphs from loops whose length follows the
                      call's, with buffers allocated per call, which a replayed graph cannot.
+    inductor_options: Inductor's own options (``torch._inductor.config`` names, as
+                     ``torch.compile(options=...)`` takes them for Inductor), applied to every
+                     graph streamfx compiles after those of ``mode``, e.g.
+                     {"max_autotune_gemm_backends": "TRITON"}; those of
+                     ``INDUCTOR_OPTIONS_NOT_TAKEN`` raise.
     dump_dir:        write graphviz/text dumps of every graph and pass here
                      (the environment variable STREAMFX_DUMP_DIR does the same).
     strict:          raise StreamBPError instead of falling back when streaming cannot apply.
@@ -116,6 +156,7 @@ class StreamConfig:
     head_chunk_size: int | None = None
     codegen: str = "inductor"
     mode: str = "default"
+    inductor_options: Mapping[str, Any] | None = None
     dump_dir: str | None = None
     strict: bool = False
     return_logits: bool = False
@@ -135,6 +176,7 @@ class StreamConfig:
         if self.codegen not in CODEGENS:
             raise StreamBPError(f"option 'codegen' must be one of {CODEGENS}, got {self.codegen!r}")
         _check_mode(self.mode, self.codegen)
+        _check_inductor_options(self.inductor_options, self.codegen)
         if self.kv_boundary not in KV_BOUNDARIES:
             raise StreamBPError(f"option 'kv_boundary' must be one of {KV_BOUNDARIES}, got {self.kv_boundary!r}")
         if self.head_grad not in HEAD_GRADS:
@@ -178,9 +220,10 @@ class StreamConfig:
         return cls(**options)
 
     @property
-    def inductor_options(self) -> dict:
-        """The Inductor config patches of ``mode``, applied to every Inductor compile of the step."""
-        return inductor_mode_options(self.mode)
+    def inductor_patches(self) -> dict:
+        """The Inductor config patches of every Inductor compile of the step: ``mode``'s, then
+        ``inductor_options``."""
+        return {**inductor_mode_options(self.mode), **(self.inductor_options or {})}
 
     @property
     def storage_auto(self) -> bool:

@@ -241,14 +241,14 @@ def _explain_once(model, args, kwargs, options, dynamic, state, records=None, sa
     from .session import Session
 
     user = StreamConfig.from_options(options)   # (its codegen's graphs are the ones analysed)
-    config = dataclasses.replace(user, codegen="eager", mode="default")
+    config = dataclasses.replace(user, codegen="eager", mode="default", inductor_options=None)
     collected: list = []
 
     trains: set = set()   # the graphs with a backward that ran
 
     def capture(gm, example_inputs):
         session = Session(config, collected)
-        session.passes_of, session.inductor_options = user.codegen, user.inductor_options
+        session.passes_of, session.inductor_patches = user.codegen, user.inductor_patches
         if said is not None:
             session.warned = said
         fn = compile_graph(gm, example_inputs, config, session)

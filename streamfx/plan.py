@@ -103,7 +103,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
     from .session import Session
 
     user = StreamConfig.from_options(options)   # (its codegen's graphs are analysed and modelled)
-    config = dataclasses.replace(user, codegen="eager", mode="default")
+    config = dataclasses.replace(user, codegen="eager", mode="default", inductor_options=None)
     traced = dataclasses.replace(config, memory_budget=None, offload="auto" if config.storage_auto else config.offload)
     codegen = user.codegen
     collected: list = []
@@ -115,7 +115,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
         given = None if detach is None else detach[len(detached)] if len(detached) < len(detach) else ()
         session = Session(traced, collected)
         session.keep_graphs = True
-        session.passes_of, session.inductor_options = codegen, user.inductor_options
+        session.passes_of, session.inductor_patches = codegen, user.inductor_patches
         fn = compile_graph(gm, example_inputs, traced, session, detach=given)
         detached.append(tuple(session.detached))
         return training_graph(fn, example_inputs, trains)

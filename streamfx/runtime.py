@@ -86,7 +86,7 @@ class RegionProgram:
     grad_inputs: list                 # indices of inputs that get a gradient
     codegen: str = "eager"
     key: int = -1
-    mode: str = "default"             # torch.compile's mode: the Inductor options of its chunk graphs' compiles
+    inductor: dict = dataclasses.field(default_factory=dict)   # Inductor options of its chunk graphs' compiles
     strict: bool = False              # a run-time chunk failure raises (``failures.settle``)
     fallbacks: list = dataclasses.field(default_factory=list)  # (phase, cause) of the calls run whole, distinct
     # the gradient computed in the forward: (output, flat index) of each scalar output element
@@ -144,7 +144,7 @@ class RegionProgram:
         under no_grad (its outputs hold no autograd graph, so nothing of a chunk outlives it),
         or the training compile the backward differentiates."""
         graph = graph or self.chunk
-        return graph.fn(self.codegen, train, self.grad_inputs, self.mode)
+        return graph.fn(self.codegen, train, self.grad_inputs, self.inductor)
 
     # -- forward / backward ----------------------------------------------------------------
     def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -564,7 +564,7 @@ class LayerProgram(RegionProgram):
         if cached is not None:
             return cached
         COUNTERS["mask_checks"] += 1
-        fn = m.graph.fn(self.codegen, train=False, mode=self.mode)
+        fn = m.graph.fn(self.codegen, train=False, inductor=self.inductor)
         specs = [self.in_specs[i] for i in m.inputs]
         rows = []
         with torch.no_grad():
@@ -807,7 +807,7 @@ class LayerProgram(RegionProgram):
         order = self._grads_of(graph)
         if order != sorted(order):
             raise AssertionError(f"streamfx: {graph.name}: gradient inputs out of order {order}")
-        return graph.vjp(self.codegen, order, self.mode)
+        return graph.vjp(self.codegen, order, self.inductor)
 
     def fn(self, graph: ChunkGraph | None = None, train: bool = True):
         graph = graph or self.chunk
@@ -817,8 +817,8 @@ class LayerProgram(RegionProgram):
             # both query graphs compile together: a later call whose masks turn exactly causal
             # (or stop being so) runs code compiled already, as every later length does
             other = self.causal if graph is self.chunk else self.chunk
-            other.fn(self.codegen, train, grads, self.mode)
-        return graph.fn(self.codegen, train, grads, self.mode)
+            other.fn(self.codegen, train, grads, self.inductor)
+        return graph.fn(self.codegen, train, grads, self.inductor)
 
 
 def seq_major_empty(t: torch.Tensor, d: int, length: int) -> torch.Tensor:

@@ -60,7 +60,7 @@ class Session:
         # an analysis (explain, plan_memory) runs its graphs as FX graphs but reads the graphs the
         # user's codegen compiles: "inductor" passes them through Inductor's graph passes first
         self.passes_of = None
-        self.inductor_options: dict = {}   # (with ``passes_of``: the Inductor options of the user's mode)
+        self.inductor_patches: dict = {}   # (with ``passes_of``: the user's Inductor options, ``StreamConfig.inductor_patches``)
         self.eager_joint = None    # (with ``passes_of``: the joint before those passes, for the baselines)
 
     def begin_graph(self, gm, example_inputs) -> None:

@@ -48,11 +48,12 @@ def test_a_compile_mode_streaming_cannot_honour_raises_with_the_modes_it_can(com
 
 
 @pytest.mark.heavy
-def test_a_compile_mode_reaches_every_inductor_compile_of_the_streamed_step(monkeypatch):
+def test_a_compile_mode_and_inductor_options_reach_every_inductor_compile_of_the_streamed_step(monkeypatch):
     """``torch.compile(model, backend="streambp", mode="max-autotune-no-cudagraphs")``: the outer
     graphs and every chunk graph compile with that mode's Inductor options, and the streamed step
-    is exact. ``options={"mode": "lite"}``: lite's options too, except its undecomposed joint graph
-    (``MODE_OPTIONS_LEFT``), without which the loss would be one op and the head would not stream."""
+    is exact. ``options={"mode": "lite", "inductor_options": {...}}``: lite's options (except its
+    undecomposed joint graph, ``INDUCTOR_OPTIONS_NOT_TAKEN``, without which the loss would be one op
+    and the head would not stream), then the Inductor options given."""
     import copy
     import functools
 
@@ -61,25 +62,25 @@ def test_a_compile_mode_reaches_every_inductor_compile_of_the_streamed_step(monk
 
     import zoo
     from conftest import assert_grads_match, grads_of
-    from streamfx.config import inductor_mode_options, inductor_modes
+    from streamfx.config import inductor_modes
     from streamfx.runtime import _PROGRAMS, COUNTERS
 
+    read = ("max_autotune", "coordinate_descent_tuning", "use_joint_graph_passes", "fallback_by_default",
+            "selective_decompose", "epilogue_fusion")
     seen = []
     real = inductor_compile.compile_fx
 
     def spy(*args, **kwargs):
-        seen.append({key: functools.reduce(getattr, key.split("."), inductor_config)
-                     for key in ("max_autotune", "coordinate_descent_tuning", "use_joint_graph_passes",
-                                 "fallback_by_default", "selective_decompose")})
+        seen.append({key: functools.reduce(getattr, key.split("."), inductor_config) for key in read})
         return real(*args, **kwargs)
 
     monkeypatch.setattr(inductor_compile, "compile_fx", spy)
     model, make_inputs = zoo.qwen3_sdpa()
     inputs = make_inputs(zoo.Case("mode", 2, 16))
-    runs = [("max-autotune-no-cudagraphs", {"mode": "max-autotune-no-cudagraphs"})]
-    if "lite" in inductor_modes():   # (torch 2.13's; torch 2.11 has no such mode)
-        runs.append(("lite", {"options": {"mode": "lite", "chunk_size": 4, "head_chunk_size": 4}}))
-    for mode, compile_kwargs in runs:
+    given = {"mode": "lite" if "lite" in inductor_modes() else "default",   # (torch 2.11 has no lite mode)
+             "inductor_options": {"epilogue_fusion": False, "coordinate_descent_tuning": True},
+             "chunk_size": 4, "head_chunk_size": 4}
+    for compile_kwargs in ({"mode": "max-autotune-no-cudagraphs"}, {"options": given}):
         torch._dynamo.reset()
         ref = copy.deepcopy(model)
         ref(**inputs.kwargs).loss.backward()
@@ -88,13 +89,29 @@ def test_a_compile_mode_reaches_every_inductor_compile_of_the_streamed_step(monk
         before, keys = dict(COUNTERS), set(_PROGRAMS)
         torch.compile(mine, backend="streambp", **compile_kwargs)(**inputs.kwargs).loss.backward()
         moved = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
-        assert {p.kind for k, p in _PROGRAMS.items() if k not in keys} == {"layer", "head"}, mode
-        assert moved["region_backward"] >= 2, (mode, moved)
-        assert moved["chunk_compiles"] >= 2 and len(seen) > moved["chunk_compiles"], (mode, moved, len(seen))
-        want = {k: v for k, v in inductor_mode_options(mode).items() if k in seen[0]}
-        assert want and all({k: s[k] for k in want} == want for s in seen), (mode, want, seen)
+        assert {p.kind for k, p in _PROGRAMS.items() if k not in keys} == {"layer", "head"}, compile_kwargs
+        assert moved["region_backward"] >= 2, (compile_kwargs, moved)
+        assert moved["chunk_compiles"] >= 2 and len(seen) > moved["chunk_compiles"], (compile_kwargs, moved, len(seen))
+        patches = StreamConfig.from_options(compile_kwargs.get("options", compile_kwargs)).inductor_patches
+        want = {k: v for k, v in patches.items() if k in read}
+        assert want and all({k: s[k] for k in want} == want for s in seen), (compile_kwargs, want, seen)
         assert not any(s["selective_decompose"] for s in seen)
         assert_grads_match(grads_of(ref), grads_of(mine))
+
+
+@pytest.mark.parametrize("inductor_options, says", [
+    ({"max_autotun": True}, "not options of torch._inductor.config"),
+    ({"triton.cudagraphs": True}, "CUDA graphs"),
+    ({"custom_partitioner_fn": None}, "partitioner"),
+    ({"selective_decompose": True}, "decompositions"),
+    ([("max_autotune", True)], "must be a dict"),
+])
+def test_inductor_options_streaming_cannot_honour_raise_with_the_reason(inductor_options, says):
+    with pytest.raises(StreamBPError, match=says):
+        torch.compile(_model(), backend="streambp", options={"inductor_options": inductor_options})(torch.randn(2, 4))
+    with pytest.raises(StreamBPError, match="codegen='eager'"):
+        StreamConfig(inductor_options={"max_autotune": True}, codegen="eager")
+    assert StreamConfig(inductor_options={"triton.cudagraphs": False}).inductor_patches == {"triton.cudagraphs": False}
 
 
 def test_error_names_allowed_values():
