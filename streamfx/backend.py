@@ -344,10 +344,12 @@ def detach_outputs(gm, indices):
 
 def _compile(gm, example_inputs, config, session):
     patches = dict(enable_autograd_cache=False)
-    with functorch_config.patch(**patches), inductor_config.patch(fx_graph_cache=False):
-        if config.codegen == "eager" and session is not None and session.passes_of == "inductor":
-            with inductor_config.patch(session.inductor_patches):
-                compiled = _fx_after_inductor_passes(gm, example_inputs, session)
+    # (the user's Inductor options first: streamfx's own settings, inside them, hold)
+    passes_of = session is not None and session.passes_of == "inductor"
+    user = config.inductor_patches or (session.inductor_patches if passes_of else {})
+    with inductor_config.patch(user), functorch_config.patch(**patches), inductor_config.patch(fx_graph_cache=False):
+        if config.codegen == "eager" and passes_of:
+            compiled = _fx_after_inductor_passes(gm, example_inputs, session)
         elif config.codegen == "eager":
             compiled = aot_autograd(
                 fw_compiler=_boxed_nop, bw_compiler=_boxed_nop, inference_compiler=_boxed_nop,
@@ -357,8 +359,7 @@ def _compile(gm, example_inputs, config, session):
         else:
             from torch._inductor.compile_fx import compile_fx
 
-            with inductor_config.patch(config.inductor_patches), \
-                    inductor_config.patch(custom_partitioner_fn=_Partitioner(session)):
+            with inductor_config.patch(custom_partitioner_fn=_Partitioner(session)):
                 compiled = compile_fx(gm, example_inputs, decompositions=decompositions())
     return session.wrap(compiled)
 

@@ -482,9 +482,9 @@ def compile_graph(gm: fx.GraphModule, slots, sizes, grads, train: bool, values: 
     fake_mode, fakes = fake_inputs(slots, sizes, grads, values=values)
     _LazyGraphModule.force_recompile(gm)
     # (a loss's one-hot gradient made pointwise, ``onehot``)
-    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), autograd_inside_op(), \
-            torch.set_grad_enabled(train), inductor_config.patch(onehot.compile_config()), \
-            inductor_config.patch(inductor or {}), \
+    # (the user's Inductor options first: streamfx's own settings, inside them, hold)
+    with inductor_config.patch(inductor or {}), torch._guards.tracing(torch._guards.TracingContext(fake_mode)), \
+            autograd_inside_op(), torch.set_grad_enabled(train), inductor_config.patch(onehot.compile_config()), \
             functorch_config.patch(force_non_lazy_backward_lowering=True), _caches(fake_mode):
         code = compile_fx(gm, fakes)
     return Variant(code, shape_guards(fake_mode, symbols))
@@ -613,9 +613,8 @@ def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple, i
         traced = make_fx(joint)(*fakes, *tangents)
     with fake_mode:
         inputs = [x.detach() if isinstance(x, torch.Tensor) else x for x in fakes] + tangents
-    with torch._guards.tracing(torch._guards.TracingContext(fake_mode)), autograd_inside_op(), \
-            torch.set_grad_enabled(False), inductor_config.patch(onehot.compile_config()), \
-            inductor_config.patch(inductor or {}), \
+    with inductor_config.patch(inductor or {}), torch._guards.tracing(torch._guards.TracingContext(fake_mode)), \
+            autograd_inside_op(), torch.set_grad_enabled(False), inductor_config.patch(onehot.compile_config()), \
             functorch_config.patch(force_non_lazy_backward_lowering=True), _caches(fake_mode):
         fn = compile_fx(traced, inputs)
     return Variant((fn, shapes, [t.dtype for t in tangents], where, tuple(present)), shape_guards(fake_mode, graph.symbols))

@@ -34,6 +34,8 @@ INDUCTOR_OPTIONS_NOT_TAKEN = {
     # a loss's per-token form among them (``passes/rules.py``)
     "selective_decompose": ("the streaming passes read the joint graph with ATen's decompositions applied", "left"),
     "custom_partitioner_fn": ("streamfx's passes run in Inductor's partitioner slot", "refused"),
+    "fx_graph_cache": ("the graphs that hold the streamed regions compile without Inductor's cache (their code "
+                       "calls the regions this process registers); the chunk graphs use it", "refused"),
 }
 
 

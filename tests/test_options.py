@@ -104,6 +104,7 @@ def test_a_compile_mode_and_inductor_options_reach_every_inductor_compile_of_the
     ({"triton.cudagraphs": True}, "CUDA graphs"),
     ({"custom_partitioner_fn": None}, "partitioner"),
     ({"selective_decompose": True}, "decompositions"),
+    ({"fx_graph_cache": True}, "cache"),
     ([("max_autotune", True)], "must be a dict"),
 ])
 def test_inductor_options_streaming_cannot_honour_raise_with_the_reason(inductor_options, says):
