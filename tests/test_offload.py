@@ -59,6 +59,15 @@ def check(run, tmp_path=None, *, offloaded=0, dropped=0):
         assert not left_under(tmp_path), left_under(tmp_path)
 
 
+def _why_live(path) -> str:
+    """What a failed "nothing left" check found: the entries live, and how many a collection frees
+    (those a reference cycle held; the rest have a strong reference), and the files left."""
+    live = sorted(offload.STORE.live)
+    gc.collect()
+    return (f"entries {live} live after the step; after gc.collect() {sorted(offload.STORE.live)}; "
+            f"files {left_under(path)}")
+
+
 def step_matches_eager(ref, mine, compiled, inputs) -> None:
     """One step of ``ref`` (eager) and of ``compiled`` (``mine`` compiled): equal loss and gradients."""
     for m in (ref, mine):
@@ -431,7 +440,7 @@ def test_a_memory_budget_moves_layer_inputs_off_the_device_only_where_the_step_n
         ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
         other = "inputs_offloaded" if stored == "inputs_kept" else "inputs_kept"
         assert ran[stored] == 6 and ran[other] == 0 and ran["inputs_rebuilt"] == 0, ran
-        assert not offload.STORE.live and not left_under(tmp_path)
+        assert not offload.STORE.live and not left_under(tmp_path), _why_live(tmp_path)
 
     explained = streamfx.explain(model, *long.args, **long.kwargs, options={**options, "memory_budget": budget})
     text = "\n".join(explained.memory_lines() + [sp.options.describe() for sp in explained.storage])
