@@ -53,14 +53,14 @@ def _check_mode(mode, codegen: str) -> None:
     allowed = tuple(m for m, o in modes.items() if not refused(o))
     if not isinstance(mode, str) or mode not in modes:
         raise StreamBPError(f"option 'mode' must be one of {allowed}, got {mode!r}")
-    if refused(modes[mode]):
-        why = "; ".join(INDUCTOR_OPTIONS_NOT_TAKEN[k][0] for k in refused(modes[mode]))
-        raise StreamBPError(f"mode {mode!r} sets {refused(modes[mode])}: {why}. Use one of {allowed}"
+    not_taken = refused(modes[mode])
+    if not_taken:
+        why = "; ".join(INDUCTOR_OPTIONS_NOT_TAKEN[k][0] for k in not_taken)
+        raise StreamBPError(f"mode {mode!r} sets {not_taken}: {why}. Use one of {allowed}"
                             + (" (max-autotune-no-cudagraphs tunes the kernels as max-autotune does)"
                                if "max-autotune-no-cudagraphs" in allowed and mode == "max-autotune" else ""))
-    if mode != "default" and codegen != "inductor":
-        raise StreamBPError(f"option 'mode' sets the Inductor options of a compile; with codegen={codegen!r} "
-                            f"nothing is compiled by Inductor: drop mode={mode!r} or use codegen='inductor'")
+    if mode != "default":
+        _inductor_only("mode", mode, codegen)
 
 
 def _check_inductor_options(options, codegen: str) -> None:
@@ -82,9 +82,15 @@ def _check_inductor_options(options, codegen: str) -> None:
     if not_taken:
         raise StreamBPError("option 'inductor_options' sets " + "; ".join(
             f"{k!r}: {INDUCTOR_OPTIONS_NOT_TAKEN[k][0]}" for k in not_taken))
-    if options and codegen != "inductor":
-        raise StreamBPError(f"option 'inductor_options' sets Inductor's options; with codegen={codegen!r} "
-                            f"nothing is compiled by Inductor: drop it or use codegen='inductor'")
+    if options:
+        _inductor_only("inductor_options", options, codegen)
+
+
+def _inductor_only(key: str, value, codegen: str) -> None:
+    """An option that sets Inductor's options raises where nothing is compiled by Inductor."""
+    if codegen != "inductor":
+        raise StreamBPError(f"option {key!r} sets the Inductor options of a compile; with codegen={codegen!r} "
+                            f"nothing is compiled by Inductor: drop {key}={value!r} or use codegen='inductor'")
 
 
 @dataclasses.dataclass(frozen=True)
