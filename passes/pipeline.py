@@ -348,7 +348,10 @@ def _coverage(a: Analysis) -> None:
             "each layer's forward to its backward and read per chunk: its memory grows with the square of "
             "the length; set the attention's dropout to 0 (attention_dropout=0.0 in a Hugging Face config) "
             "for long sequences", kept_random[0])))
-    sums = [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"]
+    # (reductions that carry a gradient: an index computed from token ids, a sequence
+    # classifier's last non-padding token found by an argmax over the sequence, is no loss)
+    sums = [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"
+            and n in a.requires_grad]
     # a loss whose head does not stream always says why: the head's own refusal, or this one
     if sums and not any(p.kind == "head" for p in a.plans) and not any(name == "head" for name, _ in a.refusals):
         cut = _symbolic_slice(sums)

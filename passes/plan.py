@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from streamfx.errors import CannotStream
+from streamfx.errors import CannotStream, op_name, source_line
 from . import unit_axes
 from .graphs import ALIASES, ancestors, hint, in_order, per_token, same
 from .kv import kv_outputs, returned_chain
@@ -143,10 +143,21 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
                 raise CannotStream("a sum over the sequence is used again inside the head region", n)
     reductions = [n for n in region.nodes if classes[n] == SEQ_REDUCTION]
     if not reductions:
-        raise CannotStream("the head computes no reduction over the sequence (no loss in the graph): the logits "
-                           "leave the graph whole and the loss is computed outside it; for the head to stream, "
-                           "compute the loss in the compiled code (pass labels to a Hugging Face model, or "
-                           "compile a function that returns the loss)")
+        values, leaves, selector = region.unreduced or (None, True, None)
+        if leaves:
+            raise CannotStream("the head computes no reduction over the sequence (no loss in the graph): the logits "
+                               "leave the graph whole and the loss is computed outside it; for the head to stream, "
+                               "compute the loss in the compiled code (pass labels to a Hugging Face model, or "
+                               "compile a function that returns the loss)", values)
+        if selector is not None:
+            raise CannotStream(f"the head computes per-token values wider than the hidden state for the whole "
+                               f"sequence ({op_name(values)}{source_line(values)}) and its loss reads selected tokens of them (no sum "
+                               f"over the tokens to stream): they exist whole; select the tokens before the "
+                               f"projection that widens them (e.g. hidden[:, -1] before the LM head, not "
+                               f"logits[:, -1] after it)", selector)
+        raise CannotStream("the head computes per-token values wider than the hidden state for the whole sequence "
+                           "and no sum over the tokens of them that streamfx recognises as a loss (a sum of "
+                           "per-token terms): they exist whole", values)
     outputs, out_specs, dropped = [], [], []
     width = per_token(region.entry, sd)
 

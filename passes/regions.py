@@ -36,6 +36,9 @@ class Region:
     inputs: list                  # nodes from outside the region used inside it
     attention: list = dataclasses.field(default_factory=list)
     shared: frozenset = frozenset()  # cheap token-local side nodes recomputed inside the region
+    # a head without a sum over the tokens: (values, leaves, selector) of ``_unreduced`` for the
+    # refusal's cause; None otherwise
+    unreduced: tuple | None = None
 
     def describe(self, names: bool = True) -> str:
         """The region; ``names``: graph node names (graph dumps), else its module (``explain()``)."""
@@ -169,6 +172,14 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
     # a graph piece that starts at the residual stream and computes no loss has no head (a whole
     # model without a loss keeps its head region, which then refuses: no loss in the graph); nor
     # has a graph that ends at the head's entry (a model body whose head and loss a later graph runs)
+    wide = []
+    if head_entry is not None and reach and not red and chain[0].op != "placeholder":
+        wide = [n for n in fwd_nodes if n in reach and floor < per_token(n, sd) < float("inf")]
+        if not wide:
+            # nothing after the last layer is wider per token than the hidden state it starts from,
+            # and nothing sums over the tokens: a pooled head (sequence classification, a value
+            # read at the last token) whose loss reads selected tokens. There is nothing to stream.
+            return regions
     if head_entry is not None and reach and (red or chain[0].op != "placeholder"):
         anc = set()
         for r in red:
@@ -179,8 +190,32 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
         head = _make_region("head", "head", head_entry, nodes, [], rank, fwd_nodes)
         head.shared = frozenset(pulled)
         head.outputs = [o for o in head.outputs if o not in pulled]
+        if wide:   # (what the refusal names: the values, whether they leave whole, what selects from them)
+            head.unreduced = _unreduced(wide, g, sd, sinks, floor)
         regions.append(head)
     return regions
+
+
+# ops that read selected positions of a dim (an index, not a sum): the sequence dim gone after them
+SELECTS = frozenset({aten.select.int, aten.index.Tensor, aten.index_select.default, aten.gather.default})
+
+
+def _unreduced(wide, g, sd, sinks, floor) -> tuple:
+    """(values, leaves, selector) of a head without a sum over the tokens, for its refusal:
+    ``leaves``, per-token values wider than the hidden state are graph outputs (the logits leave
+    whole; the values are the widest of them); else ``selector``, where it is found, an op that
+    reads selected tokens of wide values (``logits[:, -1]``), and the values those are (a
+    projection's result where there is one); else the widest values, and no selector."""
+    out = [o for o in sinks if o in g and o in wide]
+    if out:
+        return max(out, key=lambda n: per_token(n, sd)), True, None
+    for n in wide:
+        for sel in nx.descendants(g, n):
+            if sel.op == "call_function" and sel.target in SELECTS and sd.seq_dim(sel) is None \
+                    and isinstance(sel.args[0], fx.Node) and sd.seq_dim(sel.args[0]) is not None:
+                values = [w for w in wide if w is sel.args[0] or nx.has_path(g, w, sel.args[0])]
+                return next((w for w in values if projects(w)), values[0]), False, sel
+    return max(wide, key=lambda n: per_token(n, sd)), False, None
 
 
 def _starts(chain, sites, g, rank) -> list:

@@ -387,6 +387,70 @@ def test_a_loss_outside_the_graph_says_to_pass_labels():
         and "pass labels" in run.warnings[0], run.warnings
 
 
+def _classifier(cls, **config):
+    """The zoo's Qwen3 shape as a Hugging Face classifier (no dropout)."""
+    from transformers import Qwen3Config
+
+    cfg = Qwen3Config(vocab_size=zoo.VOCAB, hidden_size=zoo.HIDDEN, intermediate_size=64,
+                      num_hidden_layers=zoo.LAYERS, num_attention_heads=zoo.HEADS, num_key_value_heads=zoo.KV_HEADS,
+                      head_dim=zoo.HEAD_DIM, max_position_embeddings=zoo.MAX_POS, pad_token_id=zoo.PAD_ID,
+                      classifier_dropout=0.0, **config)
+    return zoo._hf(cls, cfg, "sdpa")
+
+
+@pytest.mark.fast
+def test_a_pooled_head_streams_its_layers_and_has_nothing_else_to_stream():
+    """Sequence classification (a reward model): the loss reads one token per row, the last one
+    that is not padding, found by an argmax over the sequence of the token ids. After the last
+    layer nothing is wider per token than the hidden state and nothing sums over the tokens:
+    there is no head to stream, so strict=True compiles, every layer streams, nothing warns, and
+    the gradients are eager's."""
+    from transformers import Qwen3ForSequenceClassification
+
+    model = _classifier(Qwen3ForSequenceClassification, num_labels=3)
+    ids, mask, _ = zoo.tokens(zoo.Case("pooled", 2, 16, pad="right"))
+    inputs = zoo.Inputs((), dict(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 2])),
+                        zoo.Case("pooled", 2, 16), lambda o: o.loss, lambda o: o.logits, zoo.VOCAB)
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 4, "strict": True})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert sorted(p.name for p in run.programs) == [f"layer.{i}" for i in range(zoo.LAYERS)], run.programs
+    assert all(run.schedules[f"layer.{i}"] and set(run.schedules[f"layer.{i}"]) == {4} for i in range(zoo.LAYERS)), \
+        run.schedules
+    assert not run.warnings, run.warnings
+
+
+@pytest.mark.fast
+def test_a_loss_that_reads_selected_tokens_of_wide_logits_names_the_projection():
+    """An LM as a judge: the loss reads one logit at the last position of [B, T, V] logits the LM
+    head computed for every token. No sum over the tokens streams them: the refusal says that the
+    loss reads selected tokens, names the projection that widens them and what to change (the
+    logits do not leave the graph: "pass labels" would not help). strict=True raises it; without,
+    the layers stream and the gradients are eager's."""
+
+    class Judge(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = zoo.qwen3_sdpa()[0]
+
+        def forward(self, input_ids, target):
+            return ((self.lm(input_ids=input_ids).logits[:, -1, 5] - target) ** 2).mean()
+
+    ids, _, _ = zoo.tokens(zoo.Case("judge", 2, 16))
+    inputs = zoo.Inputs((ids, torch.tensor([0.5, -1.0])), {}, zoo.Case("judge", 2, 16), lambda o: o, None, zoo.VOCAB)
+    with pytest.raises(streamfx.StreamBPError, match="reads selected tokens") as raised:
+        torch.compile(copy.deepcopy(Judge()), backend="streambp",
+                      options={"codegen": "eager", "strict": True})(*inputs.args)
+    said = str(raised.value)
+    assert "hidden[:, -1] before the LM head" in said and "pass labels" not in said, said
+    assert "aten.mm" in said and "self.lm_head(hidden_states)" in said and "aten.select" in said, said
+    run = run_eager_and_compiled(Judge(), inputs, {"chunk_size": 4})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert sorted(p.name for p in run.programs) == [f"layer.{i}" for i in range(zoo.LAYERS)], run.programs
+    assert len(run.warnings) == 1 and "reads selected tokens" in run.warnings[0], run.warnings
+
+
 # ---- warnings and options ------------------------------------------------------------------------
 @pytest.mark.fast
 def test_every_compiled_graph_warns_for_itself():
