@@ -28,6 +28,7 @@ from .passes.graphs import ancestors
 from .session import DetachOutputs, KeepOutputs, Session, _copy as _copy_graph
 
 logging_calls.install()  # (loaded as a backend: before Dynamo traces the first model)
+frames.watch_recompile_limit()
 
 
 def streambp_backend(gm: torch.fx.GraphModule, example_inputs, options=None, mode=None, **kwargs):
@@ -42,6 +43,9 @@ def streambp_backend(gm: torch.fx.GraphModule, example_inputs, options=None, mod
     return compile_graph(gm, example_inputs, StreamConfig.from_options(options))
 
 
+streambp_backend._streamfx_backend = True
+
+
 def backend(**fields):
     """A backend callable with fixed options: ``torch.compile(m, backend=streamfx.backend(chunk_size=512))``."""
     config = StreamConfig.from_options(fields)
@@ -50,6 +54,7 @@ def backend(**fields):
         return compile_graph(gm, example_inputs, config)
 
     streambp.config = config
+    streambp._streamfx_backend = True
     return streambp
 
 

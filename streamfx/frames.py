@@ -16,10 +16,12 @@ import contextlib
 import copy
 import functools
 import inspect
+import logging
 import os
 import re
 import sys
 import warnings
+import weakref
 
 from .errors import StreamBPError
 
@@ -208,3 +210,94 @@ def _data_dependent_hint(reason: str) -> str:
             "symbol with torch._dynamo.config.capture_scalar_outputs = True (and "
             "capture_dynamic_output_shape_ops = True for ops whose output size depends on the data), set "
             "before the first call")
+
+
+# ---- Dynamo's recompile limit ---------------------------------------------------------------------
+# torch.compile's backend object -> (file, first line, name) of the functions whose limit was said
+# (each torch.compile call says it for itself)
+_limit_warned = weakref.WeakKeyDictionary()
+_limit_said: set = set()
+
+
+class _RecompileLimit(logging.Filter):
+    """Dynamo logs (``torch._dynamo.convert_frame``, at WARNING) when a function holds
+    ``recompile_limit`` compiled entries (8) and a call fits none of them; from then on such calls
+    run eagerly without calling any backend. Where that function's compiles are streamfx's, those
+    steps keep the whole sequence's activations and logits: said once per function (``strict``:
+    raised). Dynamo's own record is let through."""
+
+    def filter(self, record) -> bool:
+        if str(record.msg).startswith("torch._dynamo hit config."):
+            _recompile_limit_hit(record)
+        return True
+
+
+def _recompile_limit_hit(record) -> None:
+    frame = sys._getframe(2)
+    while frame is not None and not (frame.f_code.co_name == "_compile" and "compiler_fn" in frame.f_locals):
+        frame = frame.f_back
+    if frame is None:   # (a Dynamo that logs it elsewhere: nothing to tell the backend by)
+        return
+    compiler_fn = frame.f_locals["compiler_fn"]
+    config = _streamfx_config(compiler_fn)
+    code = frame.f_locals.get("code")
+    if config is None or code is None:
+        return
+    key = (os.path.abspath(code.co_filename), code.co_firstlineno, code.co_name)
+    try:
+        said = _limit_warned.setdefault(compiler_fn, set())
+    except TypeError:   # (a backend object without weak references: said once per process)
+        said = _limit_said
+    if key in said:
+        return
+    args = record.args if isinstance(record.args, tuple) and len(record.args) >= 4 else None
+    # (the module whose method it is; a decorator's wrapper holds it first in its args)
+    user = frame.f_locals.get("locals") or {}
+    owner = user.get("self", next(iter(user.get("args", None) or ()), None)) if isinstance(user, dict) else None
+    of = f"{type(owner).__name__}'s " if owner is not None and hasattr(owner, "_call_impl") else ""
+    limit = f"torch._dynamo.config.{args[0]} ({args[1]})" if args else "torch._dynamo.config.recompile_limit"
+    reason = f"; the last recompile's reason: {args[3]}" if args and args[3] else ""
+    message = (f"streamfx: Dynamo holds {limit} compiled graphs of {of}{code.co_name} ({code.co_filename}:"
+               f"{code.co_firstlineno}) and runs a call that fits none of them eagerly, without the streambp "
+               f"backend{reason}: that call and every later one like it does not stream (it keeps the whole "
+               f"sequence's activations and logits). Sizes that change from call to call compile once as "
+               f"symbols under dynamic=None (torch.compile's default) or dynamic=True, not dynamic=False; or "
+               f"raise torch._dynamo.config.{args[0] if args else 'recompile_limit'}")
+    if config.strict:
+        raise StreamBPError(message + " (strict=True)")
+    said.add(key)
+    warnings.warn(message, stacklevel=2)
+
+
+def _streamfx_config(compiler_fn):
+    """The StreamConfig of a Dynamo backend that is streamfx's (``backend="streambp"`` with its
+    options or mode, ``streamfx.backend(...)``), else None."""
+    try:
+        from torch._dynamo.eval_frame import innermost_backend
+
+        wrapper = innermost_backend(compiler_fn)
+    except Exception:  # noqa: BLE001 - a Dynamo without it: nothing to tell the backend by
+        return None
+    fn = getattr(wrapper, "compiler_fn", wrapper)
+    if not getattr(fn, "_streamfx_backend", False):
+        return None
+    from .config import StreamConfig
+
+    config = getattr(fn, "config", None)
+    if config is not None:
+        return config
+    kwargs = dict(getattr(wrapper, "kwargs", None) or {})
+    try:
+        options = dict(kwargs.get("options") or {})
+        if kwargs.get("mode") is not None:
+            options["mode"] = kwargs["mode"]
+        return StreamConfig.from_options(options)
+    except Exception:  # noqa: BLE001 - options its compiles refused: said there
+        return StreamConfig()
+
+
+def watch_recompile_limit() -> None:
+    """Installs the filter once (when streamfx is loaded as a backend)."""
+    log = logging.getLogger("torch._dynamo.convert_frame")
+    if not any(isinstance(f, _RecompileLimit) for f in log.filters):
+        log.addFilter(_RecompileLimit())

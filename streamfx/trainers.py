@@ -156,6 +156,7 @@ def _install(target: torch.nn.Module, state: StreamState) -> None:
         state.regions.append(list(dict.fromkeys(new)))  # (a retrace after dropping logits registers them again)
         return compiled
 
+    backend.config, backend._streamfx_backend = config, True
     # (a region of its own: every model prepared in the process counts its own recompiles)
     state.compiled = torch.compile(target._call_impl, backend=backend, dynamic=state.dynamic, **frames.isolated())
     if getattr(getattr(target, "_compiled_call_impl", None), "_streamfx", False):

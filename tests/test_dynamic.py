@@ -223,6 +223,54 @@ def test_one_token_runs_exactly_and_says_why_nothing_streams():
     assert any("one token" in str(w.message) for w in caught), [str(w.message) for w in caught]
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize("backend", ["streambp", "strict", "streamfx.backend", "aot_eager"])
+def test_a_call_past_dynamos_recompile_limit_says_it_does_not_stream(backend):
+    """Under dynamic=False every new length compiles again; once a function holds
+    ``recompile_limit`` compiled graphs Dynamo runs a call that fits none of them eagerly without
+    calling the backend: exact, and unstreamed. A streamfx compile says so once, naming the
+    model, the limit, the last recompile's reason and the remedy (strict=True raises it); another
+    backend's compile is not streamfx's to speak for."""
+    model, make_inputs = zoo.nanogpt()
+    ref = copy.deepcopy(model)
+    if backend == "streamfx.backend":
+        compiler = dict(backend=streamfx.backend(codegen="eager"))
+    elif backend == "aot_eager":
+        compiler = dict(backend="aot_eager")
+    else:
+        compiler = dict(backend="streambp", options={"codegen": "eager", "strict": backend == "strict"})
+    compiled = torch.compile(model, dynamic=False, **compiler)
+    with torch._dynamo.config.patch(recompile_limit=2), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for T in (9, 10, 11, 12):
+            inputs = make_inputs(zoo.Case("t", 1, T))
+            before = dict(COUNTERS)
+            for m, f in ((ref, ref), (model, compiled)):
+                m.zero_grad(set_to_none=True)
+            ref_loss = inputs.loss_of(ref(*inputs.args, **inputs.kwargs))
+            ref_loss.backward()
+            try:
+                loss = inputs.loss_of(compiled(*inputs.args, **inputs.kwargs))
+            except streamfx.StreamBPError as e:
+                assert backend == "strict" and T == 11, (backend, T)
+                said = [str(e)]
+                break
+            loss.backward()
+            torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+            assert_grads_match({n: p.grad for n, p in ref.named_parameters()},
+                               {n: p.grad for n, p in model.named_parameters()}, rtol=1e-5)
+            streamed = COUNTERS["region_forward"] > before.get("region_forward", 0)
+            assert streamed == (backend != "aot_eager" and T < 11), (backend, T)
+        else:
+            said = [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    if backend == "aot_eager":
+        assert not said, said
+        return
+    assert len(said) == 1, said
+    assert "recompile_limit (2)" in said[0] and "NanoGPT's forward" in said[0] and "does not stream" in said[0], said
+    assert "size mismatch" in said[0] and "dynamic=None" in said[0], said
+
+
 def inductor_loop(name):
     """Under Inductor the chunk graphs of the dynamic compile serve every later length and
     batch size: no chunk graph compiles after the second call, nor compiles again for a call's
