@@ -59,6 +59,7 @@ class AxisTable:
         # the factor's index times the rest, so a view that splits the factor's size off its
         # front gives the factor back
         self.leads: dict = {}
+        self.rests: dict = {}     # atom with a leading factor -> the atom of the rest of it (``_open_leads``)
         # atom -> (atom of the rows it holds, left, right): a dim padded or convolved along another
         # (a causal convolution's ``pad(x, (k - 1, 0))`` or ``conv1d(x, padding=k - 1)``): element j
         # belongs to row j - left of the other, and ``right`` rows after its last are extra
@@ -239,6 +240,11 @@ class AxisTable:
         return tuple(out)
 
     def _split(self, atoms: list, sizes: list) -> list:
+        opened = self._open_leads(atoms)
+        if opened is not None:
+            exact = self._exact_split(opened, sizes)
+            if exact is not None:
+                return exact
         result = self._split_whole(atoms, sizes)
         first = next((j for j, s in enumerate(sizes) if not is_one(s)), None)
         if first is None or not atoms or result[first] == tuple(atoms[:len(result[first])]):
@@ -251,13 +257,55 @@ class AxisTable:
         whole, prod = [], 1
         for a in atoms:
             size = self.size[self.find(a)]
-            if not (isinstance(size, int) and isinstance(s, int) and s % (prod * size) == 0 and prod * size < s):
+            # (symbolic sizes where they divide for every value: a dynamic batch merged with heads)
+            if not (same(s % (prod * size), 0) and less(prod * size, s)):
                 break
             whole.append(a)
             prod *= size
         if whole and len(whole) < len(atoms) and result[first]:
             self.leads[result[first][0]] = tuple(whole)
         return result
+
+    def _open_leads(self, atoms: list):
+        """``atoms`` with each atom that has a leading factor (``leads``) written as the factor's
+        atoms then the rest (one atom per such atom, the same in every split), or None where no
+        atom has one. A dim made of whole atoms and part of the next one (``[T, B, H x d]`` viewed
+        as ``[T, B x H, d]``, as ``nn.MultiheadAttention`` lays out its heads) then splits again
+        along the factor (``[T x B, H x d]``): the sequence keeps its axis."""
+        out, opened = [], False
+        for a in atoms:
+            r = self.find(a)
+            lead = next((f for g, f in self.leads.items() if self.find(g) == r), None)
+            if lead is None:
+                out.append(a)
+                continue
+            whole, part = self.size[r], self._size_of(lead)
+            if not same(whole % part, 0):
+                out.append(a)
+                continue
+            if r not in self.rests:
+                rest = self.fresh(whole // part)
+                self.rests[r] = rest[0] if rest else None
+            out.extend(lead)
+            if self.rests[r] is not None:
+                out.append(self.rests[r])
+            opened = True
+        return out if opened else None
+
+    def _exact_split(self, atoms: list, sizes: list):
+        """``atoms`` handed out in order to dims of ``sizes``, each dim's product its size, every
+        atom used; None where they do not divide so."""
+        result, k = [], 0
+        for s in sizes:
+            group, prod = [], 1
+            while k < len(atoms) and not same(prod, s):
+                group.append(atoms[k])
+                prod = prod * self.size[self.find(atoms[k])]
+                k += 1
+            if not same(prod, s):
+                return None
+            result.append(tuple(group))
+        return result if k == len(atoms) else None
 
     def _size_of(self, atoms) -> object:
         prod = 1

@@ -60,6 +60,7 @@ def classify(site, constants: dict, length) -> None:
         return
     with unset_fake_temporarily():
         value = _evaluate(target, nodes, constants, preset)
+        value = _most_present(value, target, nodes, constants, preset, site.data)
         allowed, varies = _allowed(value) if value is not None else (None, False)
         kind, window = pattern(allowed) if allowed is not None else ("unknown", None)
         more = kind == "causal" and (varies or _adds_values(value))
@@ -108,8 +109,11 @@ def _subgraph(site):
         return site.mask, in_order(ancestors([site.mask]), site.mask.graph), {}
     user = site.mask_user
     chain = list(site.mask_chain) or [user]  # several mask terms applied in sequence: all of them
-    preset = {x: _zeros(x) for x in chain[0].all_input_nodes if x in site.nodes}
-    others = [x for n in chain for x in n.all_input_nodes if x not in site.nodes]
+    # (the scores' own operands too: a mask added by the op that multiplies the queries and keys,
+    # ``baddbmm(mask, q, kᵀ)``, is read on zero scores, not on a model run on neutral inputs)
+    scores = set(site.nodes) | {site.query, site.key}
+    preset = {x: _zeros(x) for x in chain[0].all_input_nodes if x in scores}
+    others = [x for n in chain for x in n.all_input_nodes if x not in scores]
     nodes = in_order(ancestors(others) | set(chain), user.graph)
     return user, nodes, preset
 
@@ -178,6 +182,41 @@ def _evaluate(target, nodes, constants, preset):
         if verify.enabled():
             raise
         return None
+
+
+MAX_FLAG_INPUTS = 3   # flag inputs whose present value is looked for (2^n evaluations)
+
+
+def _most_present(value, target, nodes, constants, preset, data):
+    """The mask with every token present. Which value of a flag input means "present" is the
+    model's convention: 1 for Hugging Face's attention_mask, 0 (False) for PyTorch's
+    ``key_padding_mask`` (True where a key is padding). Flags at 1 (``value``), and each other
+    choice of 0 and 1 per flag input: the evaluation that hides the fewest keys (ties: the
+    earlier)."""
+    within = set(nodes)
+    flags = [n for n in data if n in within and val(n).dim() and not _positions(n, within)]
+    if value is None or not flags or len(flags) > MAX_FLAG_INPUTS:
+        return value
+    best, seen = value, _allowed_count(value)
+    for k in range(1, 1 << len(flags)):
+        env = dict(preset)
+        for i, n in enumerate(flags):
+            if k >> i & 1:
+                v = val(n)
+                env[n] = torch.zeros([hint(d) for d in v.shape], dtype=v.dtype)
+        try:
+            other = _run(target, nodes, constants, env)
+        except Exception:  # noqa: BLE001 - a choice the mask's code does not take (a division by a count)
+            continue
+        count = _allowed_count(other) if other is not None and other.shape == value.shape else -1
+        if count > seen:
+            best, seen = other, count
+    return best
+
+
+def _allowed_count(value: torch.Tensor) -> int:
+    v = value if value.dtype == torch.bool else ~kernels.hidden(value) if value.is_floating_point() else value != 0
+    return int(v.sum())
 
 
 def _run(target, nodes, constants, env):

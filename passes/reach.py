@@ -42,6 +42,8 @@ def convention(site) -> tuple:
     args = list(user.args)
     if user.target in (aten.add.Tensor, aten.sub.Tensor) and mask in args:
         return "additive", True
+    if user.target is aten.baddbmm.default and args[0] is mask and user.kwargs.get("beta", 1) == 1:
+        return "additive", True   # (mask + Q·Kᵀ in one op: nn.MultiheadAttention's with need_weights)
     if user.target in (aten.masked_fill.Scalar, aten.masked_fill.Tensor) and args[1] is mask:
         return "masked", _finite(args[2])
     if user.target is aten.where.self and args[0] is mask:  # where(mask, scores, fill) or where(mask, fill, scores)

@@ -8,6 +8,7 @@
   mla       DeepSeek-V3 latent attention: K/V from a per-token latent, keys assembled by slice_scatter
 """
 import contextlib
+import copy
 import warnings
 
 import pytest
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 import streamfx
 import zoo
-from conftest import assert_grads_match, run_eager_and_compiled
+from conftest import assert_grads_match, record_schedules, run_eager_and_compiled
 from streamfx.passes.schedule import chunk_count
 
 PLAIN = ("sinks", "alibi", "chunked", "mla")
@@ -817,6 +818,83 @@ def test_a_layer_returning_a_transposed_view_streams(codegen):
     assert not run.warnings, run.warnings
     assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, [p.name for p in run.programs]
     assert run.counters["chunks_backward"] >= 2 * 5, run.counters
+
+
+class MultiheadLayer(torch.nn.Module):
+    """A pre-norm layer around ``nn.MultiheadAttention`` as written by hand: a causal
+    ``attn_mask`` (float -inf or boolean), an optional ``key_padding_mask`` (True where a key is
+    padding: the opposite of Hugging Face's attention_mask), and ``need_weights`` at its default,
+    True, under which the module computes the attention itself: ``baddbmm(mask, q, kᵀ)``, softmax,
+    ``bmm``, over heads laid out as ``[T, B x H, d/H]`` and merged back as ``[T x B, d]``."""
+
+    def __init__(self, d, heads, batch_first, need_weights):
+        super().__init__()
+        self.norm, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.attention = torch.nn.MultiheadAttention(d, heads, batch_first=batch_first)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
+        self.need_weights = need_weights
+
+    def forward(self, x, mask, padding):
+        h = self.norm(x)
+        x = x + self.attention(h, h, h, attn_mask=mask, key_padding_mask=padding, need_weights=self.need_weights)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+class MultiheadLM(torch.nn.Module):
+    def __init__(self, batch_first=True, need_weights=True, bool_mask=False, d=zoo.HIDDEN, layers=zoo.LAYERS):
+        super().__init__()
+        self.embed = torch.nn.Embedding(zoo.VOCAB, d)
+        self.layers = torch.nn.ModuleList(MultiheadLayer(d, zoo.HEADS, batch_first, need_weights)
+                                          for _ in range(layers))
+        self.head = torch.nn.Linear(d, zoo.VOCAB)
+        self.batch_first, self.bool_mask = batch_first, bool_mask
+
+    def forward(self, idx, labels, padding=None):
+        T = idx.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).triu(1)
+        mask = causal if self.bool_mask else torch.zeros(T, T, device=idx.device).masked_fill(causal, float("-inf"))
+        x = self.embed(idx)
+        x = x if self.batch_first else x.transpose(0, 1)
+        for layer in self.layers:
+            x = layer(x, mask, padding)
+        x = x if self.batch_first else x.transpose(0, 1)
+        return F.cross_entropy(self.head(x)[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("form", ["batch_first", "sequence_first", "key_padding", "sdpa_key_padding"])
+def test_multihead_attention_streams_at_every_length(form):
+    """``nn.MultiheadAttention`` in its forms, at three lengths and batch sizes in one compile
+    (the later ones symbolic): every layer and the head stream, exact. Its own attention
+    (need_weights=True) splits the hidden size into heads merged with the batch and merges the
+    sequence with the batch after it; its mask is added by the product of queries and keys
+    (``baddbmm``); its key_padding_mask means padding by True, so the mask is read with every token
+    present where it hides the fewest keys."""
+    model = MultiheadLM(batch_first=form != "sequence_first", need_weights=form != "sdpa_key_padding",
+                        bool_mask=form in ("key_padding", "sdpa_key_padding"))
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp",
+                             options={"codegen": "eager", "chunk_size": 4, "head_chunk_size": 4, "strict": True})
+    for B, T in [(2, 16), (3, 12), (2, 21)]:
+        idx = torch.randint(0, zoo.VOCAB, (B, T), generator=torch.Generator().manual_seed(B * 100 + T))
+        labels, padding = idx.clone(), None
+        if "key_padding" in form:
+            padding = torch.zeros(B, T, dtype=torch.bool)
+            padding[-1, T - 3:] = True
+            labels[-1, T - 3:] = -100
+        for m in (ref, model):
+            m.zero_grad(set_to_none=True)
+        ref_loss = ref(idx, labels, padding)
+        ref_loss.backward()
+        with record_schedules() as schedules:
+            loss = compiled(idx, labels, padding)
+            loss.backward()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        assert_grads_match({n: p.grad for n, p in ref.named_parameters()},
+                           {n: p.grad for n, p in model.named_parameters()}, rtol=1e-4)
+        chunks = -(-T // 4)   # (the head streams the T - 1 positions its shifted loss reads)
+        assert {k: set(v) for k, v in schedules.items()} == {"layer.0": {chunks}, "layer.1": {chunks},
+                                                           "head": {-(-(T - 1) // 4)}}, (B, T, dict(schedules))
 
 
 class SideInputs(zoo.TinyLlama):
