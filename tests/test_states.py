@@ -443,7 +443,7 @@ def test_a_loss_that_reads_selected_tokens_of_wide_logits_names_the_projection()
                       options={"codegen": "eager", "strict": True})(*inputs.args)
     said = str(raised.value)
     assert "hidden[:, -1] before the LM head" in said and "pass labels" not in said, said
-    assert "aten.mm" in said and "self.lm_head(hidden_states)" in said and "aten.select" in said, said
+    assert "aten.mm" in said and "self.lm_head(" in said and "aten.select" in said, said
     run = run_eager_and_compiled(Judge(), inputs, {"chunk_size": 4})
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
