@@ -337,7 +337,8 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
             xa = (sd.axes.get(x) or [None])[0]
             if x not in interior and xa and len(xa) >= 2 and xa[-1] and sd.table.canon(xa[-1]) == seq \
                     and xa[-2] and sd.table.canon(xa[-2]) == seq and x is not scores \
-                    and all(c[0] is not x for c in candidates) and not _same_everywhere(x):
+                    and all(c[0] is not x for c in candidates) and not _same_everywhere(x) \
+                    and not _ignored(x, n):
                 candidates.append((x, n))
     mask, mask_user, conflict, terms = _choose_mask(candidates)
     chain = ()
@@ -420,6 +421,12 @@ def _key_statistics(masked: set, keys: set, sd, forward: set) -> set:
 FILLED = {aten.full.default: 1, aten.zeros.default: None, aten.ones.default: None, aten.new_full.default: 2,
           aten.new_zeros.default: None, aten.new_ones.default: None, aten.zeros_like.default: None,
           aten.ones_like.default: None, aten.full_like.default: 1, aten.scalar_tensor.default: 0}
+
+
+def _ignored(x: fx.Node, n: fx.Node) -> bool:
+    """Whether ``n`` ignores its input ``x``: ``baddbmm``'s input under ``beta=0`` (GPT-2's
+    reordered attention writes the product into an uninitialised buffer so)."""
+    return n.target is aten.baddbmm.default and n.args[0] is x and n.kwargs.get("beta", 1) == 0
 
 
 def _same_everywhere(x: fx.Node) -> bool:

@@ -85,6 +85,8 @@ def pattern(allowed: torch.Tensor) -> tuple:
     its own C-token block: Llama 4's ``attention_chunk_size``; chunk [s, e) reads keys
     [floor(s / C) * C, e)), or (None, None) for a [T, T] allowed matrix."""
     T = allowed.shape[-1]
+    if allowed.shape[-2] != T:   # (a key beside the sequence's: nn.MultiheadAttention's add_bias_kv)
+        return None, None
     pos = torch.arange(T)
     diff = pos.unsqueeze(1) - pos.unsqueeze(0)
     causal = diff >= 0

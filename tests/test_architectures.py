@@ -897,6 +897,58 @@ def test_multihead_attention_streams_at_every_length(form):
                                                            "head": {-(-(T - 1) // 4)}}, (B, T, dict(schedules))
 
 
+@pytest.mark.fast
+@pytest.mark.parametrize("extra", ["add_bias_kv", "add_zero_attn"])
+def test_multihead_attention_with_a_key_beside_the_sequence_says_it_is_not_causal(extra):
+    """``add_bias_kv`` / ``add_zero_attn`` append a key after the sequence that every query reads:
+    not causal. The layers run whole, exact, and say so (strict=True raises)."""
+
+    class Appended(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(zoo.VOCAB, zoo.HIDDEN)
+            self.attention = torch.nn.MultiheadAttention(zoo.HIDDEN, zoo.HEADS, batch_first=True, **{extra: True})
+            self.head = torch.nn.Linear(zoo.HIDDEN, zoo.VOCAB)
+
+        def forward(self, idx, labels):
+            T = idx.shape[1]
+            x = self.embed(idx)
+            x = x + self.attention(x, x, x, attn_mask=torch.ones(T, T, dtype=torch.bool).triu(1),
+                                   need_weights=False)[0]
+            return F.cross_entropy(self.head(x).flatten(0, 1), labels.flatten()), None
+
+    torch.manual_seed(0)
+    model = Appended()
+    inputs = zoo._plain_inputs(zoo.VOCAB)(zoo.Case("t", 2, 12))
+    with pytest.raises(streamfx.StreamBPError, match="not causal"):
+        torch.compile(copy.deepcopy(model), backend="streambp",
+                      options={"codegen": "eager", "strict": True})(*inputs.args)
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 4})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert "layer.0" not in {p.name for p in run.programs}, run.programs
+    assert any("not causal" in w for w in run.warnings), run.warnings
+
+
+@pytest.mark.fast
+def test_gpt2_reordered_upcast_attention_streams():
+    """GPT-2 with ``reorder_and_upcast_attn`` (and its per-layer score scaling): the product of
+    queries and keys is written by ``baddbmm(empty, q, kᵀ, beta=0)``, whose uninitialised input
+    it ignores, so the mask is the causal ``where`` after it alone. Every layer streams, exact."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=zoo.VOCAB, n_embd=zoo.HIDDEN, n_layer=zoo.LAYERS, n_head=zoo.HEADS,
+                     n_positions=zoo.MAX_POS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                     pad_token_id=zoo.PAD_ID, reorder_and_upcast_attn=True, scale_attn_by_inverse_layer_idx=True)
+    model = zoo._hf(GPT2LMHeadModel, cfg, "eager")
+    inputs = zoo._hf_inputs(zoo.VOCAB)("right_pad")
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 4, "head_chunk_size": 4, "strict": True})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, [p.name for p in run.programs]
+    assert set(run.schedules["layer.0"]) == {4}, run.schedules
+
+
 class SideInputs(zoo.TinyLlama):
     """TinyLlama whose layers also read tensors computed from the token embedding before them,
     each layer its own slice (``form="per_layer"``: Gemma 4's per-layer embeddings, a projection
