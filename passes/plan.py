@@ -150,11 +150,12 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
                                "compute the loss in the compiled code (pass labels to a Hugging Face model, or "
                                "compile a function that returns the loss)", values)
         if selector is not None:
+            where = f"{op_name(values)}{source_line(values)}"
             raise CannotStream(f"the head computes per-token values wider than the hidden state for the whole "
-                               f"sequence ({op_name(values)}{source_line(values)}) and its loss reads selected tokens of them (no sum "
-                               f"over the tokens to stream): they exist whole; select the tokens before the "
-                               f"projection that widens them (e.g. hidden[:, -1] before the LM head, not "
-                               f"logits[:, -1] after it)", selector)
+                               f"sequence ({where}) and its loss reads selected tokens of them (no sum over the "
+                               f"tokens to stream): they exist whole; select the tokens before the projection "
+                               f"that widens them (e.g. hidden[:, -1] before the LM head, not logits[:, -1] "
+                               f"after it)", selector)
         raise CannotStream("the head computes per-token values wider than the hidden state for the whole sequence "
                            "and no sum over the tokens of them that streamfx recognises as a loss (a sum of "
                            "per-token terms): they exist whole", values)
