@@ -47,6 +47,10 @@ class Analysis:
     plans: list = dataclasses.field(default_factory=list)
     refusals: list = dataclasses.field(default_factory=list)   # (region name, CannotStream)
     notes: list = dataclasses.field(default_factory=list)      # (region name, CannotStream): streams, but...
+    # (region name, CannotStream): a head that cannot stream and holds nothing wider per token than
+    # the hidden state it starts from (a question-answering head's two logits per token): run whole
+    # at no cost in memory, said by explain() only
+    whole: list = dataclasses.field(default_factory=list)
     programs: list = dataclasses.field(default_factory=list)   # (plan, runtime program) after the rewrite
     requires_grad: frozenset = frozenset()                      # forward nodes that get a gradient
     moved: list = dataclasses.field(default_factory=list)      # hoist.MovedSlice: slices moved before the head
@@ -221,11 +225,20 @@ def decide(a: Analysis, config) -> list:
             else:
                 plans.append(plan_layer(r, a.sd, a.classes, config, fwd, a.requires_grad))
         except CannotStream as e:
-            a.refusals.append((r.name, e))
+            (a.whole if r.kind == "head" and _narrow(r, a.sd) else a.refusals).append((r.name, e))
     a.plans = plans
     _coverage(a)
     verify.analysis(a)
     return plans
+
+
+def _narrow(region, sd) -> bool:
+    """Whether no value of the region is wider per token than the hidden state it starts from:
+    streaming it would keep nothing from existing whole that the layers' outputs do not match."""
+    if region.unreduced is not None:   # (a head without a loss over wider values: the logits)
+        return False
+    floor = per_token(region.entry, sd)
+    return all(not floor < per_token(n, sd) < float("inf") for n in region.nodes)
 
 
 def _reductions_back_on_tokens(a: Analysis, regions: set) -> list:
@@ -353,7 +366,8 @@ def _coverage(a: Analysis) -> None:
     sums = [n for n in a.fwd_nodes if a.classes.get(n) == SEQ_REDUCTION and n.op == "call_function"
             and n in a.requires_grad]
     # a loss whose head does not stream always says why: the head's own refusal, or this one
-    if sums and not any(p.kind == "head" for p in a.plans) and not any(name == "head" for name, _ in a.refusals):
+    if sums and not any(p.kind == "head" for p in a.plans) \
+            and not any(name == "head" for name, _ in a.refusals + a.whole):
         cut = _symbolic_slice(sums)
         a.refusals.append(("head", CannotStream(
             "a sum over the sequence outside a head region: its input is sliced along the sequence with a "

@@ -293,6 +293,9 @@ def build_report(analyses) -> Report:
                 classes[a.classes.get(n)] += 1
         for name, err in a.refusals:
             refusals.append((name, err.describe()))
+        for name, err in a.whole:
+            refusals.append((name, f"runs whole, at no cost in memory: nothing in it is wider per token than the "
+                                   f"hidden state it starts from ({err.describe()})"))
         caveats += [(name, err.describe()) for name, err in a.notes]
         for n in a.unknown_mixing():
             if any(n in r.nodes for r in a.regions):

@@ -421,6 +421,30 @@ def test_a_pooled_head_streams_its_layers_and_has_nothing_else_to_stream():
 
 
 @pytest.mark.fast
+def test_a_head_with_nothing_wider_than_the_hidden_state_runs_whole_without_a_word():
+    """Question answering: two logits per token, a softmax over the positions of the sequence
+    (the start and end of the answer), which no chunk of tokens computes alone: the head cannot
+    stream, and nothing in it is wider per token than the hidden state, so running it whole costs
+    no memory the layers' outputs do not. strict=True compiles, the layers stream, nothing warns,
+    the gradients are eager's; explain() says why the head runs whole."""
+    from transformers import Qwen3ForQuestionAnswering
+
+    model = _classifier(Qwen3ForQuestionAnswering)
+    ids, _, _ = zoo.tokens(zoo.Case("qa", 2, 16))
+    kwargs = dict(input_ids=ids, start_positions=torch.tensor([3, 5]), end_positions=torch.tensor([7, 9]))
+    inputs = zoo.Inputs((), kwargs, zoo.Case("qa", 2, 16), lambda o: o.loss, lambda o: o.start_logits, zoo.VOCAB)
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 4, "strict": True})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)   # (the output bias's gradient cancels: fp64-judged)
+    assert sorted(p.name for p in run.programs) == [f"layer.{i}" for i in range(zoo.LAYERS)], run.programs
+    assert not run.warnings, run.warnings
+    report = streamfx.explain(copy.deepcopy(model), **kwargs, options={"codegen": "eager", "chunk_size": 4})
+    said = dict(report.not_streamed)
+    assert "runs whole, at no cost in memory" in said.get("head", ""), report.not_streamed
+    assert "not a sum" in said["head"], said["head"]
+
+
+@pytest.mark.fast
 def test_a_loss_that_reads_selected_tokens_of_wide_logits_names_the_projection():
     """An LM as a judge: the loss reads one logit at the last position of [B, T, V] logits the LM
     head computed for every token. No sum over the tokens streams them: the refusal says that the
