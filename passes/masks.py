@@ -192,9 +192,10 @@ MAX_FLAG_INPUTS = 3   # flag inputs whose present value is looked for (2^n evalu
 def _most_present(value, target, nodes, constants, preset, data):
     """The mask with every token present. Which value of a flag input means "present" is the
     model's convention: 1 for Hugging Face's attention_mask, 0 (False) for PyTorch's
-    ``key_padding_mask`` (True where a key is padding). Flags at 1 (``value``), and each other
-    choice of 0 and 1 per flag input: the evaluation that hides the fewest keys (ties: the
-    earlier)."""
+    ``key_padding_mask`` (True where a key is padding). Flags at 1 (``value``), or another choice
+    of 0 and 1 per flag input whose mask lets no query see a later key and hides fewer keys (a
+    flag whose 0 opens a bidirectional prefix, a prefix-LM's, keeps the causal reading at 1: its
+    later keys are read per call)."""
     within = set(nodes)
     flags = [n for n in data if n in within and val(n).dim() and not _positions(n, within)]
     if value is None or not flags or len(flags) > MAX_FLAG_INPUTS:
@@ -210,14 +211,17 @@ def _most_present(value, target, nodes, constants, preset, data):
             other = _run(target, nodes, constants, env)
         except Exception:  # noqa: BLE001 - a choice the mask's code does not take (a division by a count)
             continue
-        count = _allowed_count(other) if other is not None and other.shape == value.shape else -1
+        count = _allowed_count(other, causal=True) if other is not None and other.shape == value.shape else -1
         if count > seen:
             best, seen = other, count
     return best
 
 
-def _allowed_count(value: torch.Tensor) -> int:
+def _allowed_count(value: torch.Tensor, causal: bool = False) -> int:
+    """The (query, key) pairs a mask lets through; ``causal``: -1 where one is a later key."""
     v = value if value.dtype == torch.bool else ~kernels.hidden(value) if value.is_floating_point() else value != 0
+    if causal and (v.dim() < 2 or v.shape[-1] != v.shape[-2] or bool(v.tril().ne(v).any())):
+        return -1
     return int(v.sum())
 
 

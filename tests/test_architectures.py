@@ -897,6 +897,47 @@ def test_multihead_attention_streams_at_every_length(form):
                                                            "head": {-(-(T - 1) // 4)}}, (B, T, dict(schedules))
 
 
+class PrefixLM(torch.nn.Module):
+    """Attention under a mask built from a per-token flag whose 0 opens a bidirectional prefix
+    (a prefix-LM's, as multimodal models mark image tokens): causal where every flag is 1."""
+
+    def __init__(self, d=zoo.HIDDEN, layers=zoo.LAYERS):
+        super().__init__()
+        self.embed = torch.nn.Embedding(zoo.VOCAB, d)
+        self.qkv = torch.nn.ModuleList(torch.nn.Linear(d, 3 * d) for _ in range(layers))
+        self.out = torch.nn.ModuleList(torch.nn.Linear(d, d) for _ in range(layers))
+        self.head = torch.nn.Linear(d, zoo.VOCAB)
+
+    def forward(self, idx, flags, labels):
+        B, T = idx.shape
+        i = torch.arange(T, device=idx.device)
+        allowed = (i[None, :, None] >= i[None, None, :]) | ((flags[:, :, None] == 0) & (flags[:, None, :] == 0))
+        x = self.embed(idx)
+        for qkv, out in zip(self.qkv, self.out):
+            q, k, v = qkv(x).view(B, T, 3, zoo.HEADS, -1).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])
+            x = x + out(a.transpose(1, 2).reshape(B, T, -1))
+        return F.cross_entropy(self.head(x).flatten(0, 1), labels.flatten()), None
+
+
+@pytest.mark.fast
+def test_a_flag_whose_zero_opens_a_bidirectional_prefix_keeps_the_causal_reading():
+    """The mask's pattern is read with every flag at 1 (causal) rather than at the value that
+    hides fewest keys (0: every key of a whole-prefix row), since that one lets queries see later
+    keys; the prefix's later keys are read per call. Every layer streams, exact."""
+    torch.manual_seed(0)
+    model = PrefixLM()
+    idx = torch.randint(0, zoo.VOCAB, (2, 16), generator=torch.Generator().manual_seed(0))
+    flags = torch.ones(2, 16, dtype=torch.long)
+    flags[0, :5], flags[1, :9] = 0, 0
+    inputs = zoo.Inputs((idx, flags, idx), {}, zoo.Case("prefix", 2, 16), lambda o: o[0], lambda o: o[1], zoo.VOCAB)
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 4, "strict": True})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert {p.name for p in run.programs} >= {"layer.0", "layer.1"}, [p.name for p in run.programs]
+    assert set(run.schedules["layer.0"]) == {4}, run.schedules
+
+
 @pytest.mark.fast
 @pytest.mark.parametrize("extra", ["add_bias_kv", "add_zero_attn"])
 def test_multihead_attention_with_a_key_beside_the_sequence_says_it_is_not_causal(extra):
