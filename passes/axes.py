@@ -250,7 +250,7 @@ class AxisTable:
         if first is None or not atoms or result[first] == tuple(atoms[:len(result[first])]):
             return result
         s, head = sizes[first], self.find(atoms[0])
-        lead = next((f for a, f in self.leads.items() if self.find(a) == head), None)
+        lead = self._lead_of(head)
         if lead is not None and same(self._size_of(lead), s):
             result[first] = tuple(lead)  # the leading factor split off again
             return result
@@ -266,6 +266,10 @@ class AxisTable:
             self.leads[result[first][0]] = tuple(whole)
         return result
 
+    def _lead_of(self, root: int):
+        """The atoms of the leading factor recorded for the atom whose root is ``root``, or None."""
+        return next((f for a, f in self.leads.items() if self.find(a) == root), None)
+
     def _open_leads(self, atoms: list):
         """``atoms`` with each atom that has a leading factor (``leads``) written as the factor's
         atoms then the rest (one atom per such atom, the same in every split), or None where no
@@ -275,7 +279,7 @@ class AxisTable:
         out, opened = [], False
         for a in atoms:
             r = self.find(a)
-            lead = next((f for g, f in self.leads.items() if self.find(g) == r), None)
+            lead = self._lead_of(r)
             if lead is None:
                 out.append(a)
                 continue

@@ -219,7 +219,7 @@ def _most_present(value, target, nodes, constants, preset, data):
 
 def _allowed_count(value: torch.Tensor, causal: bool = False) -> int:
     """The (query, key) pairs a mask lets through; ``causal``: -1 where one is a later key."""
-    v = value if value.dtype == torch.bool else ~kernels.hidden(value) if value.is_floating_point() else value != 0
+    v = _lets_through(value)
     if causal and (v.dim() < 2 or v.shape[-1] != v.shape[-2] or bool(v.tril().ne(v).any())):
         return -1
     return int(v.sum())
@@ -253,10 +253,15 @@ def _on_cpu(x):
     return x.cpu() if isinstance(x, torch.Tensor) else x
 
 
+def _lets_through(value: torch.Tensor) -> torch.Tensor:
+    """True where a boolean, additive or 0/1 mask lets a query see a key."""
+    return value if value.dtype == torch.bool else ~kernels.hidden(value) if value.is_floating_point() else value != 0
+
+
 def _allowed(value: torch.Tensor) -> tuple:
     """(positions a query may attend to in any batch row or head of a boolean or additive mask,
     [T, T]; whether they differ between batch rows or heads)."""
-    v = value if value.dtype == torch.bool else ~kernels.hidden(value) if value.is_floating_point() else value != 0
+    v = _lets_through(value)
     v = v.reshape(-1, *v.shape[-2:]) if v.dim() > 2 else v.unsqueeze(0)
     return v.any(0), not bool((v == v[:1]).all())
 
