@@ -123,7 +123,6 @@ class ChunkGraph:
     _fns: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        self.locate = tuple(self._locate(key) for key in self.sizes)
         where: dict = {}   # (every non-constant size: the (input, dim)s written with it)
         for i, slot in enumerate(self.slots):
             for d, s in enumerate(slot.shape):
@@ -132,17 +131,51 @@ class ChunkGraph:
         # dims of several inputs written with one symbolic size: the compiled graph reads it
         # from one of them, so they must agree in every call (else the region runs whole)
         self.agree = tuple(tuple(v) for s, v in where.items() if not isinstance(s, str) and len(v) > 1)
-        # the sizes compiled code is specialised by: "q", "k" and every shape symbol that is a
-        # whole dim of an input, each with the (input, dim) it is read from
-        self.symbols = tuple((s, *v[0]) for s, v in where.items() if isinstance(s, (str, sympy.Symbol)))
+        # each size a call gives, as (key, input, dim, factor): the dim's size divided by the factor
+        # (1, or an expression of sizes read before it). "q", "k" and every shape symbol that is a
+        # whole dim of an input are read from that dim; a shape symbol that is only a factor of
+        # dims (a batch merged with the heads, ``[B x H, ...]``) is solved from one of them, and
+        # becomes a size placeholder of the graph (compiled code binds a symbol from an input's
+        # whole dim or from a size input, never from a product)
+        self.readers = [(s, *v[0], 1) for s, v in where.items() if isinstance(s, (str, sympy.Symbol))]
+        known = {KEY_SYMBOLS.get(r[0], r[0]) for r in self.readers}
+        for s, v in where.items():
+            if isinstance(s, str) or s.is_Symbol:
+                continue
+            for f in sorted(s.free_symbols - known, key=str):
+                factor, rest = s.as_independent(f, as_Add=False)
+                if rest == f and factor.free_symbols <= known and factor != 0:
+                    self.readers.append((f, *v[0], factor))
+                    known.add(f)
+        if any(r[0] not in self.sizes for r in self.readers if r[3] != 1):
+            self._bind([r[0] for r in self.readers if r[3] != 1 and r[0] not in self.sizes])
+        self.readers = tuple(self.readers)
+        # the sizes compiled code is specialised by, with how each is read
+        self.symbols = tuple(r[0] for r in self.readers)
+        self.locate = tuple((*where[key][0], 1) if key in where else self._locate(key) for key in self.sizes)
+
+    def _bind(self, symbols: list) -> None:
+        """Size placeholders for ``symbols`` after the graph's others."""
+        last = [n for n in self.gm.graph.nodes if n.op == "placeholder"][-1]
+        for j, _ in enumerate(symbols):
+            with self.gm.graph.inserting_after(last):
+                last = self.gm.graph.placeholder(f"size_solved_{j}")
+        self.gm.recompile()
+        self.sizes = tuple(self.sizes) + tuple(symbols)
 
     def _locate(self, key) -> tuple:
-        """(slot, dim) a size is read from at run time."""
-        for i, slot in enumerate(self.slots):
-            for d, s in enumerate(slot.shape):
-                if (s == key) if isinstance(key, str) else (isinstance(s, sympy.Expr) and s == key):
-                    return i, d
+        """(slot, dim, factor): a size is the size of that slot's dim divided by the factor."""
+        for r in self.readers:
+            if r[0] == key:
+                return r[1:]
         raise ValueError(f"size {key} is not a dim of any input")
+
+    def read(self, args) -> list:
+        """The sizes this call gives, in ``sizes``' order."""
+        if all(f == 1 for _, _, f in self.locate):
+            return [args[i].shape[d] for i, d, _ in self.locate]
+        values = self.values(args)
+        return [values[key] if key in values else args[i].shape[d] for key, (i, d, _) in zip(self.sizes, self.locate)]
 
     def key(self) -> tuple:
         """What running the graph depends on: its structure, its slots, its sizes, its constants.
@@ -221,21 +254,28 @@ class ChunkGraph:
         """``f`` called with the sizes appended (read from the tensors), and with ``fit`` the
         tensors in the layouts compiled code expects (``Sized``: the code compiled for the
         call's sizes)."""
-        slots, locate = self.slots, self.locate
+        slots = self.slots
 
         def run(*args):
             self.check_agree(args)
             if fit:
                 args = [slot.fit(x) for slot, x in zip(slots, args)]
             fn = f.pick(args) if isinstance(f, Sized) else f
-            return fn(*args, *[args[i].shape[d] for i, d in locate])
+            return fn(*args, *self.read(args))
 
         run.sized = f if isinstance(f, Sized) else None
         return run
 
     def values(self, args) -> dict:
         """{"q" | "k" | shape symbol: its size in this call}."""
-        return {key: int(args[i].shape[d]) for key, i, d in self.symbols}
+        out: dict = {}
+        for key, i, d, factor in self.readers:
+            n = int(args[i].shape[d])
+            if factor != 1:
+                by = factor.xreplace({KEY_SYMBOLS.get(k, k): v for k, v in out.items()})
+                n = n // int(by)
+            out[key] = n
+        return out
 
 
 def _options_key(inductor: dict | None) -> tuple:
@@ -445,7 +485,7 @@ def shape_guards(mode, symbols) -> tuple:
     ``symbols``: the sizes a call gives (``ChunkGraph.symbols``); a guard on any other symbol
     raises (no call could be checked)."""
     names = mode.streamfx_names
-    known = {KEY_SYMBOLS.get(key, key) for key, _, _ in symbols}
+    known = {KEY_SYMBOLS.get(key, key) for key in symbols}
     out = []
     for g in mode.shape_env.guards:
         expr = g.expr.xreplace(names)
@@ -532,8 +572,8 @@ class Vjp:
         if code is None:
             return self._autograd(args, out_grads, given)
         fn, shapes, dtypes, where, present = code
-        sizes = [args[i].shape[d] for i, d in graph.locate]
-        values = {sym: args[i].shape[d] for sym, (i, d) in where.items()}
+        sizes = graph.read(args)
+        values = {sym: (sizes[d] if i is None else args[i].shape[d]) for sym, (i, d) in where.items()}
         tangents = [out_grads[j].reshape([n if isinstance(n, int) else int(n.xreplace(values)) for n in shape])
                     .to(dtype).contiguous() for j, shape, dtype in zip(given, shapes, dtypes)]
         got = iter(fn(*args, *sizes, *tangents))
@@ -585,6 +625,9 @@ def _compile_vjp(graph: ChunkGraph, grads: tuple, given: tuple, traced: tuple, i
         for d, size in enumerate(x.shape):
             if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
                 where.setdefault(size.node.expr, (i, d))
+    for d, size in enumerate(fakes[n:]):   # (a symbol solved from a product of dims: a size input)
+        if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+            where.setdefault(size.node.expr, (None, d))
     shapes = []
     for j in given:
         shape = tuple(int(s) if not isinstance(s, torch.SymInt) else s.node.expr for s in outs[j].shape)

@@ -92,6 +92,42 @@ def test_inputs_sharing_a_symbolic_axis_must_agree_at_run_time():
         run(torch.ones(4, 3), torch.ones(2, 3))
 
 
+@pytest.mark.parametrize("train", [False, True])
+def test_a_symbol_only_merged_into_dims_is_solved_and_bound_for_inductor(train):
+    """A shape symbol that is no input's whole dim, only a factor of one (a dynamic batch merged
+    with the heads, ``[B x H, q, d]`` as ``nn.MultiheadAttention`` lays it out), is solved from
+    that dim and passed as a size input, so Inductor's code binds it; one compile serves every
+    batch size, and its gradients and the joint vjp match autograd's."""
+    import sympy
+
+    s = sympy.Symbol("s7", positive=True, integer=True)
+    slot = chunks.Slot((4 * s, "q", 8), torch.float32, "cpu")
+    graph = chunks.ChunkGraph("t", traced(lambda x, w: ((x * w).sin() * x).cumsum(1)),
+                              (slot, chunks.Slot((8,), torch.float32, "cpu")))
+    assert graph.sizes[-1] == s and graph.values((torch.ones(12, 5, 8), torch.ones(8)))[s] == 3
+    before = dict(chunks.COUNTERS)
+    run = graph.fn("inductor", train=train, grads=(0, 1))
+    w = torch.randn(8)
+    for B, q in [(2, 5), (3, 7), (1, 4)]:
+        x = torch.randn(4 * B, q, 8)
+        xs = [x.clone().requires_grad_(train), w.clone().requires_grad_(train)]
+        with torch.enable_grad() if train else torch.no_grad():
+            out = run(*xs)
+        out = out[0] if isinstance(out, (list, tuple)) else out
+        ref_xs = [x.clone().requires_grad_(), w.clone().requires_grad_()]
+        ref = ((ref_xs[0] * ref_xs[1]).sin() * ref_xs[0]).cumsum(1)
+        torch.testing.assert_close(out, ref)
+        if train:
+            g = torch.randn_like(ref)
+            expected = list(torch.autograd.grad(ref, ref_xs, g))
+            torch.testing.assert_close(list(torch.autograd.grad(out, xs, g)), expected)
+            got, _ = graph.vjp("inductor", (0, 1))(xs, [g])
+            torch.testing.assert_close(got, expected)
+    assert chunks.COUNTERS["chunk_compile_failures"] == before["chunk_compile_failures"]
+    assert chunks.COUNTERS["vjp_fallbacks"] == before["vjp_fallbacks"]
+    assert chunks.COUNTERS["guard_recompiles"] == before["guard_recompiles"]
+
+
 def test_key_range_cache_is_keyed_on_identity_version_and_value(monkeypatch):
     """The key-range cache (``keyranges.RangeCache``): a large mask input hits only while it is
     the same live tensor, unchanged (an in-place edit bumps its version: a miss); a small
