@@ -236,6 +236,7 @@ def _compile_graph(gm, example_inputs, config: StreamConfig, session: Session | 
                    detach=None):
     session = session or Session(config)
     frames.check_callers(config.strict)  # a caller that Dynamo skipped runs eagerly around this graph
+    frames.check_break(config.strict)    # a call that Dynamo runs eagerly after this graph, with no graph inside
     stops.mark(gm)
     kept = units.wrap(gm, unit_axes.signature)  # a Function with a backward of its own: one op, run per chunk where it is per token
     session.begin_graph(gm, example_inputs)

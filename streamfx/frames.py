@@ -144,6 +144,80 @@ def check_callers(strict: bool) -> None:
         frame = frame.f_back
 
 
+_breaks_said: dict = {}   # (file, line) of a call said to run eagerly -> the break's reason said
+
+
+def check_break(strict: bool) -> None:
+    """Warns (``strict``: raises) once per call site where the graph being compiled ends at a
+    graph break inside a call that Dynamo then runs whole and eagerly: a break in a called
+    function ends the graph before the call (unless ``torch._dynamo.config.nested_graph_breaks``),
+    the call runs uncompiled, and where every function from the call to the break is one that
+    Dynamo's rules skip as a frame of its own (``torch.nn``'s modules: ``nn.TransformerEncoder``
+    and its layers), what they compute, with their submodules, never reaches a backend."""
+    import torch
+
+    if getattr(torch._dynamo.config, "nested_graph_breaks", False):
+        return
+    reason = _compile_reason()
+    stack = list(getattr(reason, "user_stack", None) or ())
+    if not getattr(reason, "graph_break", False) or len(stack) < 2:
+        return
+    try:
+        from torch._dynamo import trace_rules
+        # (a function of the user's own code below the call is compiled as a frame of its own,
+        # and its compile says what breaks there)
+        if not all(trace_rules.check_file(f.filename, False).skipped for f in stack[1:]):
+            return
+    except Exception:  # noqa: BLE001 - a Dynamo without these rules: nothing to tell it by
+        return
+    call = stack[0]
+    skipped = next((f for f in stack[1:] if f.name == "forward"), stack[1])
+    if _said_since_reset((call.filename, call.lineno)) and not strict:
+        return
+    cause = str(reason.reason).strip().splitlines()[0].strip()
+    detail = next((ln.strip() for ln in str(reason.reason).splitlines()[1:] if ln.strip().startswith("Explanation")), "")
+    message = (f"streamfx: Dynamo runs the call at {call.filename}:{call.lineno} (in {call.name}) eagerly: "
+               f"it breaks the graph inside it, at {stack[-1].filename}:{stack[-1].lineno} ({cause}"
+               f"{'; ' + detail if detail else ''}), and compiles no function of {skipped.filename} on its own, "
+               f"so what {skipped.name} there computes (its submodules included, up to a function of your own "
+               f"code) runs eagerly and unstreamed. Remove the graph break (TORCH_LOGS=graph_breaks lists "
+               f"them; torch._dynamo.config.nested_graph_breaks = True resumes inside the call instead)"
+               + _warning_hint(str(reason.reason)))
+    if strict:
+        raise StreamBPError(message + " (strict=True)")
+    _breaks_said[(call.filename, call.lineno)] = reason
+    warnings.warn(message, stacklevel=2)
+
+
+def _warning_hint(reason: str) -> str:
+    """A break at ``warnings.warn``: the warning says what to change."""
+    if "warnings.warn" not in reason:
+        return ""
+    return (". This break is a warnings.warn call, which Dynamo does not trace: the warning, shown when "
+            "the model runs, says what to change (nn.TransformerEncoder warns when its mask and "
+            "src_key_padding_mask differ in type: give both as booleans, True where a key is hidden)")
+
+
+def _said_since_reset(site) -> bool:
+    """Whether the break at ``site`` was said since Dynamo's last reset (which clears its list of
+    graph break reasons: a model compiled again after it is told again)."""
+    from torch._dynamo.utils import graph_break_reasons
+
+    said = _breaks_said.get(site)
+    return said is not None and any(r is said for r in graph_break_reasons)
+
+
+def _compile_reason():
+    """The reason Dynamo compiles the graph being compiled now (``GraphCompileReason``: a graph
+    break, with the user's stack where it happened), or None where it is not on the stack."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "compile_subgraph" and "reason" in frame.f_locals:
+            return frame.f_locals["reason"]
+        frame = frame.f_back
+    return None
+
+
 def _model_code(frame) -> bool:
     """A method of the module it runs on (through decorators' ``functools.wraps``), or a function
     outside the installed packages (the user's own code). Not a decorator's wrapper or an

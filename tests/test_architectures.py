@@ -1110,3 +1110,85 @@ def test_router_noise_drawn_flat_is_read_per_token(monkeypatch):
     assert result["status"] == "ok" and result["error"] is None and not result["warnings"], result
     assert set(result["streamed"]) == {*(f"layer.{i}" for i in range(result["layers"])), "head"}, result
     assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
+
+
+class TorchEncoderLM(torch.nn.Module):
+    """A causal LM of ``torch.nn.TransformerEncoder`` layers as torch's tutorials write it:
+    ``is_causal=True``, a causal mask (boolean, True where a key is hidden, or float from
+    ``nn.Transformer.generate_square_subsequent_mask``) and a boolean ``src_key_padding_mask`` (True
+    where a key is padding); or, unwrapped, the layers called one by one, sequence-first,
+    pre-norm, under a boolean mask."""
+
+    def __init__(self, wrapped: bool, float_mask: bool = False, d=zoo.HIDDEN, layers=zoo.LAYERS):
+        super().__init__()
+        layer = torch.nn.TransformerEncoderLayer(d, zoo.HEADS, 2 * d, dropout=0.0, batch_first=wrapped,
+                                                 norm_first=not wrapped, activation="gelu" if wrapped else "relu")
+        self.embed = torch.nn.Embedding(zoo.VOCAB, d)
+        if wrapped:
+            self.encoder = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        else:
+            self.layers = torch.nn.ModuleList(copy.deepcopy(layer) for _ in range(layers))
+        self.head = torch.nn.Linear(d, zoo.VOCAB)
+        self.wrapped, self.float_mask = wrapped, float_mask
+
+    def forward(self, idx, labels, padding=None):
+        T = idx.shape[1]
+        x = self.embed(idx)
+        if self.float_mask:
+            mask = torch.nn.Transformer.generate_square_subsequent_mask(T, device=idx.device)
+        else:
+            mask = torch.ones(T, T, dtype=torch.bool, device=idx.device).triu(1)
+        if self.wrapped:
+            x = self.encoder(x, mask=mask, src_key_padding_mask=padding, is_causal=True)
+        else:
+            x = x.transpose(0, 1)
+            for layer in self.layers:
+                x = layer(x, src_mask=mask, src_key_padding_mask=padding)
+            x = x.transpose(0, 1)
+        return F.cross_entropy(self.head(x).flatten(0, 1), labels.flatten(), ignore_index=-100), None
+
+
+def _encoder_inputs(B, T):
+    idx = torch.randint(0, zoo.VOCAB, (B, T), generator=torch.Generator().manual_seed(B * 100 + T))
+    labels, padding = idx.clone(), torch.zeros(B, T, dtype=torch.bool)
+    padding[-1, T - 3:] = True
+    labels[-1, T - 3:] = -100
+    return zoo.Inputs((idx, labels, padding), {}, zoo.Case("encoder", B, T), lambda o: o[0], lambda o: o[1],
+                      zoo.VOCAB)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("wrapped", [True, False], ids=["encoder", "layers"])
+def test_torch_transformer_encoder_layers_stream(wrapped):
+    """``nn.TransformerEncoderLayer`` (torch's own; in training mode its attention is
+    ``nn.MultiheadAttention``'s, under a causal mask and a padding mask) streams every layer and
+    the head, exact, wrapped in ``nn.TransformerEncoder`` or called layer by layer."""
+    torch.manual_seed(0)
+    run = run_eager_and_compiled(TorchEncoderLM(wrapped), _encoder_inputs(2, 16),
+                                 {"chunk_size": 4, "head_chunk_size": 4, "strict": True})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert {k: set(v) for k, v in run.schedules.items()} == {"layer.0": {4}, "layer.1": {4}, "head": {4}}, \
+        run.schedules
+    assert not run.warnings, run.warnings
+
+
+@pytest.mark.fast
+def test_a_break_inside_a_torch_module_says_the_module_runs_eagerly():
+    """Given a float causal mask and a boolean padding mask, ``nn.TransformerEncoder``'s forward
+    warns (mixed mask types are deprecated) and Dynamo breaks the graph there: the graph ends
+    before the encoder's call, which runs eagerly with nothing inside it compiled (Dynamo compiles
+    no ``torch.nn`` function as a frame of its own), so no layer reaches the backend. streamfx
+    names the call, the break, the module that runs unstreamed and what to change, once;
+    ``strict=True`` raises. Exact either way."""
+    torch.manual_seed(0)
+    run = run_eager_and_compiled(TorchEncoderLM(True, float_mask=True), _encoder_inputs(2, 16), {"chunk_size": 4})
+    assert_grads_match(run.ref_grads, run.grads)
+    assert set(run.schedules) == {"head"}, run.schedules
+    assert len(run.warnings) == 1, run.warnings
+    assert "Dynamo runs the call at" in run.warnings[0] and "test_architectures.py" in run.warnings[0] \
+        and "transformer.py" in run.warnings[0] and "give both as booleans" in run.warnings[0], run.warnings
+    torch._dynamo.reset()
+    with pytest.raises(streamfx.StreamBPError, match=r"Dynamo runs the call at .*strict=True"):
+        run_eager_and_compiled(TorchEncoderLM(True, float_mask=True), _encoder_inputs(2, 16),
+                               {"chunk_size": 4, "strict": True})
