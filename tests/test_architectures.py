@@ -1192,3 +1192,90 @@ def test_a_break_inside_a_torch_module_says_the_module_runs_eagerly():
     with pytest.raises(streamfx.StreamBPError, match=r"Dynamo runs the call at .*strict=True"):
         run_eager_and_compiled(TorchEncoderLM(True, float_mask=True), _encoder_inputs(2, 16),
                                {"chunk_size": 4, "strict": True})
+
+
+class MetaLlamaAttention(torch.nn.Module):
+    """Attention as Meta's Llama reference code writes it: rotary embeddings as complex products
+    (``torch.polar`` frequencies sliced to the length, ``view_as_complex`` pairs), keys and values
+    repeated per query group by ``expand`` + ``reshape``, scores plus a mask made by ``triu`` of a
+    -inf matrix beside ``start_pos`` zero columns (``hstack``), softmax in fp32."""
+
+    def __init__(self, d, heads, kv_heads):
+        super().__init__()
+        self.heads, self.kv_heads, self.hd = heads, kv_heads, d // heads
+        self.wq = torch.nn.Linear(d, d, bias=False)
+        self.wk = torch.nn.Linear(d, kv_heads * self.hd, bias=False)
+        self.wv = torch.nn.Linear(d, kv_heads * self.hd, bias=False)
+        self.wo = torch.nn.Linear(d, d, bias=False)
+
+    def forward(self, x, freqs_cis, mask):
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.heads, self.hd)
+        k = self.wk(x).view(B, T, self.kv_heads, self.hd)
+        v = self.wv(x).view(B, T, self.kv_heads, self.hd)
+        q_, k_ = (torch.view_as_complex(t.float().reshape(*t.shape[:-1], -1, 2)) for t in (q, k))
+        f = freqs_cis.view(1, T, 1, -1)
+        q, k = torch.view_as_real(q_ * f).flatten(3).type_as(q), torch.view_as_real(k_ * f).flatten(3).type_as(k)
+        rep = self.heads // self.kv_heads
+        k, v = (t[:, :, :, None, :].expand(B, T, self.kv_heads, rep, self.hd).reshape(B, T, self.heads, self.hd)
+                for t in (k, v))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        scores = torch.matmul(q, k.transpose(2, 3)) / self.hd ** 0.5 + mask
+        out = torch.matmul(F.softmax(scores.float(), dim=-1).type_as(q), v)
+        return self.wo(out.transpose(1, 2).contiguous().view(B, T, -1))
+
+
+class MetaLlama(torch.nn.Module):
+    def __init__(self, d=zoo.HIDDEN, layers=zoo.LAYERS, max_len=64):
+        super().__init__()
+        self.embed = torch.nn.Embedding(zoo.VOCAB, d)
+        self.attention = torch.nn.ModuleList(MetaLlamaAttention(d, zoo.HEADS, zoo.HEADS // 2) for _ in range(layers))
+        self.mlp = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.SiLU(),
+                                                           torch.nn.Linear(2 * d, d)) for _ in range(layers))
+        self.norms = torch.nn.ModuleList(torch.nn.RMSNorm(d) for _ in range(2 * layers + 1))
+        self.output = torch.nn.Linear(d, zoo.VOCAB, bias=False)
+        hd = d // zoo.HEADS
+        freqs = 1.0 / (10000.0 ** (torch.arange(0, hd, 2)[: hd // 2].float() / hd))
+        angles = torch.outer(torch.arange(max_len), freqs).float()
+        self.freqs_cis = torch.polar(torch.ones_like(angles), angles)
+
+    def forward(self, tokens, targets, start_pos=0):
+        T = tokens.shape[1]
+        h = self.embed(tokens)
+        freqs_cis = self.freqs_cis.to(h.device)[start_pos:start_pos + T]
+        mask = torch.triu(torch.full((T, T), float("-inf"), device=tokens.device), diagonal=1)
+        mask = torch.hstack([torch.zeros((T, start_pos), device=tokens.device), mask]).type_as(h)
+        for i, (attention, mlp) in enumerate(zip(self.attention, self.mlp)):
+            h = h + attention(self.norms[2 * i](h), freqs_cis, mask)
+            h = h + mlp(self.norms[2 * i + 1](h))
+        logits = self.output(self.norms[-1](h)).float()
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1), None
+
+
+@pytest.mark.fast
+def test_meta_llama_reference_attention_streams():
+    """Meta's Llama reference form (complex rotary embeddings, grouped keys and values repeated
+    by expand + reshape, an ``hstack``-ed additive mask, the targets shifted by the caller with
+    -1 ignored) streams every layer and the head at lengths and batch sizes that change, exact."""
+    torch.manual_seed(0)
+    model = MetaLlama()
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp",
+                             options={"codegen": "eager", "chunk_size": 4, "head_chunk_size": 4, "strict": True})
+    for B, T in [(2, 16), (3, 13)]:
+        tokens = torch.randint(0, zoo.VOCAB, (B, T), generator=torch.Generator().manual_seed(B * 100 + T))
+        targets = tokens.roll(-1, 1)
+        targets[:, -1] = -1
+        for m in (ref, model):
+            m.zero_grad(set_to_none=True)
+        ref_loss = ref(tokens, targets)[0]
+        ref_loss.backward()
+        with record_schedules() as schedules:
+            loss = compiled(tokens, targets)[0]
+            loss.backward()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        assert_grads_match({n: p.grad for n, p in ref.named_parameters()},
+                           {n: p.grad for n, p in model.named_parameters()}, rtol=1e-4)
+        chunks = -(-T // 4)
+        assert {k: set(v) for k, v in schedules.items()} == {"layer.0": {chunks}, "layer.1": {chunks},
+                                                           "head": {chunks}}, (B, T, dict(schedules))
