@@ -507,6 +507,8 @@ def test_explain_and_the_users_compiles_leave_each_other_their_sizes():
     assert report.seq_dim == [16], report.seq_dim  # still the first compile's static sizes
 
 
+# (extended: the default run has later lengths in test_main_example_later_lengths_stream, graph pieces in test_pieces.py)
+@pytest.mark.extended
 def test_later_lengths_of_a_model_in_graph_pieces_are_its_recompiles():
     """A graph break between the decoder and the LM head: the head's graph is a resumed frame
     whose local ``logits_to_keep`` (0) never changes, so a later length recompiles it with a

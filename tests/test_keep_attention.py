@@ -334,7 +334,8 @@ def test_a_memory_budget_sizes_chunks_with_the_kept_attention_counted():
     assert_grads_match(run.ref_grads, run.grads, rtol=1e-5)
 
 
-@pytest.mark.heavy
+# (extended: the default run has kept attention under a budget in test_a_memory_budget_sizes_chunks_with_the_kept_attention_counted)
+@pytest.mark.extended
 def test_a_budget_the_kept_attention_does_not_fit_raises_before_the_step():
     """Under a budget that "recompute" fits at the smallest chunks and "keep" does not, the call
     raises StreamBPError before any chunk runs, with the longest length that fits and what

@@ -659,7 +659,8 @@ def _extrapolates_exactly(deep, whole, storage) -> tuple:
     return exact, peaks
 
 
-@pytest.mark.heavy
+# (extended: the default run has the CLI's offload in test_cli_predicts_the_step_with_its_layer_inputs_in_host_memory)
+@pytest.mark.extended
 def test_cli_extrapolates_the_step_with_its_layer_inputs_off_the_device():
     """``--offload``: the 3- and 4-layer traces of offload="auto" extrapolate, storage by storage,
     to the model traced whole: its step peak and the pinned host memory its inputs take. With its
