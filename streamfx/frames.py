@@ -171,7 +171,11 @@ def check_break(strict: bool) -> None:
     except Exception:  # noqa: BLE001 - a Dynamo without these rules: nothing to tell it by
         return
     call = stack[0]
-    skipped = next((f for f in stack[1:] if f.name == "forward"), stack[1])
+    # (a module's forward among them: a break in a hook before the module's own forward, as
+    # ZeRO-3's parameter gathering makes, leaves that forward to be compiled on its own)
+    skipped = next((f for f in stack[1:] if f.name == "forward"), None)
+    if skipped is None:
+        return
     if _said_since_reset((call.filename, call.lineno)) and not strict:
         return
     cause = str(reason.reason).strip().splitlines()[0].strip()
