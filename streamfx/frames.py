@@ -152,8 +152,9 @@ def check_break(strict: bool) -> None:
     graph break inside a call that Dynamo then runs whole and eagerly: a break in a called
     function ends the graph before the call (unless ``torch._dynamo.config.nested_graph_breaks``),
     the call runs uncompiled, and where every function from the call to the break is one that
-    Dynamo's rules skip as a frame of its own (``torch.nn``'s modules: ``nn.TransformerEncoder``
-    and its layers), what they compute, with their submodules, never reaches a backend."""
+    Dynamo's rules skip as a frame of its own and one of them is a module's forward
+    (``torch.nn``'s modules: ``nn.TransformerEncoder`` and its layers), what they compute, with
+    their submodules, never reaches a backend."""
     import torch
 
     if getattr(torch._dynamo.config, "nested_graph_breaks", False):
