@@ -3,10 +3,12 @@
 Gradients equal eager autograd's with the options on; the inputs really leave AOTAutograd's saved
 tensors (the store's counters) and come back in the backward (read back, or rebuilt by the layers
 before them); files live exactly as long as the step's autograd graph, also when it fails."""
+import collections
 import copy
 import errno
 import gc
 import os
+import types
 import warnings
 
 import pytest
@@ -61,11 +63,23 @@ def check(run, tmp_path=None, *, offloaded=0, dropped=0):
 
 def _why_live(path) -> str:
     """What a failed "nothing left" check found: the entries live, and how many a collection frees
-    (those a reference cycle held; the rest have a strong reference), and the files left."""
+    (those a reference cycle held; the rest have a strong reference), what that collection found
+    (the frames and exceptions among it name the cycle's maker), and the files left."""
     live = sorted(offload.STORE.live)
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        garbage, gc.garbage[:] = list(gc.garbage), []
+    finally:
+        gc.set_debug(0)
+    frames = sorted({f"{o.f_code.co_name} ({os.path.basename(o.f_code.co_filename)}:{o.f_lineno})"
+                     for o in garbage if isinstance(o, types.FrameType)})
+    errors = sorted({repr(o)[:200] for o in garbage if isinstance(o, BaseException)})
+    kinds = collections.Counter(type(o).__qualname__ for o in garbage).most_common(12)
+    del garbage
     gc.collect()
     return (f"entries {live} live after the step; after gc.collect() {sorted(offload.STORE.live)}; "
-            f"files {left_under(path)}")
+            f"files {left_under(path)}; the collection's frames {frames}, exceptions {errors}, kinds {kinds}")
 
 
 def step_matches_eager(ref, mine, compiled, inputs) -> None:
