@@ -74,8 +74,8 @@ def _why_live(path) -> str:
     finally:
         gc.set_debug(0)
     frames = sorted({f"{o.f_code.co_name} ({os.path.basename(o.f_code.co_filename)}:{o.f_lineno})"
-                     for o in garbage if isinstance(o, types.FrameType)})
-    errors = sorted({repr(o)[:200] for o in garbage if isinstance(o, BaseException)})
+                     for o in garbage if type(o) is types.FrameType})
+    errors = sorted({repr(o)[:200] for o in garbage if issubclass(type(o), BaseException)})
     kinds = collections.Counter(type(o).__qualname__ for o in garbage).most_common(12)
     del garbage
     gc.collect()
@@ -88,7 +88,7 @@ def _holders_of_handles(ids: set) -> list:
     """What refers to the live entries' handles (``offload.Store.put``'s one-element id tensors),
     two levels up: a frame by its function and line, anything else by its type."""
     def name(o):
-        if isinstance(o, types.FrameType):
+        if type(o) is types.FrameType:
             return f"frame {o.f_code.co_name} ({os.path.basename(o.f_code.co_filename)}:{o.f_lineno})"
         return type(o).__qualname__
 
