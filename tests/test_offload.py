@@ -478,11 +478,12 @@ def test_a_memory_budget_moves_layer_inputs_off_the_device_only_where_the_step_n
         other = "inputs_offloaded" if stored == "inputs_kept" else "inputs_kept"
         assert ran[stored] == 6 and ran[other] == 0 and ran["inputs_rebuilt"] == 0, ran
         if offload.STORE.live:
-            # Full runs (other tests before this one in the worker) have seen the long step's
-            # entries held by a reference cycle once in a few runs, never this test alone, also
-            # with collections off. What holds them is reported (a warning in the run's summary);
-            # the check is that nothing else does. Release by reference counts, as the step's
-            # autograd graph goes, is what the other tests of this module check.
+            # A reference cycle made while the step ran holds them until a collection (e.g. an
+            # exception kept with its traceback below the step: its frames keep the AOT forward's
+            # frame, whose outputs include the handles). In a worker that ran other tests first
+            # the long step has been seen so; this test alone, also with collections off, never.
+            # What holds them is reported as a warning in the run's summary, and the check is that
+            # nothing else does; the module's other tests check release by reference counts.
             warnings.warn(f"offload entries held by a reference cycle after the step: {_why_live(tmp_path)}")
         assert not offload.STORE.live and not left_under(tmp_path), _why_live(tmp_path)
 
