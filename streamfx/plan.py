@@ -25,6 +25,7 @@ are traced at that batch size.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import json
 import sys
@@ -348,10 +349,27 @@ def report_for(config: dict, dtype, layers: int, batch: int, optimizer, length: 
     built on the meta device, then given uninitialised CPU storage for the short traced call
     (nothing is read from the hub; pages no one writes take no memory). ``detach``: the outputs
     the step drops, from the report of the same config at another layer count (None: guessed,
-    ``_plan_memory``); ``options``: the backend's (``offload``)."""
+    ``_plan_memory``); ``options``: the backend's (``offload``).
+
+    The last ``REPORTS_KEPT`` reports are kept by their arguments: plans of one model that differ
+    only in what is decided after the trace (the budget, the host memory, the storage of the
+    layer inputs among those traced) trace it once."""
+    key = (json.dumps(config, sort_keys=True, default=repr), str(dtype), layers, batch, repr(optimizer), length,
+           device, detach, json.dumps(options, sort_keys=True, default=repr))
+    if key in _REPORTS:
+        _REPORTS.move_to_end(key)
+        return _REPORTS[key]
     model = build_meta_model(config, dtype, layers).to_empty(device="cpu")
     ids = torch.ones(batch, length, dtype=torch.long)
-    return _plan_memory(model, (), dict(input_ids=ids, labels=ids), options, optimizer, detach, device=device)
+    report = _plan_memory(model, (), dict(input_ids=ids, labels=ids), options, optimizer, detach, device=device)
+    _REPORTS[key] = report
+    while len(_REPORTS) > REPORTS_KEPT:
+        _REPORTS.popitem(last=False)
+    return report
+
+
+REPORTS_KEPT = 8
+_REPORTS: collections.OrderedDict = collections.OrderedDict()
 
 
 def traced_layers(L: int, keep_every: int = 1) -> tuple[int, int]:

@@ -550,17 +550,25 @@ def test_cli_predicts_the_step_that_keeps_the_attention(tmp_path, capsys):
 
 
 @pytest.mark.heavy
-def test_cli_predicts_the_step_with_its_layer_inputs_in_host_memory(tmp_path, capsys):
+def test_cli_predicts_the_step_with_its_layer_inputs_in_host_memory(tmp_path, capsys, monkeypatch):
     """``--offload cpu``: the longest sequence with the layer inputs in pinned host memory, and the
-    host memory they take there; ``--offload auto`` with less host memory than that: files; with
+    host memory they take there; ``--offload auto`` with less host memory than that: files, from
+    the same traces (no compile again: the storage is chosen after the trace); with
     ``--keep-every 2`` every second layer's input (2 of the 4) in host memory."""
+    import importlib
+
     from streamfx import plan
 
+    backend = importlib.import_module("streamfx.backend")
+    traces = []
+    original = backend._compile
+    monkeypatch.setattr(backend, "_compile", lambda *a: traces.append(1) or original(*a))
     path = tmp_path / "config.json"
     path.write_text(json.dumps(dict(_tiny_config(), hidden_size=256, head_dim=64, vocab_size=512)))
     common = ["--config", str(path), "--dtype", "fp32", "--budget", "64MiB"]
 
     def run(*extra):
+        traces.clear()
         assert plan.main(common + list(extra)) == 0
         out = capsys.readouterr().out.splitlines()
         T = int(re.fullmatch(r"longest sequence \(streamfx\): (\d+) tokens", out[0]).group(1))
@@ -573,7 +581,9 @@ def test_cli_predicts_the_step_with_its_layer_inputs_in_host_memory(tmp_path, ca
     assert host > 0 and keep is None
     auto, (where, held, _) = run("--offload", "auto", "--host", f"{held / 2:.2f}MiB")
     assert auto == host and where.startswith("files") and held == 0   # (files where host memory is short)
+    assert not traces, len(traces)
     T, (where, held, keep) = run("--offload", "cpu", "--keep-every", "2")
+    assert traces   # (other layer counts: traced)
     assert where == "pinned host memory" and keep.startswith("; keep_every=2")
     assert held == pytest.approx(2 * T * 256 * 4 / 2**20, abs=0.01)
 
