@@ -8,9 +8,10 @@ op does, then hands the inputs that are to leave AOTAutograd's saved tensors to 
 and returns one more output: a handle (a 1-element int64 CPU tensor holding the entry's id).
 Its autograd formula saves the handle and the other inputs only, so AOTAutograd saves neither
 the stored inputs nor anything they alias; ``streamfx::region_stored_backward`` reads them back
-from the entry. The entry lives as long as its handle does: when autograd frees the saved handle
-(after the backward, or with the graph of a step that never ran its backward, or with the frames
-of an exception) the entry's copies and files go with it.
+from the entry. The entry goes when its backward has read it, unless the graph is retained for
+another backward (``retain_graph=True``); otherwise, and at the latest, when its handle goes:
+when autograd frees the saved handle (with the graph of a step that never ran its backward, or
+with the frames of an exception) the entry's copies and files go with it.
 
 What an entry holds (``StorePlan``, decided per region at the rewrite, ``plans``):
 - ``offloaded``: the region's per-token inputs (the residual input, dropout masks, cos/sin of a
@@ -625,7 +626,13 @@ def region_stored_backward(key: int, kept: list[torch.Tensor], handle: torch.Ten
     xs = entry.inputs(list(kept), consume=True)
     COUNTERS["inputs_loaded"] += len(entry.plan.offloaded)
     STORE.prefetch_before(entry)
-    return torch.ops.streamfx.region_backward.default(key, xs, grads, present, [])
+    got = torch.ops.streamfx.region_backward.default(key, xs, grads, present, [])
+    if not torch._C._autograd._get_current_graph_task_keep_graph():
+        # this backward frees the step's graph (no retain_graph): nothing reads the entry again
+        # (a later layer's rebuild reads earlier entries only), so it goes now, whatever else
+        # still holds its handle (a frame kept by an exception's traceback)
+        STORE.release(entry.id)
+    return got
 
 
 @region_stored_backward.register_fake

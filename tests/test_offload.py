@@ -297,7 +297,10 @@ def test_host_tier_copies_back_a_layer_ahead(monkeypatch):
 @pytest.mark.fast
 def test_entries_live_with_the_autograd_graph(tmp_path, monkeypatch):
     """Files exist between the forward and the backward, and go when the graph goes (backward,
-    or a forward whose graph is dropped without one)."""
+    or a forward whose graph is dropped without one). A backward that frees the graph releases
+    each entry as it reads it, whatever else holds the entries' handles (here a list; in a run, a
+    frame kept by an exception's traceback); one that retains the graph (``retain_graph=True``)
+    keeps them for the next, which computes the same gradients."""
     deep(monkeypatch, 3)
     model, make_inputs = zoo.qwen3_sdpa()
     inputs = make_inputs("b1")
@@ -312,6 +315,23 @@ def test_entries_live_with_the_autograd_graph(tmp_path, monkeypatch):
     del loss
     gc.collect()
     assert not left_under(tmp_path) and not offload.STORE.live
+
+    handles, put = [], offload.Store.put
+    monkeypatch.setattr(offload.Store, "put", lambda self, *a: handles.append(put(self, *a)) or handles[-1])
+    model.zero_grad(set_to_none=True)
+    compiled(*inputs.args, **inputs.kwargs).loss.backward()
+    assert len(handles) == 3 and not offload.STORE.live and not left_under(tmp_path)
+    once = grads_of(model)
+    model.zero_grad(set_to_none=True)
+    torch._dynamo.reset()   # (a retained graph needs a compile without donated buffers, as without streamfx)
+    with torch._functorch.config.patch(donated_buffer=False):
+        loss = compiled(*inputs.args, **inputs.kwargs).loss
+        loss.backward(retain_graph=True)
+        assert len(offload.STORE.live) == 3 and len(files_under(tmp_path)) == 3
+        assert_grads_match(once, grads_of(model), rtol=1e-6)
+        loss.backward()
+    assert len(handles) == 6 and not offload.STORE.live and not left_under(tmp_path)
+    assert_grads_match({k: None if g is None else 2 * g for k, g in once.items()}, grads_of(model), rtol=1e-6)
 
 
 def fail_on(monkeypatch, method, call):
@@ -477,14 +497,9 @@ def test_a_memory_budget_moves_layer_inputs_off_the_device_only_where_the_step_n
         ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
         other = "inputs_offloaded" if stored == "inputs_kept" else "inputs_kept"
         assert ran[stored] == 6 and ran[other] == 0 and ran["inputs_rebuilt"] == 0, ran
-        if offload.STORE.live:
-            # A reference cycle made while the step ran holds them until a collection (e.g. an
-            # exception kept with its traceback below the step: its frames keep the AOT forward's
-            # frame, whose outputs include the handles). In a worker that ran other tests first
-            # the long step has been seen so; this test alone, also with collections off, never.
-            # What holds them is reported as a warning in the run's summary, and the check is that
-            # nothing else does; the module's other tests check release by reference counts.
-            warnings.warn(f"offload entries held by a reference cycle after the step: {_why_live(tmp_path)}")
+        # (each entry goes as its backward reads it: also where a reference cycle made while the
+        # step ran still holds its handle, such as an exception kept with its traceback below the
+        # step, whose frames keep the AOT forward's frame and the handles among its outputs)
         assert not offload.STORE.live and not left_under(tmp_path), _why_live(tmp_path)
 
     explained = streamfx.explain(model, *long.args, **long.kwargs, options={**options, "memory_budget": budget})
