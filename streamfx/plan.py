@@ -66,12 +66,8 @@ def optimizer_bytes(model, optimizer) -> int:
     """Bytes of optimizer state: a torch optimizer (Adam-like state per parameter it holds, in the
     parameters' dtypes or as it already holds them), or a number of bytes per parameter."""
     params = list(model.parameters())
-    if optimizer is None:
-        return 0
-    if isinstance(optimizer, (int, float)) and not isinstance(optimizer, bool):
-        return int(optimizer * sum(p.numel() for p in params))
-    if isinstance(optimizer, str):
-        return OPTIMIZER_BYTES[optimizer.lower()] * sum(p.numel() * p.element_size() for p in params)
+    if _per_parameter(optimizer):
+        return _state_bytes(optimizer, sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params))
     if isinstance(optimizer, torch.optim.Optimizer):
         held = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
                    if isinstance(t, torch.Tensor) and t.dim() > 0)
@@ -81,6 +77,21 @@ def optimizer_bytes(model, optimizer) -> int:
         return per * sum(p.numel() * p.element_size() for g in optimizer.param_groups for p in g["params"])
     raise StreamBPError(f"optimizer must be a torch.optim.Optimizer, bytes per parameter (a number) or one of "
                         f"{sorted(OPTIMIZER_BYTES)}; got {optimizer!r}")
+
+
+def _per_parameter(optimizer) -> bool:
+    """Whether ``optimizer`` gives its state per parameter: None, a number of bytes or a name."""
+    return optimizer is None or isinstance(optimizer, str) or (isinstance(optimizer, (int, float))
+                                                               and not isinstance(optimizer, bool))
+
+
+def _state_bytes(optimizer, numel: int, nbytes: int) -> int:
+    """Optimizer state of ``numel`` parameters of ``nbytes`` for a per-parameter ``optimizer``."""
+    if optimizer is None:
+        return 0
+    if isinstance(optimizer, str):
+        return OPTIMIZER_BYTES[optimizer.lower()] * nbytes
+    return int(optimizer * numel)
 
 
 def plan_memory(model, *args, options=None, optimizer=None, **kwargs) -> MemoryReport:
@@ -351,21 +362,28 @@ def report_for(config: dict, dtype, layers: int, batch: int, optimizer, length: 
     the step drops, from the report of the same config at another layer count (None: guessed,
     ``_plan_memory``); ``options``: the backend's (``offload``).
 
-    The last ``REPORTS_KEPT`` reports are kept by their arguments: plans of one model that differ
+    The last ``REPORTS_KEPT`` traces are kept by their arguments: plans of one model that differ
     only in what is decided after the trace (the budget, the host memory, the storage of the
-    layer inputs among those traced) trace it once."""
-    key = (json.dumps(config, sort_keys=True, default=repr), str(dtype), layers, batch, repr(optimizer), length,
-           device, detach, json.dumps(options, sort_keys=True, default=repr))
+    layer inputs among those traced, an optimizer given by name or bytes per parameter) trace it
+    once."""
+    def traced(optimizer):
+        model = build_meta_model(config, dtype, layers).to_empty(device="cpu")
+        ids = torch.ones(batch, length, dtype=torch.long)
+        report = _plan_memory(model, (), dict(input_ids=ids, labels=ids), options, optimizer, detach, device=device)
+        return report, sum(p.numel() for p in model.parameters())
+
+    if not _per_parameter(optimizer):
+        return traced(optimizer)[0]
+    key = (json.dumps(config, sort_keys=True, default=repr), str(dtype), layers, batch, length, device, detach,
+           json.dumps(options, sort_keys=True, default=repr))
     if key in _REPORTS:
         _REPORTS.move_to_end(key)
-        return _REPORTS[key]
-    model = build_meta_model(config, dtype, layers).to_empty(device="cpu")
-    ids = torch.ones(batch, length, dtype=torch.long)
-    report = _plan_memory(model, (), dict(input_ids=ids, labels=ids), options, optimizer, detach, device=device)
-    _REPORTS[key] = report
-    while len(_REPORTS) > REPORTS_KEPT:
-        _REPORTS.popitem(last=False)
-    return report
+    else:
+        _REPORTS[key] = traced(None)
+        while len(_REPORTS) > REPORTS_KEPT:
+            _REPORTS.popitem(last=False)
+    report, numel = _REPORTS[key]
+    return dataclasses.replace(report, optimizer_bytes=_state_bytes(optimizer, numel, report.param_bytes))
 
 
 REPORTS_KEPT = 8

@@ -443,7 +443,49 @@ def test_a_config_naming_each_layers_attention_builds_at_any_traced_layer_count(
     assert plan.build_meta_model(mixed, torch.float32, 4).config.layer_types == mixed["layer_types"]  # (traced whole)
 
 
+@pytest.mark.fast
+def test_plans_that_differ_after_the_trace_trace_once(monkeypatch):
+    """``report_for`` keeps its last traces by their arguments: another optimizer given by name or
+    bytes per parameter reuses the trace with its own state bytes; another layer count, length or
+    option traces; an optimizer object (its state is its own) traces every time."""
+    from streamfx import plan
+    from streamfx.membudget import MemoryReport
+
+    traces = []
+
+    def traced(model, args, kwargs, options, optimizer, detach=None, device=None):
+        traces.append(optimizer)
+        return MemoryReport(None, {}, sum(p.numel() * p.element_size() for p in model.parameters()),
+                            plan.optimizer_bytes(model, optimizer), kwargs["input_ids"].shape[1])
+
+    monkeypatch.setattr(plan, "_plan_memory", traced)
+    monkeypatch.setattr(plan, "_REPORTS", type(plan._REPORTS)())
+    cfg = _tiny_config()
+    model = plan.build_meta_model(cfg, torch.float32, 2)
+    numel = sum(p.numel() for p in model.parameters())
+    got = {opt: plan.report_for(cfg, torch.float32, 2, 1, opt) for opt in (None, "adamw", 3.0, "sgd")}
+    assert traces == [None]
+    assert {o: r.optimizer_bytes for o, r in got.items()} == {None: 0, "adamw": 8 * numel, 3.0: 3 * numel, "sgd": 0}
+    assert all(r.param_bytes == 4 * numel for r in got.values())
+    plan.report_for(cfg, torch.float32, 3, 1, None)
+    plan.report_for(cfg, torch.float32, 2, 1, None, length=48)
+    plan.report_for(cfg, torch.float32, 2, 1, None, options={"offload": "auto"})
+    assert len(traces) == 4
+    adam = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
+    plan.report_for(cfg, torch.float32, 2, 1, adam)
+    plan.report_for(cfg, torch.float32, 2, 1, adam)
+    assert traces[4:] == [adam, adam]
+    for i in range(plan.REPORTS_KEPT + 1):   # (bounded: the oldest go)
+        plan.report_for(cfg, torch.float32, 2, 1, None, length=64 + i)
+    assert len(plan._REPORTS) == plan.REPORTS_KEPT
+
+
+# the CLI tests of the tiny config without options share its traces: on one worker
+TINY_CLI = pytest.mark.xdist_group("plan-cli-tiny")
+
+
 @pytest.mark.heavy
+@TINY_CLI
 def test_cli_prints_longest_sequences(tmp_path, capsys):
     from streamfx import plan
 
@@ -527,6 +569,7 @@ def test_cli_plans_a_model_without_sdpa_and_says_when_nothing_or_everything_fits
 
 
 @pytest.mark.heavy
+@TINY_CLI
 def test_cli_predicts_the_step_that_keeps_the_attention(tmp_path, capsys):
     """``--attention keep``: every layer's attention output and log-sum-exp held for its backward,
     a shorter longest sequence than the default's, and their bytes in the breakdown; not with
