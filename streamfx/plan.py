@@ -90,6 +90,9 @@ def _state_bytes(optimizer, numel: int, nbytes: int) -> int:
     if optimizer is None:
         return 0
     if isinstance(optimizer, str):
+        if optimizer.lower() not in OPTIMIZER_BYTES:
+            raise StreamBPError(f"optimizer must be a torch.optim.Optimizer, bytes per parameter (a number) or "
+                                f"one of {sorted(OPTIMIZER_BYTES)}; got {optimizer!r}")
         return OPTIMIZER_BYTES[optimizer.lower()] * nbytes
     return int(optimizer * numel)
 

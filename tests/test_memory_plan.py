@@ -475,6 +475,10 @@ def test_plans_that_differ_after_the_trace_trace_once(monkeypatch):
     plan.report_for(cfg, torch.float32, 2, 1, adam)
     plan.report_for(cfg, torch.float32, 2, 1, adam)
     assert traces[4:] == [adam, adam]
+    with pytest.raises(streamfx.StreamBPError, match=r"one of \['adam', 'adamw', 'none', 'sgd'\]; got 'lion'"):
+        plan.report_for(cfg, torch.float32, 2, 1, "lion")
+    with pytest.raises(streamfx.StreamBPError, match="got 'lion'"):
+        plan.optimizer_bytes(model, "lion")
     for i in range(plan.REPORTS_KEPT + 1):   # (bounded: the oldest go)
         plan.report_for(cfg, torch.float32, 2, 1, None, length=64 + i)
     assert len(plan._REPORTS) == plan.REPORTS_KEPT
