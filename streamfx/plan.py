@@ -75,8 +75,12 @@ def optimizer_bytes(model, optimizer) -> int:
             return held
         per = 2 if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)) else 0
         return per * sum(p.numel() * p.element_size() for g in optimizer.param_groups for p in g["params"])
-    raise StreamBPError(f"optimizer must be a torch.optim.Optimizer, bytes per parameter (a number) or one of "
-                        f"{sorted(OPTIMIZER_BYTES)}; got {optimizer!r}")
+    raise _bad_optimizer(optimizer)
+
+
+def _bad_optimizer(optimizer) -> StreamBPError:
+    return StreamBPError(f"optimizer must be a torch.optim.Optimizer, bytes per parameter (a number) or one of "
+                         f"{sorted(OPTIMIZER_BYTES)}; got {optimizer!r}")
 
 
 def _per_parameter(optimizer) -> bool:
@@ -91,8 +95,7 @@ def _state_bytes(optimizer, numel: int, nbytes: int) -> int:
         return 0
     if isinstance(optimizer, str):
         if optimizer.lower() not in OPTIMIZER_BYTES:
-            raise StreamBPError(f"optimizer must be a torch.optim.Optimizer, bytes per parameter (a number) or "
-                                f"one of {sorted(OPTIMIZER_BYTES)}; got {optimizer!r}")
+            raise _bad_optimizer(optimizer)
         return OPTIMIZER_BYTES[optimizer.lower()] * nbytes
     return int(optimizer * numel)
 
