@@ -608,7 +608,11 @@ def storage_of(key: int, inputs: list) -> tuple:
 def region_stored(key: int, inputs: list[torch.Tensor], link: Optional[torch.Tensor]) -> list[torch.Tensor]:
     """A streamed region (``streamfx::region``) whose stored inputs go to the store; the last
     output is the entry's handle."""
+    from .runtime import SHAPES_ONLY
+
     outs = torch.ops.streamfx.region.default(key, inputs)
+    if SHAPES_ONLY[0]:   # (``plan_memory``'s run, which has no backward: nothing is stored)
+        return list(outs) + [torch.tensor([-1], dtype=torch.int64)]
     return list(outs) + [STORE.put(key, list(inputs), link)]
 
 

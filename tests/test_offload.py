@@ -482,7 +482,12 @@ def test_a_memory_budget_moves_layer_inputs_off_the_device_only_where_the_step_n
     model, make_inputs = zoo.qwen3_sdpa()
     short, long = make_inputs(zoo.Case("t256", 1, 256)), make_inputs(zoo.Case("t1024", 1, 1024))
     options = {"codegen": "eager", "offload_dir": str(tmp_path)}
+    before = dict(COUNTERS)
     report = streamfx.plan_memory(model, *short.args, **short.kwargs, options={**options, "memory_budget": "1GiB"})
+    # (the planner's run of the model has no backward: it stores no layer input, not even where a
+    # reference cycle left from its trace would keep its outputs until a collection)
+    assert all(COUNTERS[k] == before[k] for k in ("inputs_kept", "inputs_offloaded", "inputs_dropped"))
+    assert not offload.STORE.live, _why_live(tmp_path)
     kept, disk = (report.storages.model(s) for s in [(None, 1), ("disk", 1)])
     need = {s: m.peak(1024, 16, 16) for s, m in [("kept", kept), ("disk", disk)]}
     assert need["disk"] < need["kept"], need   # (the layer inputs are most of the step at this length)
