@@ -31,7 +31,7 @@ def _predict(spec, seqs, method="streamfx"):
 @pytest.mark.slow
 @pytest.mark.parametrize("spec, seqs", [pytest.param(LAYERS, (1024, 2048, 4096), marks=SHARED),
                                         ("preset:qwen3-head", (1024, 2048, 4096)),   # 1, 2 and 4 head chunks
-                                        ("zoo:llama_tied", (2048, 4096)),
+                                        pytest.param("zoo:llama_tied", (2048, 4096), marks=pytest.mark.extended),
                                         ("zoo:mistral_sliding", (2048, 8192))])
 def test_predicted_step_peak_within_15_percent_of_measured(spec, seqs):
     from streamfx.bench import memcheck

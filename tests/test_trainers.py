@@ -740,6 +740,7 @@ def test_sft_mixed_lengths_compile_twice_and_stream(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended   # (GRPO at every prompt and completion length: test_dynamic's TRL GRPO loss)
 def test_grpo_mixed_lengths_compile_twice_and_stream(monkeypatch, tmp_path):
     """GRPO with prompts of two lengths and completions ending at EOS: every training step streams
     with at most two compiles (static first shape, then symbolic); generation never compiles."""
