@@ -433,9 +433,12 @@ def test_explain_says_what_was_chosen(monkeypatch):
     deep(monkeypatch, 4)
     model, make_inputs = zoo.qwen3_sdpa()
     inputs = make_inputs("b1")
+    before = dict(COUNTERS)
     report = streamfx.explain(model, *inputs.args, **inputs.kwargs,
                               options={"codegen": "eager", "offload": "disk", "keep_every": 3})
     text = str(report)
+    # (explain's calls have no backward: they write no file and keep no input)
+    assert all(COUNTERS[k] == before[k] for k in ("inputs_kept", "inputs_offloaded", "inputs_dropped")), COUNTERS
     assert "layer inputs offloaded to files" in text and "keep_every=3" in text, text
     assert text.count("input rebuilt in the backward") == 2 and text.count("input kept") == 2, text
 
