@@ -31,6 +31,18 @@ def _ids(T, seed=0):
 REPORT = pytest.mark.xdist_group("memory-plan-report")
 
 
+@pytest.fixture
+def compiles(monkeypatch) -> list:
+    """A list that gets an item for each graph the backend compiles (``backend._compile``: a
+    trace's AOTAutograd capture and passes)."""
+    import importlib
+
+    backend = importlib.import_module("streamfx.backend")
+    traced, original = [], backend._compile
+    monkeypatch.setattr(backend, "_compile", lambda *a: traced.append(1) or original(*a))
+    return traced
+
+
 @pytest.fixture(scope="module")
 def report():
     model, _ = zoo.qwen3("sdpa")
@@ -597,19 +609,14 @@ def test_cli_predicts_the_step_that_keeps_the_attention(tmp_path, capsys):
 
 
 @pytest.mark.heavy
-def test_cli_predicts_the_step_with_its_layer_inputs_in_host_memory(tmp_path, capsys, monkeypatch):
+def test_cli_predicts_the_step_with_its_layer_inputs_in_host_memory(tmp_path, capsys, compiles):
     """``--offload cpu``: the longest sequence with the layer inputs in pinned host memory, and the
     host memory they take there; ``--offload auto`` with less host memory than that: files, from
     the same traces (no compile again: the storage is chosen after the trace); with
     ``--keep-every 2`` every second layer's input (2 of the 4) in host memory."""
-    import importlib
-
     from streamfx import plan
 
-    backend = importlib.import_module("streamfx.backend")
-    traces = []
-    original = backend._compile
-    monkeypatch.setattr(backend, "_compile", lambda *a: traces.append(1) or original(*a))
+    traces = compiles
     path = tmp_path / "config.json"
     path.write_text(json.dumps(dict(_tiny_config(), hidden_size=256, head_dim=64, vocab_size=512)))
     common = ["--config", str(path), "--dtype", "fp32", "--budget", "64MiB"]
@@ -637,20 +644,15 @@ def test_cli_predicts_the_step_with_its_layer_inputs_in_host_memory(tmp_path, ca
 
 @pytest.mark.heavy
 @pytest.mark.extended
-def test_cli_traces_the_second_model_once_with_the_first_ones_dropped_outputs(monkeypatch):
+def test_cli_traces_the_second_model_once_with_the_first_ones_dropped_outputs(compiles):
     """The CLI's 3-layer trace detaches the outputs the 2-layer one found dropped (the logits):
     one trace instead of two, and the same report as a trace that finds them itself. The 2-layer
     trace guesses them (the outputs beside the scalar loss): one trace too. Detaching an output
     the step keeps (the loss) falls back to the graph as it is, with the same report."""
-    import importlib
-
     from streamfx import plan
 
-    backend = importlib.import_module("streamfx.backend")
     cfg = _tiny_config()
-    traces = []
-    original = backend._compile
-    monkeypatch.setattr(backend, "_compile", lambda *a: traces.append(1) or original(*a))
+    traces = compiles
 
     def report(detach):
         torch._dynamo.reset()
