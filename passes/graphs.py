@@ -190,3 +190,9 @@ def per_token(node: fx.Node, sd, nbytes: bool = False):
         if k != d:
             count *= hint(s)
     return count * (v.element_size() if nbytes else 1)
+
+
+def wider(node: fx.Node, sd, floor) -> bool:
+    """Whether a per-token value is wider per token than ``floor`` (the hidden state a head starts
+    from, ``per_token`` of it): what a head streams to keep from existing whole."""
+    return floor < per_token(node, sd) < float("inf")

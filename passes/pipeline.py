@@ -19,7 +19,7 @@ from streamfx import offload
 from streamfx.errors import CannotStream
 from . import attention as attn, hoist, masks, verify
 from .graphs import (ancestors, is_tangent, is_tensor, node_inputs, normalize_dim, outputs as graph_outputs,
-                     per_token, primals, val, written_input)
+                     per_token, primals, val, wider, written_input)
 from .plan import CONV_ADVICE, CONV_OPS, plan_head, plan_layer
 from .pulls import RANDOM_OPS
 from .record import NodeRecord, tag
@@ -238,7 +238,7 @@ def _narrow(region, sd) -> bool:
     if region.unreduced is not None:   # (a head without a loss over wider values: the logits)
         return False
     floor = per_token(region.entry, sd)
-    return all(not floor < per_token(n, sd) < float("inf") for n in region.nodes)
+    return not any(wider(n, sd, floor) for n in region.nodes)
 
 
 def _reductions_back_on_tokens(a: Analysis, regions: set) -> list:

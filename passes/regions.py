@@ -18,7 +18,7 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from .graphs import COPIES, SEQ_VIEWS, order, per_token
+from .graphs import COPIES, SEQ_VIEWS, order, per_token, wider
 from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, seq_slice
 from .sources import residual_sources
 from .units import projects
@@ -174,7 +174,7 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
     # has a graph that ends at the head's entry (a model body whose head and loss a later graph runs)
     wide = []
     if head_entry is not None and reach and not red and chain[0].op != "placeholder":
-        wide = [n for n in fwd_nodes if n in reach and floor < per_token(n, sd) < float("inf")]
+        wide = [n for n in fwd_nodes if n in reach and wider(n, sd, floor)]
         if not wide:
             # nothing after the last layer is wider per token than the hidden state it starts from,
             # and nothing sums over the tokens: a pooled head (sequence classification, a value
@@ -191,7 +191,7 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
         head.shared = frozenset(pulled)
         head.outputs = [o for o in head.outputs if o not in pulled]
         if wide:   # (what the refusal names: the values, whether they leave whole, what selects from them)
-            head.unreduced = _unreduced(wide, g, sd, sinks, floor)
+            head.unreduced = _unreduced(wide, g, sd, sinks)
         regions.append(head)
     return regions
 
@@ -200,7 +200,7 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
 SELECTS = frozenset({aten.select.int, aten.index.Tensor, aten.index_select.default, aten.gather.default})
 
 
-def _unreduced(wide, g, sd, sinks, floor) -> tuple:
+def _unreduced(wide, g, sd, sinks) -> tuple:
     """(values, leaves, selector) of a head without a sum over the tokens, for its refusal:
     ``leaves``, per-token values wider than the hidden state are graph outputs (the logits leave
     whole; the values are the widest of them); else ``selector``, where it is found, an op that
