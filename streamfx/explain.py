@@ -236,7 +236,7 @@ def _explain_once(model, args, kwargs, options, dynamic, state, records=None, sa
     process whose earlier calls are ``records`` (None: the model's first call). ``said``: the
     causes already warned (a refusal that holds at the first length and at later ones is said
     once; the reports list it for each)."""
-    from . import frames, membudget, offload
+    from . import frames, membudget, runtime
     from .backend import compile_graph
     from .session import Session
 
@@ -264,7 +264,7 @@ def _explain_once(model, args, kwargs, options, dynamic, state, records=None, sa
     # symbolic too; the caller's tensors must not change what their own run compiles
     args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _fresh, (args, kwargs))
     try:
-        with torch.enable_grad(), offload.analysis():   # (no backward: no layer input stored)
+        with torch.enable_grad(), runtime.analysis():   # (no backward: no layer input stored)
             _, records = frames.traced_call(model, capture, args, kwargs, records=records, dynamic=dynamic)
     finally:
         if target is not None:

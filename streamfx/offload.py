@@ -12,7 +12,7 @@ from the entry. The entry goes when its backward has read it, unless the graph i
 another backward (``retain_graph=True``); otherwise, and at the latest, when its handle goes:
 when autograd frees the saved handle (with the graph of a step that never ran its backward, or
 with the frames of an exception) the entry's copies and files go with it. A call run only to be
-compiled and reported (``plan_memory``, ``explain``: ``analysis``) stores nothing: it has no
+compiled and reported (``plan_memory``, ``explain``: ``runtime.analysis``) stores nothing: it has no
 backward.
 
 What an entry holds (``StorePlan``, decided per region at the rewrite, ``plans``):
@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import contextlib
 import dataclasses
 import itertools
 import os
@@ -593,19 +592,6 @@ class Store:
 
 STORE = Store()
 
-# while ANALYSIS[0] is True, the model runs to be compiled and reported, never backward
-# (``plan_memory``, ``explain``): its calls store no layer input (no copy, no file)
-ANALYSIS = [False]
-
-
-@contextlib.contextmanager
-def analysis():
-    ANALYSIS[0], before = True, ANALYSIS[0]
-    try:
-        yield
-    finally:
-        ANALYSIS[0] = before
-
 
 def storage_of(key: int, inputs: list) -> tuple:
     """(tier, keep_every) of a call of an "auto" region: what its budget's policy chose at the
@@ -624,6 +610,8 @@ def storage_of(key: int, inputs: list) -> tuple:
 def region_stored(key: int, inputs: list[torch.Tensor], link: Optional[torch.Tensor]) -> list[torch.Tensor]:
     """A streamed region (``streamfx::region``) whose stored inputs go to the store; the last
     output is the entry's handle."""
+    from .runtime import ANALYSIS
+
     outs = torch.ops.streamfx.region.default(key, inputs)
     if ANALYSIS[0]:   # (a handle to no entry: the call has no backward)
         return list(outs) + [torch.tensor([-1], dtype=torch.int64)]

@@ -139,7 +139,7 @@ def _plan_memory(model, args, kwargs, options, optimizer, detach: tuple | None =
         return training_graph(fn, example_inputs, trains)
 
     args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, lambda x: x.detach(), (args, kwargs))
-    with torch.enable_grad(), runtime.shapes_only(), offload.analysis():  # (the regions' chunks need not run)
+    with torch.enable_grad(), runtime.shapes_only():  # (the regions' chunks need not run, nor store)
         frames.traced_call(model, capture, args, kwargs, **_length_symbolic(args, kwargs))
     analyses = [a for a in collected if getattr(a, "graphs", None) is not None]
     if not analyses:

@@ -36,6 +36,10 @@ TIMING = [False]
 TIMES: dict = collections.defaultdict(float)
 
 
+# while ANALYSIS[0] is True, the model runs to be compiled and reported, never backward
+# (``plan_memory``, ``explain``): its region calls store no layer input (``offload``: no copy,
+# no file)
+ANALYSIS = [False]
 # while SHAPES_ONLY[0] is True, a region call returns uninitialised outputs of the right shapes
 # without running its chunks (``plan_memory`` runs a model once to compile it and reads only the
 # compiled graphs: a 152k-token vocabulary's head would otherwise compute its logits and weight
@@ -44,12 +48,24 @@ SHAPES_ONLY = [False]
 
 
 @contextlib.contextmanager
-def shapes_only():
-    SHAPES_ONLY[0], before = True, SHAPES_ONLY[0]
+def _on(*flags):
+    """Each of ``flags`` (a one-element list) True within the block, as it was after."""
+    before = [f[0] for f in flags]
+    for f in flags:
+        f[0] = True
     try:
         yield
     finally:
-        SHAPES_ONLY[0] = before
+        for f, b in zip(flags, before):
+            f[0] = b
+
+
+def analysis():
+    return _on(ANALYSIS)
+
+
+def shapes_only():
+    return _on(SHAPES_ONLY, ANALYSIS)   # (a run of shapes only is an analysis: it has no backward)
 
 
 def _uninitialised(fake_impl, key, inputs) -> list:
