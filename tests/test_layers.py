@@ -305,6 +305,72 @@ def test_dropout_randomness_is_drawn_once_and_replayed_per_chunk():
     assert "layer.0" in [p.name for p in report.plan]
 
 
+class _Checkpointed(torch.nn.Module):
+    """A layer the model checkpoints itself (``torch.utils.checkpoint``), as plain PyTorch
+    training code does without Hugging Face's ``gradient_checkpointing`` flag."""
+
+    def __init__(self, layer, reentrant: bool):
+        super().__init__()
+        self.layer, self.reentrant = layer, reentrant
+
+    def forward(self, x):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.layer, x, use_reentrant=self.reentrant)
+
+
+class _DroppedMLP(torch.nn.Module):
+    def __init__(self, mlp):
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x):
+        return F.dropout(self.mlp(x), 0.3, training=True)
+
+
+def _checkpointing_nanogpt(reentrant: bool, dropout: bool = False):
+    model, make_inputs = zoo.nanogpt()
+    for block in model.transformer.h:
+        if dropout:
+            block.mlp = _DroppedMLP(block.mlp)
+    model.transformer.h = torch.nn.ModuleList(_Checkpointed(b, reentrant) for b in model.transformer.h)
+    return model, make_inputs
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_layers_the_model_checkpoints_itself_stream_exactly(reentrant):
+    """A model whose forward wraps each layer in ``torch.utils.checkpoint.checkpoint`` (either
+    form) streams every layer, exactly and with nothing to warn about: the checkpoint's own
+    recomputation is subsumed by the chunks'. With dropout inside the checkpointed layers, the
+    randomness is drawn once: 4-token chunks give the gradients of one whole chunk."""
+    from conftest import assert_grads_match, run_eager_and_compiled
+
+    model, make_inputs = _checkpointing_nanogpt(reentrant)
+    inputs = make_inputs("odd17")
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 5})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert not run.warnings, run.warnings
+    n = chunk_count(inputs.T, 5)
+    layers = {p.name for p in run.programs if p.name.startswith("layer")}
+    assert layers == {f"layer.{i}" for i in range(zoo.LAYERS)}, sorted(p.name for p in run.programs)
+    assert all(set(run.schedules[name]) == {n} for name in layers), run.schedules
+
+    dropped, make_inputs = _checkpointing_nanogpt(reentrant, dropout=True)
+    ids, targets = make_inputs("odd17").args
+    grads = []
+    for chunk in (4, ids.shape[1]):
+        torch._dynamo.reset()
+        m = copy.deepcopy(dropped)
+        compiled = torch.compile(m, backend="streambp", options={"codegen": "eager", "chunk_size": chunk})
+        torch.manual_seed(123)
+        compiled(ids, targets)[1].backward()
+        grads.append([p.grad for p in m.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
 class _ProbDropLM(_AttendingLM):
     """Dropout on the attention probabilities: SDPA's ``dropout_p`` ("sdpa"), or ``F.dropout``
     after a hand-written softmax under a ``-inf`` causal mask ("manual") or, as Hugging Face's
