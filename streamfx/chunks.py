@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import re
 import warnings
 from typing import Callable
 
@@ -48,7 +49,7 @@ COUNTERS = {"region_forward": 0, "region_backward": 0, "chunks_forward": 0, "chu
             "guard_recompiles": 0}  # (a chunk graph compiled again: a call's sizes broke a shape guard of its compiles)
 _log = logging.getLogger("streamfx")
 _COMPILED: dict[tuple, Callable] = {}
-_CHECKED: dict[tuple, list | Exception] = {}
+_CHECKED: dict[tuple, list | tuple] = {}   # (a failure: the error, the node position, the named sizes)
 _GENERATION = [0]   # bumped by ``forget``: what a chunk graph remembers of _COMPILED is stale
 
 
@@ -667,9 +668,19 @@ class ChunkCheckFailed(Exception):
     """A chunk graph that does not propagate at symbolic chunk shapes: ``error``, raised at
     ``node`` (a copy of the joint graph's node: its op and source line), or None."""
 
-    def __init__(self, error: Exception, node):
-        super().__init__(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+    def __init__(self, error: Exception, node, sizes: dict | None = None):
+        first = str(error).splitlines()[0] if str(error) else ""
+        self.text = re.sub(r"\b[su]\d+\b", lambda m: f"{m.group(0)}: {sizes[m.group(0)]}" if m.group(0) in (sizes or {})
+                           else m.group(0), first)
+        super().__init__(f"{type(error).__name__}: {self.text}")
         self.error, self.node = error, node
+
+
+def _named_sizes(mode) -> dict:
+    """{the check's symbol as an error writes it: what the size is}: the chunk's rows ("q"), the
+    keys a chunk reads ("k"), or a size of the graph's inputs (by the graph's own symbol)."""
+    said = {KEY_SYMBOLS["q"]: "the chunk's rows", KEY_SYMBOLS["k"]: "the rows up to the chunk's end"}
+    return {str(sym): said.get(name, f"input size {name}") for sym, name in getattr(mode, "streamfx_names", {}).items()}
 
 
 class _Propagation(FakeTensorProp):
@@ -690,17 +701,17 @@ def check(graph: ChunkGraph) -> None:
     compile of it, has its chunk graphs checked once."""
     key = graph.key()
     if key not in _CHECKED:
-        prop = None
+        prop = mode = None
         try:
             mode, fakes = fake_inputs(graph.slots, graph.sizes)
             prop = _Propagation(graph.gm, mode)
             prop.propagate_dont_convert_inputs(*fakes)
             _CHECKED[key] = [n.meta.get("val") for n in graph.gm.graph.nodes]
         except Exception as e:  # noqa: BLE001 - raised again below, and for every graph with this key
-            _CHECKED[key] = (e, getattr(prop, "at", None))
+            _CHECKED[key] = (e, getattr(prop, "at", None), _named_sizes(mode))
     if isinstance(_CHECKED[key], tuple):
-        err, at = _CHECKED[key]
-        raise ChunkCheckFailed(err, None if at is None else list(graph.gm.graph.nodes)[at]) from err
+        err, at, sizes = _CHECKED[key]
+        raise ChunkCheckFailed(err, None if at is None else list(graph.gm.graph.nodes)[at], sizes) from err
     for n, v in zip(graph.gm.graph.nodes, _CHECKED[key]):   # the values at chunk shapes, as propagated
         n.meta["val"] = v
         # no unbacked-size bindings (``.tolist()`` of tokens per expert) of the check's own shape

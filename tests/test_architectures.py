@@ -9,6 +9,7 @@
 """
 import contextlib
 import copy
+import re
 import warnings
 
 import pytest
@@ -1071,6 +1072,31 @@ def test_hf_families_stream_every_layer(monkeypatch, family):
     assert result["status"] == "ok" and result["error"] is None and not result["warnings"], result
     assert set(result["streamed"]) == {*(f"layer.{i}" for i in range(result["layers"])), "head"}, result
     assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
+
+
+def test_a_token_shift_outside_attention_is_refused_in_the_terms_of_the_chunk(monkeypatch):
+    """RWKV: its layers have no causal attention; the time-mixing recurrence is refused at its op,
+    and the feed-forward's token shift (``ZeroPad2d((0, 0, 1, -1))``), whose output reads the row
+    before each chunk, fails to instantiate per chunk: the warning names the sizes that disagree as
+    the chunk's rows and the rows before its end (not the check's own symbols alone), says what the
+    layer does there and what to change, at the line that adds the shifted rows. Exact, every
+    refused layer warned."""
+    import arch_configs
+    import arch_sweep
+
+    if "rwkv" not in {m for m, _, _ in arch_configs.causal_lm_classes()}:
+        pytest.skip("the installed transformers has no rwkv")
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")
+    result = arch_sweep.check("rwkv")
+    assert result["status"] == "ok" and result["error"] is None and not result["silent"], result
+    assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
+    shift = [w for w in result["warnings"] if "does not instantiate per chunk" in w]
+    assert len(shift) == 1, result["warnings"]
+    assert re.search(r"\(s\d+: the rows up to the chunk's end\)", shift[0]) \
+        and re.search(r"\(s\d+: the chunk's rows\)", shift[0]), shift[0]
+    assert "the layer mixes positions outside its causal attention" in shift[0] \
+        and "compute that mixing outside the decoder layers or per token" in shift[0], shift[0]
+    assert "modeling_rwkv.py" in shift[0] and "shifted" in shift[0], shift[0]
 
 
 def test_hy_v4_layer_that_reuses_the_previous_layers_key_selection_streams(monkeypatch):
