@@ -72,7 +72,7 @@ def chunk_graph(name, inputs, specs, nodes, outputs, sd, extra=(), extra_dims=()
         first = e.text if isinstance(e, chunks.ChunkCheckFailed) else str(failed).splitlines()[0] if str(failed) else ""
         # (the op the chunk's propagation failed at, with its source line, where it is known; the
         # sizes of the error named as the chunk's rows, the rows it reads, the inputs' sizes)
-        if "the chunk's rows" in first and "the rows up to the chunk's end" in first:
+        if isinstance(e, chunks.ChunkCheckFailed) and {"q", "k"} <= e.roles:
             first += ("; the chunk's rows meet the rows before them here: the layer mixes positions outside its "
                       "causal attention in a form no rule reads per chunk; to stream it, compute that mixing "
                       "outside the decoder layers or per token")

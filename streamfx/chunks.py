@@ -669,18 +669,23 @@ class ChunkCheckFailed(Exception):
     ``node`` (a copy of the joint graph's node: its op and source line), or None."""
 
     def __init__(self, error: Exception, node, sizes: dict | None = None):
-        first = str(error).splitlines()[0] if str(error) else ""
-        self.text = re.sub(r"\b[su]\d+\b", lambda m: f"{m.group(0)}: {sizes[m.group(0)]}" if m.group(0) in (sizes or {})
-                           else m.group(0), first)
+        first, sizes = (str(error).splitlines()[0] if str(error) else ""), sizes or {}
+        # ``roles``: what the sizes the error writes are ("q", "k", or an input size's own symbol)
+        self.roles = {sizes[s] for s in re.findall(r"\bs\d+\b", first) if s in sizes}
+        self.text = re.sub(r"\bs\d+\b", lambda m: f"{m[0]}: {_said(sizes[m[0]])}" if m[0] in sizes else m[0], first)
         super().__init__(f"{type(error).__name__}: {self.text}")
         self.error, self.node = error, node
 
 
+def _said(role) -> str:
+    return {"q": "the chunk's rows", "k": "the rows up to the chunk's end"}.get(role, f"input size {role}")
+
+
 def _named_sizes(mode) -> dict:
-    """{the check's symbol as an error writes it: what the size is}: the chunk's rows ("q"), the
-    keys a chunk reads ("k"), or a size of the graph's inputs (by the graph's own symbol)."""
-    said = {KEY_SYMBOLS["q"]: "the chunk's rows", KEY_SYMBOLS["k"]: "the rows up to the chunk's end"}
-    return {str(sym): said.get(name, f"input size {name}") for sym, name in getattr(mode, "streamfx_names", {}).items()}
+    """{the check's symbol as an error writes it: its role}: "q" (the chunk's rows), "k" (the rows
+    a chunk reads, up to its end), or the graph's own symbol of an input size."""
+    role = {v: r for r, v in KEY_SYMBOLS.items()}
+    return {str(sym): role.get(name, name) for sym, name in getattr(mode, "streamfx_names", {}).items()}
 
 
 class _Propagation(FakeTensorProp):
