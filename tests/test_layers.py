@@ -267,16 +267,17 @@ class _AttendingLM(TinyLM):
         return F.cross_entropy(self.head(h).view(-1, self.head.out_features), targets.view(-1))
 
 
-def _seeded_step(model, idx, seed: int, **options):
+def _seeded_step(model, args: tuple, seed: int, loss_of=lambda out: out, **options):
     """(loss, parameter gradients, streamfx warnings) of one step of a fresh copy of ``model``
-    compiled with ``options`` (FX graphs), with the random seed set before the call."""
+    called on ``args``, compiled with ``options`` (FX graphs), with the random seed set before
+    the call; ``loss_of`` reads the loss from the call's output."""
     torch._dynamo.reset()
     m = copy.deepcopy(model)
     compiled = torch.compile(m, backend="streambp", options={"codegen": "eager", **options})
     torch.manual_seed(seed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        loss = compiled(idx, idx)
+        loss = loss_of(compiled(*args))
         loss.backward()
     return loss.detach(), [p.grad for p in m.parameters()], [str(w.message) for w in caught
                                                               if "streamfx" in str(w.message)]
@@ -298,7 +299,7 @@ def test_dropout_randomness_is_drawn_once_and_replayed_per_chunk():
     torch.manual_seed(0)
     model = DropLM(24, 16, 2)
     idx = torch.randint(0, 24, (1, 12))
-    grads = [_seeded_step(model, idx, 123, chunk_size=chunk)[1] for chunk in (4, 12)]
+    grads = [_seeded_step(model, (idx, idx), 123, chunk_size=chunk)[1] for chunk in (4, 12)]
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     report = streamfx.explain(copy.deepcopy(model), idx, idx, options={"chunk_size": 4})
@@ -330,8 +331,8 @@ class _DroppedMLP(torch.nn.Module):
 
 def _checkpointing_nanogpt(reentrant: bool, dropout: bool = False):
     model, make_inputs = zoo.nanogpt()
-    for block in model.transformer.h:
-        if dropout:
+    if dropout:
+        for block in model.transformer.h:
             block.mlp = _DroppedMLP(block.mlp)
     model.transformer.h = torch.nn.ModuleList(_Checkpointed(b, reentrant) for b in model.transformer.h)
     return model, make_inputs
@@ -358,15 +359,8 @@ def test_layers_the_model_checkpoints_itself_stream_exactly(reentrant):
     assert all(set(run.schedules[name]) == {n} for name in layers), run.schedules
 
     dropped, make_inputs = _checkpointing_nanogpt(reentrant, dropout=True)
-    ids, targets = make_inputs("odd17").args
-    grads = []
-    for chunk in (4, ids.shape[1]):
-        torch._dynamo.reset()
-        m = copy.deepcopy(dropped)
-        compiled = torch.compile(m, backend="streambp", options={"codegen": "eager", "chunk_size": chunk})
-        torch.manual_seed(123)
-        compiled(ids, targets)[1].backward()
-        grads.append([p.grad for p in m.parameters()])
+    inputs = make_inputs("odd17")
+    grads = [_seeded_step(dropped, inputs.args, 123, inputs.loss_of, chunk_size=chunk)[1] for chunk in (4, inputs.T)]
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 
@@ -415,7 +409,7 @@ def test_dropout_on_attention_probabilities_streams_and_replays_per_chunk(form):
     idx = torch.randint(0, 24, (2, 12))
     grads, losses = [], []
     for chunk in (3, 12):
-        loss, grad, said = _seeded_step(model, idx, 123, chunk_size=chunk, strict=True)
+        loss, grad, said = _seeded_step(model, (idx, idx), 123, chunk_size=chunk, strict=True)
         assert len(said) == 1 and "square of the length" in said[0] and "attention_dropout=0.0" in said[0], said
         losses.append(loss)
         grads.append(grad)
@@ -423,7 +417,7 @@ def test_dropout_on_attention_probabilities_streams_and_replays_per_chunk(form):
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     # the dropout really acted: a different seed gives a different loss
-    assert not torch.allclose(_seeded_step(model, idx, 7, chunk_size=3)[0], losses[0])
+    assert not torch.allclose(_seeded_step(model, (idx, idx), 7, chunk_size=3)[0], losses[0])
     report = streamfx.explain(copy.deepcopy(model), idx, idx, options={"chunk_size": 3})
     assert "layer.0" in [p.name for p in report.plan] and not report.not_streamed, report
 
@@ -439,7 +433,7 @@ def test_hf_eager_attention_with_dropout_streams_as_inductor_rewrites_it():
     torch.manual_seed(0)
     model = _ProbDropLM("manual_fp32_softmax", 24, 16, 2)
     idx = torch.randint(0, 24, (2, 12))
-    loss, grads, said = _seeded_step(model, idx, 123, chunk_size=3, codegen="inductor", strict=True)
+    loss, grads, said = _seeded_step(model, (idx, idx), 123, chunk_size=3, codegen="inductor", strict=True)
     torch._dynamo.reset()
     ref = copy.deepcopy(model)
     torch.manual_seed(123)
@@ -448,7 +442,7 @@ def test_hf_eager_attention_with_dropout_streams_as_inductor_rewrites_it():
     torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-6, atol=1e-7)
     for a, b in zip(grads, [p.grad for p in ref.parameters()]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert not torch.allclose(_seeded_step(model, idx, 7, chunk_size=3, codegen="inductor")[0], loss)
+    assert not torch.allclose(_seeded_step(model, (idx, idx), 7, chunk_size=3, codegen="inductor")[0], loss)
 
 
 @settings(max_examples=examples(7), deadline=None, derandomize=True,
