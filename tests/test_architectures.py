@@ -46,9 +46,10 @@ def check(name, case, options, *, T=T):
 SLOW = pytest.mark.slow
 
 
-# every form at chunk 5 (fast tier) and at two of the other four sizes (slow tier, alternating by
+# every form at chunk 5 (fast tier; the sinks form's default run only) and at two of the other four sizes (slow tier, alternating by
 # form: each size on two forms)
-FORM_CHUNKS = [pytest.param(name, 5, marks=pytest.mark.fast, id=f"{name}-5") for name in PLAIN] + [
+FORM_CHUNKS = [pytest.param(name, 5, marks=[pytest.mark.fast] + ([pytest.mark.heavy] if name == "sinks" else []),
+                             id=f"{name}-5") for name in PLAIN] + [
     pytest.param(name, chunk, marks=SLOW, id=f"{name}-{chunk}") for i, name in enumerate(PLAIN)
     for j, chunk in enumerate([1, T - 1, T, T + 7]) if (i + j) % 2 == 0]
 
@@ -146,7 +147,7 @@ def test_mla_can_keep_the_latent_not_the_heads(monkeypatch, form, codegen, chunk
 @pytest.mark.parametrize("dtype, assemble, heads, dn, latent", [
     # the zoo's MLA in fp32: what each chunk rebuilds from the latent (keys written into an empty
     # tensor, then scaled) outweighs the per-head buffers
-    (torch.float32, "scatter", zoo.HEADS, 8, False),
+    pytest.param(torch.float32, "scatter", zoo.HEADS, 8, False, marks=pytest.mark.heavy),
     # bf16, keys by cat, one head dim (fused attention reads them as they are), 16 heads from
     # a 12-wide latent: the per-head buffers and their fp32 accumulators outweigh it
     pytest.param(torch.bfloat16, "cat", 16, 12, True, marks=pytest.mark.heavy),
@@ -174,6 +175,7 @@ def test_sink_gradient_is_streamed():
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_explain_names_the_forms():
     import streamfx
 
@@ -387,6 +389,7 @@ def _broken_regions(fwd_nodes, sd, sites, *rest):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_a_pass_failure_runs_unstreamed_with_a_warning(monkeypatch):
     """A bug in a pass never reaches the user: the graph runs exactly, unstreamed, and the warning
     names the failure, the op the pass was working on and its source line; strict=True raises."""
@@ -728,7 +731,7 @@ def test_pooled_token_mixing_is_warned(where):
         assert run.counters["chunks_forward"] == 4, run.counters
 
 
-@pytest.mark.parametrize("codegen", [pytest.param("eager", marks=pytest.mark.fast), "inductor"])
+@pytest.mark.parametrize("codegen", [pytest.param("eager", marks=[pytest.mark.fast, pytest.mark.heavy]), "inductor"])
 def test_llama4_chunked_attention_with_left_padding(codegen):
     """Hugging Face's Llama 4 (text) from a tiny config, with chunks of 4 attention tokens over
     T=13 and the last row left-padded by 3: its chunks then start at each row's first real token
@@ -863,6 +866,7 @@ class MultiheadLM(torch.nn.Module):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 @pytest.mark.parametrize("form", ["batch_first", "sequence_first", "key_padding", "sdpa_key_padding"])
 def test_multihead_attention_streams_at_every_length(form):
     """``nn.MultiheadAttention`` in its forms, at three lengths and batch sizes in one compile
@@ -1033,7 +1037,7 @@ class SideInputs(zoo.TinyLlama):
 
 
 @pytest.mark.parametrize("form", [pytest.param("per_layer", marks=pytest.mark.fast), "x0",
-                                  pytest.param("carried", marks=pytest.mark.fast)])
+                                  pytest.param("carried", marks=[pytest.mark.fast, pytest.mark.heavy])])
 def test_layers_reading_tensors_made_from_the_embedding_stream(form):
     """Tensors computed from the token embedding before the layers and read inside every layer
     (per-layer embeddings, the first hidden state), or handed from layer to layer beside the
@@ -1279,6 +1283,7 @@ class MetaLlama(torch.nn.Module):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_meta_llama_reference_attention_streams():
     """Meta's Llama reference form (complex rotary embeddings, grouped keys and values repeated
     by expand + reshape, an ``hstack``-ed additive mask, the targets shifted by the caller with

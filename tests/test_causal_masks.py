@@ -63,6 +63,7 @@ def _run(model, inputs, **options):
     return run
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("codegen", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
 def test_an_all_ones_attention_mask_runs_causal_attention(codegen):
     model, make_inputs = zoo.qwen3("sdpa")
@@ -76,7 +77,7 @@ def test_an_all_ones_attention_mask_runs_causal_attention(codegen):
     assert run.counters["mask_checks"] <= 1
 
 
-@pytest.mark.parametrize("case", ["left_pad", "right_pad"])
+@pytest.mark.parametrize("case", [pytest.param("left_pad", marks=pytest.mark.heavy), "right_pad"])
 def test_padding_keeps_the_mask(case):
     model, make_inputs = zoo.qwen3("sdpa")
     run = _run(model, make_inputs(case))
@@ -90,6 +91,7 @@ def test_a_window_shorter_than_the_sequence_keeps_the_mask():
     assert run.counters["mask_found_causal"] == 0
 
 
+@pytest.mark.heavy
 def test_a_mask_too_long_to_evaluate_at_compile_time(monkeypatch):
     """Planned from its values (``unevaluated``): causal at run time, so the causal kernel runs."""
     from streamfx.passes import masks
@@ -100,7 +102,8 @@ def test_a_mask_too_long_to_evaluate_at_compile_time(monkeypatch):
     assert run.counters["mask_found_causal"] > 0
 
 
-@pytest.mark.parametrize("kernel", ["flash", "efficient", pytest.param("cudnn", marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("kernel", [pytest.param("flash", marks=pytest.mark.heavy), "efficient",
+                                    pytest.param("cudnn", marks=pytest.mark.heavy)])
 def test_cuda_kernels_run_their_causal_form_under_an_all_ones_mask(kernel):
     """With the CUDA kernels emulated: SDPA gives the masked call to the efficient kernel (flash
     takes no mask) or to cuDNN; the copy without the mask runs that kernel's causal form (a
@@ -162,6 +165,7 @@ class _ProductMaskLM(_TinyScoresLM):
         return torch.softmax(w, -1) @ v
 
 
+@pytest.mark.heavy
 def test_a_causal_mask_with_a_finite_fill_says_why_it_does_not_stream_and_what_to_change():
     """A causal mask whose hidden scores get a finite value above the hiding rule's (GPT-1's
     -1e4): a masked key's weight is then not zero for every score, so the layer does not stream;
@@ -342,7 +346,7 @@ def test_a_statistic_of_the_scores_over_the_keys_streams(stat, fill):
 
 
 @pytest.mark.parametrize("stat,line", [("sum", "w.clamp_min(-10).sum(-1)"),
-                                       ("lse-unmasked", "torch.logsumexp(raw, dim=-1)")])
+                                       pytest.param("lse-unmasked", "torch.logsumexp(raw, dim=-1)", marks=pytest.mark.heavy)])
 def test_a_statistic_that_counts_the_hidden_keys_is_refused(stat, line):
     """A sum of each row's scores over the keys (clamped: a hidden key counts), or a log-sum-exp
     of the scores before the mask, counts keys a chunk does not read: the layers run unstreamed,

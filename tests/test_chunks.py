@@ -317,6 +317,7 @@ def test_gradients_of_one_call_sharing_a_storage_are_summed_apart(second):
     assert torch.allclose(acc[1], total.t() if second == "transposed" else total)
 
 
+@pytest.mark.heavy
 def test_a_chunks_weight_gradients_are_freed_before_the_next_chunk_runs(monkeypatch):
     """While a chunk runs, the last chunk's gradients are gone, but for what the sums over the
     chunks keep (a chunk's weight gradients are weight-sized: kept into the next chunk, the LM

@@ -364,7 +364,8 @@ def test_a_chunks_convolution_rows_are_picked_on_the_convolutions_device():
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("model", [ConvolvedKeysLM, pytest.param(lambda: ShiftLM("pad"), marks=pytest.mark.heavy)],
+@pytest.mark.heavy
+@pytest.mark.parametrize("model", [ConvolvedKeysLM, lambda: ShiftLM("pad")],
                          ids=["convolved-keys", "token-shift"])
 def test_plan_memory_predicts_a_step_whose_kv_graph_reads_rows_before_the_chunks(model):
     """The K/V graph that reads the rows before a chunk's has key-length sizes only: the memory

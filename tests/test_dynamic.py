@@ -124,6 +124,7 @@ def test_hf_zoo_every_length_and_batch(name):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", ["nanogpt", pytest.param("tiny_llama", marks=pytest.mark.extended),
                                   pytest.param("tiny_llama_logit_shift", marks=pytest.mark.heavy)])
 def test_plain_zoo_every_length_and_batch(name):
@@ -224,7 +225,8 @@ def test_one_token_runs_exactly_and_says_why_nothing_streams():
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("backend", ["streambp", "strict", "streamfx.backend", "aot_eager"])
+@pytest.mark.parametrize("backend", ["streambp"] + [pytest.param(b, marks=pytest.mark.heavy)
+                                                  for b in ("strict", "streamfx.backend", "aot_eager")])
 def test_a_call_past_dynamos_recompile_limit_says_it_does_not_stream(backend):
     """Under dynamic=False every new length compiles again; once a function holds
     ``recompile_limit`` compiled graphs Dynamo runs a call that fits none of them eagerly without
@@ -488,6 +490,7 @@ def _symbolic_graphs(seen: list):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_explain_and_the_users_compiles_leave_each_other_their_sizes():
     """Dynamo turns a size symbolic where a function's calls have seen it change, remembered per
     function for the whole process. explain() compiles as the model's first compile does, whatever

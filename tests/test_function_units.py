@@ -159,6 +159,7 @@ def test_fused_rmsnorm_function_streams(codegen):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_function_mixing_tokens_is_refused_and_exact():
     """A cumsum along the sequence in the Function: its layers are refused naming the Function,
     its op and the line that applies it; the graph runs exactly; strict raises."""

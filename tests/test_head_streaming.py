@@ -91,7 +91,8 @@ def test_num_items_in_batch(as_tensor):
 
 # ---- a loss over zero tokens ----------------------------------------------------------------------
 @pytest.mark.fast
-@pytest.mark.parametrize("reduction,head_grad", [("mean", "forward"), ("num_items_in_batch", "recompute"),
+@pytest.mark.parametrize("reduction,head_grad", [("mean", "forward"),
+                                                pytest.param("num_items_in_batch", "recompute", marks=pytest.mark.heavy),
                                                 pytest.param("mean", "recompute", marks=pytest.mark.heavy),
                                                 pytest.param("num_items_in_batch", "forward", marks=pytest.mark.heavy)])
 def test_a_batch_with_every_label_ignored_gets_eagers_zero_gradients(head_grad, reduction):
@@ -230,6 +231,7 @@ def test_frozen_lm_head_gets_no_gradient_buffer(name):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_a_vocabulary_as_wide_as_the_hidden_state_streams_its_projection():
     """V == d: the logits are as narrow as the hidden state, and the head's entry is still the
     hidden state before the LM head's projection, not the logits after it (with those, the logits
@@ -378,6 +380,7 @@ def test_dpo_logsigmoid_parity():
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_dpo_softplus_parity():
     """The same DPO loss written as softplus(-margin): streams, exact gradients; each sequence's
     token log-prob sum is a "sum" output of the head region, accumulated over chunks."""
@@ -516,6 +519,7 @@ class NeighbourLoss(nn.Module):
 
 @pytest.mark.fast
 @pytest.mark.filterwarnings("ignore:streamfx")
+@pytest.mark.heavy
 def test_neighbour_logits_refusal_names_the_slice():
     """Two slices of the logits on different rows mix tokens: the head does not stream, the
     refusal names the slice and its source line, and the gradients stay exact."""
@@ -674,6 +678,7 @@ class HiddenSliceLlama(zoo.TinyLlama):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_hidden_slice_streams_the_last_layer():
     """With one row, ``hidden[:, :-1]`` reaches the head through a view, not a copy (the slice of
     a single row flattens without one): the last layer still ends at the hidden state, every

@@ -232,7 +232,8 @@ def test_a_causal_pattern_mask_carrying_more_stays_in_the_chunks(kernel, form):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("kernel,attention", [("cpu", "recompute"), ("efficient", "recompute"), ("efficient", "keep")])
+@pytest.mark.parametrize("kernel,attention", [("cpu", "recompute"), ("efficient", "recompute"),
+                                                     pytest.param("efficient", "keep", marks=pytest.mark.heavy)])
 def test_a_mask_that_needs_a_gradient_streams_exactly(kernel, attention):
     """Trained ALiBi slopes: the mask needs a gradient. The CPU's SDPA runs its math form, the
     efficient kernel returns the mask's gradient from its backward (a per-(query, key) output);
@@ -249,7 +250,8 @@ def test_a_mask_that_needs_a_gradient_streams_exactly(kernel, attention):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("kernel", ["flash", "efficient", "cudnn"])
+@pytest.mark.parametrize("kernel", [pytest.param(k, marks=[] if k == "efficient" else pytest.mark.heavy)
+                                    for k in ("flash", "efficient", "cudnn")])
 def test_fused_attention_with_dropout_is_refused_with_the_cause(kernel):
     """A fused CUDA kernel with ``dropout_p > 0`` (Hugging Face's SDPA attention in training with
     ``attention_dropout > 0``) draws its random mask inside: a chunk's recomputation would draw

@@ -339,7 +339,7 @@ def _checkpointing_nanogpt(reentrant: bool, dropout: bool = False):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("reentrant", [False, pytest.param(True, marks=pytest.mark.heavy)], ids=["non-reentrant", "reentrant"])
 def test_layers_the_model_checkpoints_itself_stream_exactly(reentrant):
     """A model whose forward wraps each layer in ``torch.utils.checkpoint.checkpoint`` (either
     form) streams every layer, exactly and with nothing to warn about: the checkpoint's own
@@ -554,7 +554,7 @@ class _FlatNoiseLM(torch.nn.Module):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("codegen", ["eager", "inductor"])
+@pytest.mark.parametrize("codegen", ["eager", pytest.param("inductor", marks=pytest.mark.heavy)])
 def test_an_input_drawn_flat_over_batch_and_tokens_is_read_per_chunk(codegen):
     """A layer input laid out ``[B*T, 1]`` (random numbers drawn flat beside the tokens flattened
     to ``[B*T, 2d]``) streams: each chunk reads rows [s, e) of every batch row's tokens as one

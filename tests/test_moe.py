@@ -39,7 +39,7 @@ def _layers_streamed(run, chunk, length=T, n_layers=zoo.LAYERS):
     assert not run.warnings, run.warnings
 
 
-@pytest.mark.parametrize("chunk", [1, pytest.param(5, marks=pytest.mark.fast), T - 1, T, T + 7])
+@pytest.mark.parametrize("chunk", [1, pytest.param(5, marks=[pytest.mark.fast, pytest.mark.heavy]), T - 1, T, T + 7])
 def test_every_layer_streams_per_chunk_size(chunk):
     _, make_inputs = zoo.qwen3_moe()
     run = _parity(make_inputs(zoo.Case("t", 2, T)), {"chunk_size": chunk, "head_chunk_size": 6})

@@ -153,7 +153,7 @@ def test_disk_offload_is_exact_and_leaves_no_files(case, tmp_path, monkeypatch):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.extended), 3])
+@pytest.mark.parametrize("k", [pytest.param(2, marks=pytest.mark.extended), pytest.param(3, marks=pytest.mark.heavy)])
 def test_keep_every_is_exact(k, monkeypatch):
     deep(monkeypatch)
     model, make_inputs = zoo.llama_tied()
@@ -295,6 +295,7 @@ def test_host_tier_copies_back_a_layer_ahead(monkeypatch):
     assert order == ["to_device", "ready"] + ["to_device", "backward", "ready"] * (L - 1) + ["backward"], order
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_entries_live_with_the_autograd_graph(tmp_path, monkeypatch):
     """Files exist between the forward and the backward, and go when the graph goes (backward,
     or a forward whose graph is dropped without one). A backward that frees the graph releases
@@ -348,7 +349,8 @@ def fail_on(monkeypatch, method, call):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("phase", [pytest.param("forward", marks=pytest.mark.heavy), "backward"])
+@pytest.mark.heavy
+@pytest.mark.parametrize("phase", ["forward", "backward"])
 def test_failure_mid_step_leaves_no_files(phase, tmp_path, monkeypatch):
     """An error in the third layer's forward, or the second layer's backward, reaches the caller
     as itself; once it is handled and the step's tensors are gone, no file is left."""

@@ -295,7 +295,8 @@ class _LogProbs(torch.nn.Module):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("logits", [False, pytest.param(True, marks=pytest.mark.heavy)], ids=["logprobs", "logits_and_logprobs"])
+@pytest.mark.heavy
+@pytest.mark.parametrize("logits", [False, True], ids=["logprobs", "logits_and_logprobs"])
 def test_a_guess_the_plans_do_not_bear_out_costs_one_trace_and_keeps_the_gradients(logits, monkeypatch):
     """The backend guesses the per-token log-probs beside the loss as dropped; the plans keep them
     (and drop the logits where returned): traced once more before any rewrite ran, as the plans

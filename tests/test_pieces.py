@@ -222,7 +222,8 @@ def train_step(model, kwargs):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("how", ["step", pytest.param("compiled_autograd", marks=pytest.mark.heavy)])
+@pytest.mark.heavy
+@pytest.mark.parametrize("how", ["step", "compiled_autograd"])
 def test_whole_train_step_compiled(how):
     """The training step compiled as one function, forward and ``loss.backward()`` together
     ("step": Dynamo breaks the graph at the backward call, the forward graph streams and the
@@ -263,6 +264,7 @@ class CountingBlock(zoo.LlamaBlock):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_data_dependent_break_names_capture_scalar_outputs():
     """A ``.tolist()`` inside a block breaks the graph inside the model's loop: the warning names
     the break and Dynamo's setting that traces it as a symbol; with that setting the model
@@ -330,7 +332,7 @@ def test_graph_break_inside_hf_layer(monkeypatch):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("dynamo_flag", [False, True])
+@pytest.mark.parametrize("dynamo_flag", [pytest.param(False, marks=pytest.mark.heavy), True])
 def test_hf_gradient_checkpointing_left_on_under_a_direct_compile(dynamo_flag):
     """A Hugging Face model with its gradient checkpointing on, compiled directly with the streambp
     backend (no ``streamfx.prepare``, which switches checkpointing off). transformers >= 5.25's

@@ -304,6 +304,7 @@ def test_inputs_embeds_streams():
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_output_attentions_runs_the_layers_whole_and_says_why():
     """output_attentions=True (eager attention) makes each layer's [B, H, T, T] probabilities an
     output of the graph, read by the loss here: a layer cannot hand them out chunk by chunk, so the
@@ -329,7 +330,7 @@ def test_output_attentions_runs_the_layers_whole_and_says_why():
 
 
 @pytest.mark.parametrize("name,codegen,extra", [
-    pytest.param("qwen3_sdpa", "eager", {}, marks=pytest.mark.fast), ("qwen3_sdpa", "inductor", {}),
+    pytest.param("qwen3_sdpa", "eager", {}, marks=[pytest.mark.fast, pytest.mark.heavy]), ("qwen3_sdpa", "inductor", {}),
     ("qwen3_eager", "eager", {}), ("gpt2", "eager", {}), ("mistral_sliding", "eager", {}),
     ("qwen3_sdpa", "eager", {"offload": "disk", "keep_every": 2}), ("qwen3_sdpa", "eager", {"attention": "keep"})])
 def test_use_cache_true_streams_and_returns_the_cache(name, codegen, extra):
@@ -399,6 +400,7 @@ def _classifier(cls, **config):
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_a_pooled_head_streams_its_layers_and_has_nothing_else_to_stream():
     """Sequence classification (a reward model): the loss reads one token per row, the last one
     that is not padding, found by an argmax over the sequence of the token ids. After the last
@@ -421,6 +423,7 @@ def test_a_pooled_head_streams_its_layers_and_has_nothing_else_to_stream():
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_a_head_with_nothing_wider_than_the_hidden_state_runs_whole_without_a_word():
     """Question answering: two logits per token, a softmax over the positions of the sequence
     (the start and end of the answer), which no chunk of tokens computes alone: the head cannot
@@ -445,6 +448,7 @@ def test_a_head_with_nothing_wider_than_the_hidden_state_runs_whole_without_a_wo
 
 
 @pytest.mark.fast
+@pytest.mark.heavy
 def test_a_loss_that_reads_selected_tokens_of_wide_logits_names_the_projection():
     """An LM as a judge: the loss reads one logit at the last position of [B, T, V] logits the LM
     head computed for every token. No sum over the tokens streams them: the refusal says that the
