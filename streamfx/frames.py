@@ -157,11 +157,13 @@ def check_break(strict: bool) -> None:
     their submodules, never reaches a backend."""
     import torch
 
-    if getattr(torch._dynamo.config, "nested_graph_breaks", False):
-        return
     reason = _compile_reason()
     stack = list(getattr(reason, "user_stack", None) or ())
     if not getattr(reason, "graph_break", False) or len(stack) < 2:
+        return
+    if _function_break(reason, stack, strict):
+        return
+    if getattr(torch._dynamo.config, "nested_graph_breaks", False):
         return
     try:
         from torch._dynamo import trace_rules
@@ -192,6 +194,37 @@ def check_break(strict: bool) -> None:
         raise StreamBPError(message + " (strict=True)")
     _breaks_said[(call.filename, call.lineno)] = reason
     warnings.warn(message, stacklevel=2)
+
+
+def _function_break(reason, stack, strict: bool) -> bool:
+    """A break inside the forward of an ``autograd.Function``: Dynamo traces a Function whole or
+    not at all, so the graph ends before its ``apply`` and the call runs eagerly, its forward under
+    no_grad (what Dynamo compiles inside it has no backward) and its own backward outside every
+    graph: nothing the Function computes streams. Warns (``strict``: raises) once per call site;
+    True where the break is one."""
+    from torch._functorch import autograd_function
+
+    helper = os.path.abspath(inspect.getsourcefile(autograd_function) or "")
+    inside = [i for i, f in enumerate(stack) if os.path.abspath(f.filename) == helper]
+    if not inside:
+        return False
+    call, at = stack[inside[0] - 1], stack[-1]
+    if _said_since_reset((call.filename, call.lineno)) and not strict:
+        return True
+    lines = [ln.strip() for ln in str(reason.reason).splitlines() if ln.strip()]
+    cause = lines[0] if lines else "a graph break"
+    detail = next((ln for ln in lines[1:] if ln.startswith("Explanation")), "")
+    message = (f"streamfx: Dynamo runs the autograd.Function call at {call.filename}:{call.lineno} "
+               f"({(call.line or call.name).strip()}) eagerly: its forward breaks the graph at {at.filename}:{at.lineno} ({cause}{'; ' + detail if detail else ''}), and "
+               f"Dynamo compiles a Function whole or not at all, so what the Function computes, in its forward "
+               f"and its own backward (the layers it runs included), runs eagerly and unstreamed. Remove the "
+               f"graph break from the Function's forward (TORCH_LOGS=graph_breaks lists them); a Function "
+               f"Dynamo traces streams as a unit with its own backward")
+    if strict:
+        raise StreamBPError(message + " (strict=True)")
+    _breaks_said[(call.filename, call.lineno)] = reason
+    warnings.warn(message, stacklevel=3)
+    return True
 
 
 def _warning_hint(reason: str) -> str:

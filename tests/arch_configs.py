@@ -161,8 +161,8 @@ OVERRIDES: dict[str, dict] = {
     # Gemma3n text: no KV sharing across the two kept layers.
     "gemma3n_text": {"num_kv_shared_layers": 0},
     # Reformer: axial position shape must multiply to the padded length; local attention only.
-    "reformer": {"axial_pos_shape": [16, 16], "axial_pos_embds_dim": [32, 32], "attn_layers": ["local", "local"],
-                 "local_attn_chunk_length": 8, "lsh_attn_chunk_length": 8, "num_buckets": 4},
+    "reformer": {"axial_pos_shape": [3, 4], "axial_pos_embds_dim": [32, 32], "attn_layers": ["local", "local"],
+                 "local_attn_chunk_length": 4, "lsh_attn_chunk_length": 4, "num_buckets": 4},
     # LFM2: the FFN width is rounded up to block_multiple_of unless auto-adjust is off.
     "lfm2": {"block_multiple_of": 16, "block_auto_adjust_ff_dim": False},
     # Marian: the decoder has its own vocabulary size.
@@ -182,6 +182,19 @@ OVERRIDES: dict[str, dict] = {
                        "indexer_kv_heads": 1, "indexer_head_dim": 16},
     # Cohere Compass: rope_parameters defaults to {} but the model reads one entry per layer type.
     "cohere_compass_text": {"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    # Dory: input, recurrent (run n_recurrent_loops times, one set of weights) and output layers
+    # must add up to the layer count; the checkpoint's lists name 56 layers.
+    "dory": {"num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention", "sliding_attention",
+                                                      "full_attention"],
+             "n_input_layers": 1, "n_recurrent_layers": 2, "n_output_layers": 1},
+    # Kolibri 1.1: the checkpoint's lists name 46 layers; here a sliding-window layer, an indexer
+    # layer, a sliding-window layer and an indexed layer reading the indexer layer's K/V, with key
+    # blocks of 4 tokens, 2 of them chosen per query besides the local and sink tokens.
+    "kolibri1_1": {"num_hidden_layers": 4, "layer_types": ["sliding_attention", "indexed_attention",
+                                                            "sliding_attention", "indexed_attention"],
+                   "index_layers": [1], "kv_source_layers": [0, 1, 2, 1], "mlp_only_layers": [0],
+                   "index_topk": 2, "index_pool_size": 16, "index_compression": 4, "index_num_heads": 2,
+                   "index_num_local_tokens": 4, "index_num_sink_tokens": 1, "sliding_window": 4},
     # DBRX: the attention sub-config's to_dict() drops rope_theta, which the model reads.
     "dbrx": {"attn_config": {"kv_n_heads": KV_HEADS, "rope_theta": 10000.0, "clip_qkv": 8.0, "attn_pdrop": 0.0}},
 }

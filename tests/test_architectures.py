@@ -1078,6 +1078,26 @@ def test_hf_families_stream_every_layer(monkeypatch, family):
     assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
 
 
+def test_a_recurrent_depth_model_streams_every_call_of_its_layers(monkeypatch):
+    """Dory (Hugging Face, tiny config): an input layer, two recurrent layers run twice per step
+    with one set of weights, an output layer. Every call of a layer is a region of its own that
+    streams (six), with eager autograd's loss and gradients, the recurrent layers' weights getting
+    the sum of both calls' gradients. (Under SDPA with left padding eager autograd's own gradients
+    are NaN, a fully masked row's: the check runs it with eager attention.)"""
+    import arch_configs
+    import arch_sweep
+
+    if "dory" not in {m for m, _, _ in arch_configs.causal_lm_classes()}:
+        pytest.skip("the installed transformers has no dory")
+    monkeypatch.setenv("STREAMFX_VERIFY", "0")
+    result = arch_sweep.check("dory")
+    assert result["status"] == "ok" and result["error"] is None and not result["warnings"], result
+    calls = 1 + 2 * 2 + 1
+    assert result["layers"] == 4 and sorted(result["streamed"]) == ["head", *(f"layer.{i}" for i in range(calls))], \
+        result
+    assert result["loss_err"] <= 1e-5 and result["grad_err"] <= 1e-4, result
+
+
 def test_a_token_shift_outside_attention_is_refused_in_the_terms_of_the_chunk(monkeypatch):
     """RWKV: its layers have no causal attention; the time-mixing recurrence is refused at its op,
     and the feed-forward's token shift (``ZeroPad2d((0, 0, 1, -1))``), whose output reads the row

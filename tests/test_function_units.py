@@ -471,3 +471,66 @@ def test_a_unit_with_symbolic_sizes_is_not_shared_with_another_compile(monkeypat
     # (Dynamo may trace a frame twice, restarting its analysis: each trace is a compile of its own)
     assert None not in per_compile and len(per_compile) >= 2, computed
     assert all(sorted(names) == ["RowScale", "StraightThrough"] for names in per_compile.values()), computed
+
+
+
+class Recomputed(torch.autograd.Function):
+    """Runs layers without keeping their activations and recomputes them in its own backward (a
+    reversible network's or a hand-written checkpoint's form), seeding the random generator first
+    as Reformer's reversible layers do: Dynamo does not trace ``torch.manual_seed``."""
+
+    @staticmethod
+    def forward(ctx, x, layers, *params):
+        torch.manual_seed(0)
+        ctx.layers = layers
+        ctx.save_for_backward(x)
+        for layer in layers:
+            x = layer(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        x, = ctx.saved_tensors
+        params = list(ctx.layers.parameters())
+        with torch.enable_grad():
+            y = x = x.detach().requires_grad_()
+            for layer in ctx.layers:
+                y = layer(y)
+            grads = torch.autograd.grad(y, [x, *params], g)
+        return (grads[0], None, *grads[1:])
+
+
+class RecomputedGPT(zoo.NanoGPT):
+    """nanoGPT whose layers run in one Function call, as Reformer's encoder runs its layers."""
+
+    def forward(self, idx, targets):
+        pos = torch.arange(0, idx.shape[1], dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        x = Recomputed.apply(x, self.transformer.h, *self.transformer.h.parameters())
+        logits = self.lm_head(self.transformer.ln_f(x))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
+
+
+@pytest.mark.fast
+def test_a_function_whose_forward_breaks_the_graph_runs_eagerly_and_says_where():
+    """Dynamo compiles an ``autograd.Function`` whole or not at all: a graph break in its forward
+    ends the graph before the ``apply`` and the Function runs eagerly, its forward under no_grad
+    and its backward outside every graph, so the layers it runs never stream. The step is exact;
+    one warning names the call, the break and what to change; the head after it still streams;
+    strict raises."""
+    _, make_inputs = zoo.nanogpt()
+    torch.manual_seed(0)
+    lm = RecomputedGPT().float().train()
+    inputs = make_inputs(zoo.Case("t", 2, 13))
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    _exact(run)
+    assert [p.name for p in run.programs] == ["head"], [p.name for p in run.programs]
+    assert len(run.warnings) == 1 and "autograd.Function" in run.warnings[0], run.warnings
+    said = run.warnings[0]
+    apply_line = RecomputedGPT.forward.__code__.co_firstlineno + 3
+    seed_line = Recomputed.forward.__code__.co_firstlineno + 2
+    assert f"test_function_units.py:{apply_line}" in said and f"test_function_units.py:{seed_line}" in said, said
+    assert "manual_seed" in said and "Remove the graph break" in said, said
+    torch._dynamo.reset()
+    with pytest.raises(streamfx.StreamBPError, match="autograd.Function call at"):
+        torch.compile(copy.deepcopy(lm), backend="streambp", options={"codegen": "eager", "strict": True})(*inputs.args)
