@@ -154,7 +154,8 @@ def check_break(strict: bool) -> None:
     the call runs uncompiled, and where every function from the call to the break is one that
     Dynamo's rules skip as a frame of its own and one of them is a module's forward
     (``torch.nn``'s modules: ``nn.TransformerEncoder`` and its layers), what they compute, with
-    their submodules, never reaches a backend."""
+    their submodules, never reaches a backend. A break inside an ``autograd.Function``'s forward is
+    said in any case (``_function_break``): the Function always runs whole and eagerly."""
     import torch
 
     reason = _compile_reason()
@@ -205,21 +206,22 @@ def _function_break(reason, stack, strict: bool) -> bool:
     from torch._functorch import autograd_function
 
     helper = os.path.abspath(inspect.getsourcefile(autograd_function) or "")
-    inside = [i for i, f in enumerate(stack) if os.path.abspath(f.filename) == helper]
+    inside = [i for i, f in enumerate(stack) if i and os.path.abspath(f.filename) == helper]
     if not inside:
         return False
-    call, at = stack[inside[0] - 1], stack[-1]
+    call, at = stack[inside[0] - 1], stack[-1]   # (the apply: in the frame compiled, or one it inlines)
     if _said_since_reset((call.filename, call.lineno)) and not strict:
         return True
     lines = [ln.strip() for ln in str(reason.reason).splitlines() if ln.strip()]
     cause = lines[0] if lines else "a graph break"
     detail = next((ln for ln in lines[1:] if ln.startswith("Explanation")), "")
     message = (f"streamfx: Dynamo runs the autograd.Function call at {call.filename}:{call.lineno} "
-               f"({(call.line or call.name).strip()}) eagerly: its forward breaks the graph at {at.filename}:{at.lineno} ({cause}{'; ' + detail if detail else ''}), and "
-               f"Dynamo compiles a Function whole or not at all, so what the Function computes, in its forward "
-               f"and its own backward (the layers it runs included), runs eagerly and unstreamed. Remove the "
-               f"graph break from the Function's forward (TORCH_LOGS=graph_breaks lists them); a Function "
-               f"Dynamo traces streams as a unit with its own backward")
+               f"({(call.line or call.name).strip()}) eagerly: its forward breaks the graph at "
+               f"{at.filename}:{at.lineno} ({cause}{'; ' + detail if detail else ''}), and Dynamo compiles a "
+               f"Function whole or not at all, so what the Function computes, in its forward and its own "
+               f"backward (the layers it runs included), runs eagerly and unstreamed. Remove the graph break "
+               f"from the Function's forward (TORCH_LOGS=graph_breaks lists them); a Function Dynamo traces "
+               f"streams as a unit with its own backward")
     if strict:
         raise StreamBPError(message + " (strict=True)")
     _breaks_said[(call.filename, call.lineno)] = reason
