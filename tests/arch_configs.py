@@ -160,7 +160,8 @@ OVERRIDES: dict[str, dict] = {
     "gemma4_unified_assistant": {"hidden_size_per_layer_input": 0},
     # Gemma3n text: no KV sharing across the two kept layers.
     "gemma3n_text": {"num_kv_shared_layers": 0},
-    # Reformer: axial position shape must multiply to the padded length; local attention only.
+    # Reformer: in training the axial position shape must multiply to the sequence length (the
+    # sweep's T=12) and the chunk lengths divide it; local attention only.
     "reformer": {"axial_pos_shape": [3, 4], "axial_pos_embds_dim": [32, 32], "attn_layers": ["local", "local"],
                  "local_attn_chunk_length": 4, "lsh_attn_chunk_length": 4, "num_buckets": 4},
     # LFM2: the FFN width is rounded up to block_multiple_of unless auto-adjust is off.
@@ -188,8 +189,8 @@ OVERRIDES: dict[str, dict] = {
                                                       "full_attention"],
              "n_input_layers": 1, "n_recurrent_layers": 2, "n_output_layers": 1},
     # Kolibri 1.1: the checkpoint's lists name 46 layers; here a sliding-window layer, an indexer
-    # layer, a sliding-window layer and an indexed layer reading the indexer layer's K/V, with key
-    # blocks of 4 tokens, 2 of them chosen per query besides the local and sink tokens.
+    # layer, a sliding-window layer and an indexed layer reading the indexer layer's K/V, the
+    # indexer's sizes shrunk to the sweep's T=12 (index_num_heads at most the query heads per KV head).
     "kolibri1_1": {"num_hidden_layers": 4, "layer_types": ["sliding_attention", "indexed_attention",
                                                             "sliding_attention", "indexed_attention"],
                    "index_layers": [1], "kv_source_layers": [0, 1, 2, 1], "mlp_only_layers": [0],
