@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
             continue
         _deselect(config, items, lambda item: item.get_closest_marker(mark) is not None)
     # the fast tier leaves out heavy and slow tests (``heavy``: a few seconds or more on two shared
-    # cores, where a lighter case of the capability stays in the fast tier), whatever their module's or
+    # cores, where a lighter test of the capability stays in the fast tier), whatever their module's or
     # function's marks; the default run keeps them
     if "fast" in expr and "heavy" not in expr and "slow" not in expr:
         _deselect(config, items, lambda item: any(item.get_closest_marker(m) is not None for m in ("heavy", "slow")))
