@@ -155,78 +155,82 @@ def check_break(strict: bool) -> None:
     Dynamo's rules skip as a frame of its own and one of them is a module's forward
     (``torch.nn``'s modules: ``nn.TransformerEncoder`` and its layers), what they compute, with
     their submodules, never reaches a backend. A break inside an ``autograd.Function``'s forward is
-    said in any case (``_function_break``): the Function always runs whole and eagerly."""
+    said in any case (``_function_call``): the Function always runs whole and eagerly."""
     import torch
 
     reason = _compile_reason()
     stack = list(getattr(reason, "user_stack", None) or ())
     if not getattr(reason, "graph_break", False) or len(stack) < 2:
         return
-    if _function_break(reason, stack, strict):
-        return
-    if getattr(torch._dynamo.config, "nested_graph_breaks", False):
-        return
-    try:
-        from torch._dynamo import trace_rules
-        # (a function of the user's own code below the call is compiled as a frame of its own,
-        # and its compile says what breaks there)
-        if not all(trace_rules.check_file(f.filename, False).skipped for f in stack[1:]):
+    found = _function_call(reason, stack)
+    if found is None:
+        if getattr(torch._dynamo.config, "nested_graph_breaks", False):
             return
-    except Exception:  # noqa: BLE001 - a Dynamo without these rules: nothing to tell it by
-        return
-    call = stack[0]
-    # (a module's forward among them: a break in a hook before the module's own forward, as
-    # ZeRO-3's parameter gathering makes, leaves that forward to be compiled on its own)
-    skipped = next((f for f in stack[1:] if f.name == "forward"), None)
-    if skipped is None:
-        return
+        found = _module_call(reason, stack)
+        if found is None:
+            return
+    call, message = found
     if _said_since_reset((call.filename, call.lineno)) and not strict:
         return
-    cause = str(reason.reason).strip().splitlines()[0].strip()
-    detail = next((ln.strip() for ln in str(reason.reason).splitlines()[1:] if ln.strip().startswith("Explanation")), "")
-    message = (f"streamfx: Dynamo runs the call at {call.filename}:{call.lineno} (in {call.name}) eagerly: "
-               f"it breaks the graph inside it, at {stack[-1].filename}:{stack[-1].lineno} ({cause}"
-               f"{'; ' + detail if detail else ''}), and compiles no function of {skipped.filename} on its own, "
-               f"so what {skipped.name} there computes (its submodules included, up to a function of your own "
-               f"code) runs eagerly and unstreamed. Remove the graph break (TORCH_LOGS=graph_breaks lists "
-               f"them; torch._dynamo.config.nested_graph_breaks = True resumes inside the call instead)"
-               + _warning_hint(str(reason.reason)))
     if strict:
         raise StreamBPError(message + " (strict=True)")
     _breaks_said[(call.filename, call.lineno)] = reason
     warnings.warn(message, stacklevel=2)
 
 
-def _function_break(reason, stack, strict: bool) -> bool:
-    """A break inside the forward of an ``autograd.Function``: Dynamo traces a Function whole or
-    not at all, so the graph ends before its ``apply`` and the call runs eagerly, its forward under
-    no_grad (what Dynamo compiles inside it has no backward) and its own backward outside every
-    graph: nothing the Function computes streams. Warns (``strict``: raises) once per call site;
-    True where the break is one."""
+def _module_call(reason, stack):
+    """(the call, what to say) where every function from the call to the break is one Dynamo's
+    rules skip and one of them is a module's forward; None otherwise."""
+    try:
+        from torch._dynamo import trace_rules
+        # (a function of the user's own code below the call is compiled as a frame of its own,
+        # and its compile says what breaks there)
+        if not all(trace_rules.check_file(f.filename, False).skipped for f in stack[1:]):
+            return None
+    except Exception:  # noqa: BLE001 - a Dynamo without these rules: nothing to tell it by
+        return None
+    call = stack[0]
+    # (a module's forward among them: a break in a hook before the module's own forward, as
+    # ZeRO-3's parameter gathering makes, leaves that forward to be compiled on its own)
+    skipped = next((f for f in stack[1:] if f.name == "forward"), None)
+    if skipped is None:
+        return None
+    return call, (f"streamfx: Dynamo runs the call at {call.filename}:{call.lineno} (in {call.name}) eagerly: "
+                  f"it breaks the graph inside it, at {stack[-1].filename}:{stack[-1].lineno} ({_cause(reason)}), "
+                  f"and compiles no function of {skipped.filename} on its own, so what {skipped.name} there "
+                  f"computes (its submodules included, up to a function of your own code) runs eagerly and "
+                  f"unstreamed. Remove the graph break (TORCH_LOGS=graph_breaks lists them; "
+                  f"torch._dynamo.config.nested_graph_breaks = True resumes inside the call instead)"
+                  + _warning_hint(str(reason.reason)))
+
+
+def _function_call(reason, stack):
+    """(the ``apply`` call, what to say) where the break is inside the forward of an
+    ``autograd.Function``; None otherwise. Dynamo traces a Function whole or not at all, so the
+    graph ends before its ``apply`` and the call runs eagerly, its forward under no_grad (what
+    Dynamo compiles inside it has no backward) and its own backward outside every graph: nothing
+    the Function computes streams, whatever ``nested_graph_breaks`` says."""
     from torch._functorch import autograd_function
 
     helper = os.path.abspath(inspect.getsourcefile(autograd_function) or "")
     inside = [i for i, f in enumerate(stack) if i and os.path.abspath(f.filename) == helper]
     if not inside:
-        return False
+        return None
     call, at = stack[inside[0] - 1], stack[-1]   # (the apply: in the frame compiled, or one it inlines)
-    if _said_since_reset((call.filename, call.lineno)) and not strict:
-        return True
+    return call, (f"streamfx: Dynamo runs the autograd.Function call at {call.filename}:{call.lineno} "
+                  f"({(call.line or call.name).strip()}) eagerly: its forward breaks the graph at "
+                  f"{at.filename}:{at.lineno} ({_cause(reason)}), and Dynamo compiles a Function whole or not "
+                  f"at all, so what the Function computes, in its forward and its own backward (the layers it "
+                  f"runs included), runs eagerly and unstreamed. Remove the graph break from the Function's "
+                  f"forward (TORCH_LOGS=graph_breaks lists them); a Function Dynamo traces streams as a unit "
+                  f"with its own backward")
+
+
+def _cause(reason) -> str:
+    """Dynamo's reason for a break: its first line, and its explanation where it gives one."""
     lines = [ln.strip() for ln in str(reason.reason).splitlines() if ln.strip()]
-    cause = lines[0] if lines else "a graph break"
     detail = next((ln for ln in lines[1:] if ln.startswith("Explanation")), "")
-    message = (f"streamfx: Dynamo runs the autograd.Function call at {call.filename}:{call.lineno} "
-               f"({(call.line or call.name).strip()}) eagerly: its forward breaks the graph at "
-               f"{at.filename}:{at.lineno} ({cause}{'; ' + detail if detail else ''}), and Dynamo compiles a "
-               f"Function whole or not at all, so what the Function computes, in its forward and its own "
-               f"backward (the layers it runs included), runs eagerly and unstreamed. Remove the graph break "
-               f"from the Function's forward (TORCH_LOGS=graph_breaks lists them); a Function Dynamo traces "
-               f"streams as a unit with its own backward")
-    if strict:
-        raise StreamBPError(message + " (strict=True)")
-    _breaks_said[(call.filename, call.lineno)] = reason
-    warnings.warn(message, stacklevel=3)
-    return True
+    return (lines[0] if lines else "a graph break") + (f"; {detail}" if detail else "")
 
 
 def _warning_hint(reason: str) -> str:

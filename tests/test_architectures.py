@@ -46,8 +46,8 @@ def check(name, case, options, *, T=T):
 SLOW = pytest.mark.slow
 
 
-# every form at chunk 5 (fast tier; the sinks form's default run only) and at two of the other four sizes (slow tier, alternating by
-# form: each size on two forms)
+# every form at chunk 5 (fast tier; the sinks form's default run only) and at two of the other
+# four sizes (slow tier, alternating by form: each size on two forms)
 FORM_CHUNKS = [pytest.param(name, 5, marks=[pytest.mark.fast] + ([pytest.mark.heavy] if name == "sinks" else []),
                              id=f"{name}-5") for name in PLAIN] + [
     pytest.param(name, chunk, marks=SLOW, id=f"{name}-{chunk}") for i, name in enumerate(PLAIN)

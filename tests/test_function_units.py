@@ -473,7 +473,6 @@ def test_a_unit_with_symbolic_sizes_is_not_shared_with_another_compile(monkeypat
     assert all(sorted(names) == ["RowScale", "StraightThrough"] for names in per_compile.values()), computed
 
 
-
 class Recomputed(torch.autograd.Function):
     """Runs layers without keeping their activations and recomputes them in its own backward (a
     reversible network's or a hand-written checkpoint's form), seeding the random generator first
