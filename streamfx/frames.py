@@ -154,15 +154,16 @@ def check_break(strict: bool) -> None:
     the call runs uncompiled, and where every function from the call to the break is one that
     Dynamo's rules skip as a frame of its own and one of them is a module's forward
     (``torch.nn``'s modules: ``nn.TransformerEncoder`` and its layers), what they compute, with
-    their submodules, never reaches a backend. A break inside an ``autograd.Function``'s forward is
-    said in any case (``_function_call``): the Function always runs whole and eagerly."""
+    their submodules, never reaches a backend. A break inside an ``autograd.Function``'s forward
+    (``_function_call``) or inside the function a higher-order operator runs (``_higher_order_call``:
+    ``torch.utils.checkpoint``) is said in any case: Dynamo runs either call whole and eagerly."""
     import torch
 
     reason = _compile_reason()
     stack = list(getattr(reason, "user_stack", None) or ())
     if not getattr(reason, "graph_break", False) or len(stack) < 2:
         return
-    found = _function_call(reason, stack)
+    found = _function_call(reason, stack) or _higher_order_call(reason, stack)
     if found is None:
         if getattr(torch._dynamo.config, "nested_graph_breaks", False):
             return
@@ -226,6 +227,53 @@ def _function_call(reason, stack):
                   f"with its own backward")
 
 
+def _higher_order_call(reason, stack):
+    """(the call, what to say) where the graph ends before a call of a higher-order operator
+    (``torch.utils.checkpoint.checkpoint``, ``torch.cond``, ...) whose function breaks the graph;
+    None otherwise. Dynamo traces such a call whole or not at all, also under
+    ``nested_graph_breaks``: the call runs eagerly, and the function it runs never reaches
+    streamfx's backend (checkpoint runs it with Dynamo off), so nothing it computes streams. Told
+    by the operator among the call's values on Dynamo's stack where the graph ends; where the
+    graph before the call is empty no backend is called, and nothing is said."""
+    try:
+        from torch._dynamo.variables.higher_order_ops import TorchHigherOrderOperatorVariable
+        from torch._dynamo.variables.lazy import LazyVariableTracker
+    except ImportError:   # (a Dynamo without them: nothing to tell the call by)
+        return None
+    found = _compile_locals()
+    tx, pops = found.get("tx"), found.get("stack_pops")
+    values = list(getattr(tx, "stack", None) or ())
+    if not isinstance(pops, int) or pops <= 0 or len(values) < pops:
+        return None
+    operator = None
+    for value in values[-pops:]:   # (the call's callee and arguments, in the interpreter's order)
+        if isinstance(value, LazyVariableTracker):
+            if not value.is_realized():   # (one Dynamo never looked into: not the callee it traced)
+                continue
+            value = value.unwrap()
+        if isinstance(value, TorchHigherOrderOperatorVariable):
+            operator = value
+            break
+    if operator is None:
+        return None
+    hop = getattr(operator, "value", None)
+    name = hop.name() if callable(getattr(hop, "name", None)) else type(operator).__name__
+    call, at = stack[0], stack[-1]
+    checkpointed = "checkpoint" in name
+    return call, (f"streamfx: Dynamo runs the call at {call.filename}:{call.lineno} "
+                  f"({(call.line or call.name).strip()}) eagerly: it is a higher-order operator ({name}), which "
+                  f"Dynamo traces whole or not at all, and the function it runs breaks the graph at "
+                  f"{at.filename}:{at.lineno} ({_cause(reason)}), so that function never reaches the streambp "
+                  f"backend"
+                  + (" (torch.utils.checkpoint runs it with Dynamo off)" if checkpointed else "")
+                  + ": what it computes (the layers it runs included) runs eagerly and unstreamed. Remove the "
+                  f"graph break (TORCH_LOGS=graph_breaks lists them)"
+                  + ("; or call the layer without torch.utils.checkpoint: streambp recomputes each layer per "
+                     "chunk itself, so checkpointing adds nothing to it, and a break in the layer's own frame "
+                     "then only splits its graph" if checkpointed else "")
+                  + _data_dependent_hint(str(reason.reason)))
+
+
 def _cause(reason) -> str:
     """Dynamo's reason for a break: its first line, and its explanation where it gives one."""
     lines = [ln.strip() for ln in str(reason.reason).splitlines() if ln.strip()]
@@ -254,12 +302,19 @@ def _said_since_reset(site) -> bool:
 def _compile_reason():
     """The reason Dynamo compiles the graph being compiled now (``GraphCompileReason``: a graph
     break, with the user's stack where it happened), or None where it is not on the stack."""
+    return _compile_locals().get("reason")
+
+
+def _compile_locals() -> dict:
+    """The locals of Dynamo's ``compile_subgraph`` compiling the graph being compiled now (its
+    ``reason``; ``tx``, the interpreter whose ``stack`` holds the values where the graph ends, and
+    ``stack_pops``, how many of them the instruction there takes), {} where it is not on the stack."""
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_name == "compile_subgraph" and "reason" in frame.f_locals:
-            return frame.f_locals["reason"]
+            return frame.f_locals
         frame = frame.f_back
-    return None
+    return {}
 
 
 def _model_code(frame) -> bool:

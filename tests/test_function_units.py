@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 import streamfx
 import zoo
@@ -532,4 +533,54 @@ def test_a_function_whose_forward_breaks_the_graph_runs_eagerly_and_says_where()
     assert "manual_seed" in said and "Remove the graph break" in said, said
     torch._dynamo.reset()
     with pytest.raises(streamfx.StreamBPError, match="autograd.Function call at"):
+        torch.compile(copy.deepcopy(lm), backend="streambp", options={"codegen": "eager", "strict": True})(*inputs.args)
+
+
+class CheckpointedGPT(zoo.NanoGPT):
+    """nanoGPT whose first layer runs under ``torch.utils.checkpoint`` and reads a value out of a
+    tensor (a logged statistic) before its layer, which breaks the graph; the others are called
+    directly."""
+
+    def forward(self, idx, targets):
+        pos = torch.arange(0, idx.shape[1], dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        x = checkpoint(self.first, x, use_reentrant=self.reentrant)
+        for layer in self.transformer.h[1:]:
+            x = layer(x)
+        logits = self.lm_head(self.transformer.ln_f(x))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-100)
+
+    def first(self, x):
+        self.norms.append(x.norm().item())
+        return self.transformer.h[0](x)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+def test_a_checkpointed_call_whose_function_breaks_the_graph_runs_eagerly_and_says_where(reentrant):
+    """Dynamo traces a ``torch.utils.checkpoint`` call (a higher-order operator) whole or not at
+    all: a graph break in the function it runs ends the graph before the call, which runs eagerly
+    with Dynamo off inside, so the layer it runs never reaches the backend. The step is exact; one
+    warning names the call, the break and what to change; the layer called directly (the second of
+    two) and the head still stream; strict raises. Also under ``nested_graph_breaks`` (a
+    higher-order operator does not resume inside)."""
+    _, make_inputs = zoo.nanogpt()
+    torch.manual_seed(0)
+    lm = CheckpointedGPT().float().train()
+    lm.norms, lm.reentrant = [], reentrant
+    inputs = make_inputs(zoo.Case("t", 2, 13))
+    call_line = CheckpointedGPT.forward.__code__.co_firstlineno + 3
+    break_line = CheckpointedGPT.first.__code__.co_firstlineno + 1
+    for nested in (False, True):
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(nested_graph_breaks=nested):
+            run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+        _exact(run)
+        assert sorted(p.name for p in run.programs) == ["head", "layer.0"], [p.name for p in run.programs]
+        assert len(run.warnings) == 1 and "higher-order operator" in run.warnings[0], run.warnings
+        said = run.warnings[0]
+        assert f"test_function_units.py:{call_line}" in said and f"test_function_units.py:{break_line}" in said, said
+        assert "item" in said and "without torch.utils.checkpoint" in said, said
+    torch._dynamo.reset()
+    with pytest.raises(streamfx.StreamBPError, match="higher-order operator"):
         torch.compile(copy.deepcopy(lm), backend="streambp", options={"codegen": "eager", "strict": True})(*inputs.args)
