@@ -34,6 +34,7 @@ class Report:
     _later: object = dataclasses.field(default=None, repr=False)  # () -> Report for dynamic=None's later lengths
     _memory: object = dataclasses.field(default=None, repr=False)  # the memory model's summary, made on first use
     training_graphs: int = 1   # graphs with a backward that the explained call ran
+    eager: list = dataclasses.field(default_factory=list)  # what Dynamo runs eagerly around the graphs, as warned
 
     def memory(self):
         """(T, layer chunk, head chunk, predicted step peak, [(bytes, role, module, source)], the
@@ -129,6 +130,9 @@ class Report:
         for where, why in self.caveats:
             lines.append(f"  {where} streams, but {why}")
         lines += _pairs("  not streamed:", self.not_streamed, "    ")
+        if self.eager:
+            lines.append("  run eagerly, outside every graph the backend is given:")
+            lines += [f"    {m.removeprefix('streamfx: ')}" for m in self.eager]
         lines += _pairs(f"  ran whole at run time ({len(self.fallbacks)}: a chunk failed; strict=True raises):",
                         self.fallbacks, "    ")
         later = self.later_lengths
@@ -139,6 +143,7 @@ class Report:
             for p in later.plan:
                 lines.append(f"      {p.describe(names=False, budget=later._budget_chunk(p))}")
             lines += _pairs("    not streamed:", later.not_streamed, "      ")
+            lines += [f"    run eagerly: {m.removeprefix('streamfx: ')}" for m in later.eager if m not in self.eager]
         elif self.settings.get("dynamic") is False:
             lines.append("  later lengths: dynamic=False compiles every new sequence length or batch size again, "
                          "with static sizes, as above")
@@ -264,13 +269,14 @@ def _explain_once(model, args, kwargs, options, dynamic, state, records=None, sa
     # symbolic too; the caller's tensors must not change what their own run compiles
     args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _fresh, (args, kwargs))
     try:
-        with torch.enable_grad(), runtime.analysis():   # (no backward: no layer input stored)
+        with torch.enable_grad(), runtime.analysis(), frames.collected() as eager:   # (no backward: no layer input stored)
             _, records = frames.traced_call(model, capture, args, kwargs, records=records, dynamic=dynamic)
     finally:
         if target is not None:
             target._compiled_call_impl = saved
     report = build_report(collected)
     report.training_graphs = len(trains)
+    report.eager = eager
     return report, records
 
 

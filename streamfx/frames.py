@@ -26,6 +26,7 @@ import weakref
 from .errors import StreamBPError
 
 _cursor = None          # the newest compilation-metrics entry already read
+_sink = None            # the messages an analysis collects (explain's report), said before or not
 _skipped: dict = {}     # (file, first line, name) of a skipped function -> Dynamo's newest record of it
 _warned: list = []      # the records warned about (a function skipped again after a reset warns again)
 
@@ -115,6 +116,24 @@ def traced_call(model, backend, args, kwargs, *, records=None, **compile_kwargs)
         return compiled(*args, **kwargs), after
 
 
+@contextlib.contextmanager
+def collected():
+    """Yields the list that every message of this module found in the block is added to, once
+    each, whether or not it was warned before (a warning is said once per site; an analysis's
+    report lists what holds for the call it traced)."""
+    global _sink
+    saved, _sink = _sink, []
+    try:
+        yield _sink
+    finally:
+        _sink = saved
+
+
+def _found(message: str) -> None:
+    if _sink is not None and message not in _sink:
+        _sink.append(message)
+
+
 def check_callers(strict: bool) -> None:
     """Warns (``strict``: raises) once per skipped function that is on the Python stack now,
     i.e. that calls the graph being compiled and runs eagerly around it."""
@@ -134,6 +153,8 @@ def check_callers(strict: bool) -> None:
             where = (m.fail_user_frame_filename, m.fail_user_frame_lineno)
             # a caller skipped for the same break (a decorator's wrapper around a skipped forward)
             # adds nothing: the innermost function that holds it is named
+            if where not in breaks:
+                _found(_describe(code, m))
             if not any(w is m for w in _warned) and where not in breaks:
                 message = _describe(code, m)
                 if strict:
@@ -171,6 +192,7 @@ def check_break(strict: bool) -> None:
         if found is None:
             return
     call, message = found
+    _found(message)
     if _said_since_reset((call.filename, call.lineno)) and not strict:
         return
     if strict:

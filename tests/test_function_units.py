@@ -562,8 +562,8 @@ def test_a_checkpointed_call_whose_function_breaks_the_graph_runs_eagerly_and_sa
     all: a graph break in the function it runs ends the graph before the call, which runs eagerly
     with Dynamo off inside, so the layer it runs never reaches the backend. The step is exact; one
     warning names the call, the break and what to change; the layer called directly (the second of
-    two) and the head still stream; strict raises. Also under ``nested_graph_breaks`` (a
-    higher-order operator does not resume inside)."""
+    two) and the head still stream; ``explain``'s report lists it; strict raises. Also under
+    ``nested_graph_breaks`` (a higher-order operator does not resume inside)."""
     _, make_inputs = zoo.nanogpt()
     torch.manual_seed(0)
     lm = CheckpointedGPT().float().train()
@@ -581,6 +581,13 @@ def test_a_checkpointed_call_whose_function_breaks_the_graph_runs_eagerly_and_sa
         said = run.warnings[0]
         assert f"test_function_units.py:{call_line}" in said and f"test_function_units.py:{break_line}" in said, said
         assert "item" in said and "without torch.utils.checkpoint" in said, said
+    # explain's report lists it, though it was warned before
+    with warnings.catch_warnings(record=True) as again:
+        warnings.simplefilter("always")
+        report = streamfx.explain(copy.deepcopy(lm), *inputs.args, options={"chunk_size": 5}, dynamic=False)
+    text = str(report)
+    assert "run eagerly, outside every graph" in text and f"test_function_units.py:{call_line}" in text, text
+    assert not [w for w in again if "higher-order operator" in str(w.message)], [str(w.message) for w in again]
     torch._dynamo.reset()
     with pytest.raises(streamfx.StreamBPError, match="higher-order operator"):
         torch.compile(copy.deepcopy(lm), backend="streambp", options={"codegen": "eager", "strict": True})(*inputs.args)
