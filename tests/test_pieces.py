@@ -10,6 +10,7 @@ import torch
 import streamfx
 import zoo
 from conftest import assert_grads_match, counting_allreduce, grads_of
+from tiers import cases
 from streamfx.runtime import COUNTERS
 from streamfx.passes.schedule import chunk_count
 
@@ -252,6 +253,52 @@ def test_whole_train_step_compiled(how):
             assert ran["chunks_backward"] >= zoo.LAYERS * 4, ran  # T=16 in chunks of 5
     traced = torch._dynamo.utils.counters["compiled_autograd"]["captures"] - captures
     assert (traced > 0) == (how == "compiled_autograd"), traced
+
+
+def optimizer_step(model, opt, kwargs):
+    loss = model(**kwargs).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+@pytest.mark.parametrize("optimizer", cases(["SGD", "AdamW"], ["SGD"]))
+def test_whole_train_step_with_the_optimizer_compiled(optimizer):
+    """The step compiled as one function with the optimizer's step and zero_grad in it: Dynamo
+    breaks at the backward call, the forward graph streams, and the optimizer's update, a graph
+    of its own with no sequence in it, compiles and runs as it is. Three steps on two kinds of
+    batch: the parameters follow eager's (SGD with momentum, linear in the gradients: within fp32
+    rounding; AdamW, whose update divides by the gradients' running RMS and so magnifies their
+    last-bit differences where they are tiny: its losses), every region streamed, no warning."""
+    model, make_inputs = zoo.qwen3()
+    ref = copy.deepcopy(model)
+
+    def make(m):
+        return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) if optimizer == "SGD" \
+            else torch.optim.AdamW(m.parameters(), lr=1e-3)
+
+    opt, ref_opt = make(model), make(ref)
+    start = [p.detach().clone() for p in model.parameters()]
+    compiled = torch.compile(optimizer_step, backend="streambp", options=OPTIONS)
+    for case in ("right_pad", "prompt", "right_pad"):
+        kwargs = make_inputs(case).kwargs
+        ref_loss = optimizer_step(ref, ref_opt, kwargs)
+        before = dict(COUNTERS)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss = compiled(model, opt, kwargs)
+        ran = {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        assert not [str(w.message) for w in caught if "streamfx" in str(w.message)]
+        assert ran["region_forward"] == zoo.LAYERS + 1 == ran["region_backward"], ran
+        assert all(p.grad is None for p in model.parameters())
+    if optimizer == "SGD":
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+    else:   # (the step moved the parameters eager's moved)
+        moved = [bool((p != p0).any()) for p, p0 in zip(model.parameters(), start)]
+        assert moved == [bool((q != p0).any()) for q, p0 in zip(ref.parameters(), start)] and any(moved), moved
 
 
 class CountingBlock(zoo.LlamaBlock):
