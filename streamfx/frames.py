@@ -251,10 +251,11 @@ def _function_call(reason, stack):
 
 def _higher_order_call(reason, stack):
     """(the call, what to say) where the graph ends before a call of a higher-order operator
-    (``torch.utils.checkpoint.checkpoint``, ``torch.cond``, ...) whose function breaks the graph;
-    None otherwise. Dynamo traces such a call whole or not at all, also under
-    ``nested_graph_breaks``: the call runs eagerly, and the function it runs never reaches
-    streamfx's backend (checkpoint runs it with Dynamo off), so nothing it computes streams. Told
+    (``torch.utils.checkpoint.checkpoint``; those without an eager fallback, such as ``torch.cond``,
+    raise instead) whose function breaks the graph; None otherwise. Dynamo traces such a call
+    whole or not at all, also under ``nested_graph_breaks``: the call runs eagerly, and the
+    function it runs never reaches streamfx's backend (checkpoint runs it with Dynamo off), so
+    nothing it computes streams. Told
     by the operator among the call's values on Dynamo's stack where the graph ends; where the
     graph before the call is empty no backend is called, and nothing is said."""
     try:
