@@ -154,13 +154,13 @@ def check_callers(strict: bool) -> None:
             # a caller skipped for the same break (a decorator's wrapper around a skipped forward)
             # adds nothing: the innermost function that holds it is named
             if where not in breaks:
-                _found(_describe(code, m))
-            if not any(w is m for w in _warned) and where not in breaks:
                 message = _describe(code, m)
-                if strict:
-                    raise StreamBPError(message + " (strict=True)")
-                _warned.append(m)
-                warnings.warn(message, stacklevel=2)
+                _found(message)
+                if not any(w is m for w in _warned):
+                    if strict:
+                        raise StreamBPError(message + " (strict=True)")
+                    _warned.append(m)
+                    warnings.warn(message, stacklevel=2)
             breaks.add(where)
         frame = frame.f_back
 
@@ -255,9 +255,9 @@ def _higher_order_call(reason, stack):
     raise instead) whose function breaks the graph; None otherwise. Dynamo traces such a call
     whole or not at all, also under ``nested_graph_breaks``: the call runs eagerly, and the
     function it runs never reaches streamfx's backend (checkpoint runs it with Dynamo off), so
-    nothing it computes streams. Told
-    by the operator among the call's values on Dynamo's stack where the graph ends; where the
-    graph before the call is empty no backend is called, and nothing is said."""
+    nothing it computes streams. Told by the operator among the call's values on Dynamo's stack
+    where the graph ends; where the graph before the call is empty no backend is called, and
+    nothing is said."""
     try:
         from torch._dynamo.variables.higher_order_ops import TorchHigherOrderOperatorVariable
         from torch._dynamo.variables.lazy import LazyVariableTracker
