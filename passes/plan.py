@@ -8,6 +8,7 @@ chunk size. Refusals raise CannotStream naming the node.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 
@@ -68,7 +69,8 @@ class RegionPlan:
         return [x for x, spec in zip(self.inputs, self.in_specs) if spec.sliced]
 
     def symbols(self) -> str:
-        """The shape symbols of the region's inputs and what each one is."""
+        """The shape symbols of the region's inputs and what each one is: the sequence length, or
+        the size of the model's input Dynamo bound it from (``input_ids.size(0)``)."""
         length = getattr(self.length, "node", None)
         seq = set(length.expr.free_symbols) if length is not None else set()
         found: dict = {}
@@ -77,7 +79,8 @@ class RegionPlan:
             for d, size in enumerate(getattr(v, "shape", ())):
                 for sym in getattr(getattr(size, "node", None), "expr", 0).free_symbols \
                         if not isinstance(size, int) else ():
-                    role = "the sequence length" if sym in seq else "the batch size" if d == 0 else "a size"
+                    role = "the sequence length" if sym in seq else \
+                        _bound_from(size.node, sym) or ("the batch size" if d == 0 else "a size")
                     found.setdefault(sym, role)
         for sym in seq:
             found.setdefault(sym, "the sequence length")
@@ -522,3 +525,19 @@ def _halo_specs(inputs, in_specs, kv: set) -> list:
                                + ("merges the sequence with another dim" if spec.merged else "is token by token"), x)
         specs.append(Spec.prefix(spec.dim) if spec.kind == "chunk" else spec)
     return specs
+
+
+def _bound_from(node, sym) -> str | None:
+    """The input size Dynamo bound a shape symbol from, as the user names it
+    (``L['kwargs']['input_ids'].size()[0]``: ``input_ids.size(0)``); None where it has none."""
+    env = getattr(node, "shape_env", None)
+    for source in (getattr(env, "var_to_sources", None) or {}).get(sym, ()):
+        name = str(source.name() if callable(getattr(source, "name", None)) else getattr(source, "name", ""))
+        # (a positional argument: args[0])
+        found = re.search(r"\['(\w+)'\]\[(\d+)\]\.size\(\)\[(\d+)\]$", name)
+        if found:
+            return f"{found.group(1)}[{found.group(2)}].size({found.group(3)})"
+        found = re.search(r"\['([^'\]]+)'\]\.size\(\)\[(\d+)\]$", name)
+        if found:
+            return f"{found.group(1)}.size({found.group(2)})"
+    return None

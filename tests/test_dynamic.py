@@ -476,6 +476,9 @@ def test_main_example_later_lengths_stream(monkeypatch):
     later = report.later_lengths
     assert later is not None
     assert {p.name for p in later.plan} == {"layer.0", "layer.1", "layer.2", "layer.3", "head"}, later
+    # each symbol of the schedule named by the input size Dynamo bound it from
+    shown = "\n".join(p.describe(names=False) for p in later.plan)
+    assert "(input_ids.size(0))" in shown and "(a size)" not in shown, shown
     assert not [str(w.message) for w in caught if "streamfx" in str(w.message)]
 
 
