@@ -180,11 +180,12 @@ def check_break(strict: bool) -> None:
     ``torch.utils.checkpoint``) is said in any case: Dynamo runs either call whole and eagerly."""
     import torch
 
-    reason = _compile_reason()
+    compiling = _compile_locals()
+    reason = compiling.get("reason")
     stack = list(getattr(reason, "user_stack", None) or ())
     if not getattr(reason, "graph_break", False) or len(stack) < 2:
         return
-    found = _function_call(reason, stack) or _higher_order_call(reason, stack)
+    found = _function_call(reason, stack) or _higher_order_call(reason, stack, compiling)
     if found is None:
         if getattr(torch._dynamo.config, "nested_graph_breaks", False):
             return
@@ -249,22 +250,22 @@ def _function_call(reason, stack):
                   f"with its own backward")
 
 
-def _higher_order_call(reason, stack):
+def _higher_order_call(reason, stack, compiling: dict):
     """(the call, what to say) where the graph ends before a call of a higher-order operator
     (``torch.utils.checkpoint.checkpoint``; those without an eager fallback, such as ``torch.cond``,
     raise instead) whose function breaks the graph; None otherwise. Dynamo traces such a call
     whole or not at all, also under ``nested_graph_breaks``: the call runs eagerly, and the
     function it runs never reaches streamfx's backend (checkpoint runs it with Dynamo off), so
     nothing it computes streams. Told by the operator among the call's values on Dynamo's stack
-    where the graph ends; where the graph before the call is empty no backend is called, and
-    nothing is said."""
+    where the graph ends (``compiling``: ``_compile_locals()``); where the graph before the call is
+    empty no backend is called, and nothing is said."""
     try:
-        from torch._dynamo.variables.higher_order_ops import TorchHigherOrderOperatorVariable
+        from torch._dynamo.variables.higher_order_ops import (CheckpointHigherOrderVariable,
+                                                              TorchHigherOrderOperatorVariable)
         from torch._dynamo.variables.lazy import LazyVariableTracker
     except ImportError:   # (a Dynamo without them: nothing to tell the call by)
         return None
-    found = _compile_locals()
-    tx, pops = found.get("tx"), found.get("stack_pops")
+    tx, pops = compiling.get("tx"), compiling.get("stack_pops")
     values = list(getattr(tx, "stack", None) or ())
     if not isinstance(pops, int) or pops <= 0 or len(values) < pops:
         return None
@@ -282,7 +283,7 @@ def _higher_order_call(reason, stack):
     hop = getattr(operator, "value", None)
     name = hop.name() if callable(getattr(hop, "name", None)) else type(operator).__name__
     call, at = stack[0], stack[-1]
-    checkpointed = "checkpoint" in name
+    checkpointed = isinstance(operator, CheckpointHigherOrderVariable)
     return call, (f"streamfx: Dynamo runs the call at {call.filename}:{call.lineno} "
                   f"({(call.line or call.name).strip()}) eagerly: it is a higher-order operator ({name}), which "
                   f"Dynamo traces whole or not at all, and the function it runs breaks the graph at "
@@ -322,15 +323,10 @@ def _said_since_reset(site) -> bool:
     return said is not None and any(r is said for r in graph_break_reasons)
 
 
-def _compile_reason():
-    """The reason Dynamo compiles the graph being compiled now (``GraphCompileReason``: a graph
-    break, with the user's stack where it happened), or None where it is not on the stack."""
-    return _compile_locals().get("reason")
-
-
 def _compile_locals() -> dict:
     """The locals of Dynamo's ``compile_subgraph`` compiling the graph being compiled now (its
-    ``reason``; ``tx``, the interpreter whose ``stack`` holds the values where the graph ends, and
+    ``reason``, a ``GraphCompileReason``: a graph break, with the user's stack where it happened;
+    ``tx``, the interpreter whose ``stack`` holds the values where the graph ends, and
     ``stack_pops``, how many of them the instruction there takes), {} where it is not on the stack."""
     frame = sys._getframe(2)
     while frame is not None:
