@@ -226,11 +226,13 @@ def refusal(node: fx.Node, sd) -> CannotStream | None:
     for x, dims in zip(node.args[1], unit.signature.ins):
         d = sd.seq_dim(x)
         ops += [unit.signature.mixed[a] for a in (dims[d] if d is not None else ()) if a in unit.signature.mixed]
+    streams = "a hook streams when each token's gradient depends only on that token's rows" if unit.hook else \
+        ("a Function streams when each token's outputs and input gradients depend only on that token's rows "
+         "(sums over the tokens only in weight gradients)")
     return CannotStream(
-        f"a torch.autograd.Function ({unit.name}) with a backward of its own combines positions along the "
-        f"sequence ({'; '.join(sorted(set(ops))[:2]) or 'in its outputs'}), so it cannot run per chunk of tokens "
-        f"and its region runs unstreamed; a Function streams when each token's outputs and input gradients "
-        f"depend only on that token's rows (sums over the tokens only in weight gradients)", node)
+        f"{unit.describe()} combines positions along the sequence "
+        f"({'; '.join(sorted(set(ops))[:2]) or 'in its outputs'}), so it cannot run per chunk of tokens "
+        f"and its region runs unstreamed; {streams}", node)
 
 
 register(UNIT)(rule)  # a Function with its own backward: its axes from its bodies (``rule``)

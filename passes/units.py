@@ -1,4 +1,4 @@
-"""A ``torch.autograd.Function`` as one op with its own backward: a unit.
+"""A ``torch.autograd.Function``, or a gradient hook, as one op with its own backward: a unit.
 
 Dynamo captures ``Fn.apply(...)`` as ``autograd_function_apply(fwd_body, bwd_body, *args)``;
 AOTAutograd inlines both bodies into the joint graph, and the streamed joint, which
@@ -10,6 +10,14 @@ pass sees one op, and differentiating it, for the whole sequence or a chunk, cal
 Function's own backward. The op returns the body's outputs and then the values the backward
 reads that are not inputs (its saved intermediates); on torch 2.11 the body's outputs include
 intermediates too, whose gradient placeholders the backward leaves unused.
+
+A gradient hook on an intermediate (``y.register_hook(fn)`` inside the compiled code) is the same
+kind of op: from torch 2.13 Dynamo captures it as ``register_hook(y, hook_body, *freevars)``,
+whose hook make_fx registers while it traces, so the joint's backward applies it to the
+gradient and a forward differentiated again would drop it (torch 2.11 captures it as a Function
+whose forward is the identity and whose backward calls the hook). ``wrap`` makes it a unit of
+that form: the identity forward, the hook as the backward, no gradient for the hook's captured
+tensors (eager autograd runs a hook outside any graph).
 
 A unit runs per chunk only where it is per token: ``unit_axes`` reads that from its bodies.
 """
@@ -46,6 +54,11 @@ class Unit:
     dropped: tuple = ()    # positions of the forward body's outputs that are sizes, not tensors (torch
                            # 2.11 returns a dynamic compile's intermediate sizes there): the op leaves
                            # them out, and the backward's placeholders for their gradients get None
+    hook: bool = False     # a gradient hook (``register_hook``), not a Function
+
+    def describe(self) -> str:
+        return "a gradient hook (Tensor.register_hook)" if self.hook else \
+            f"a torch.autograd.Function ({self.name}) with a backward of its own"
 
 
 _UNITS: dict[int, Unit] = {}
@@ -168,25 +181,41 @@ def projects(n: fx.Node) -> bool:
     return sig is not None and any(t in PROJECTIONS for t in sig.ops)
 
 
-# ---- Dynamo's graph: Function calls become units ----------------------------------------------
+# ---- Dynamo's graph: Function calls and gradient hooks become units ------------------------------
 def is_function_call(n: fx.Node) -> bool:
     return n.op == "call_function" and type(n.target).__name__ == "AutogradFunctionApply"
 
 
+def is_hook_call(n: fx.Node) -> bool:
+    """Dynamo's ``register_hook(tensor, hook_body, *freevars)`` (torch >= 2.13): a hook on an
+    intermediate, applied by the joint's backward."""
+    return n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator) \
+        and n.target.name() == "register_hook"
+
+
+def is_hook(n: fx.Node) -> bool:
+    """A gradient hook on an intermediate, in either of Dynamo's forms (``register_hook``, or
+    before torch 2.13 a Function that applies it)."""
+    return is_hook_call(n) or (is_function_call(n) and _registers_hook(n.meta.get("stack_trace") or ""))
+
+
 def wrap(gm: fx.GraphModule, signature) -> dict:
-    """Each ``autograd_function_apply`` of Dynamo's graph that can be a unit becomes one (see the
-    module doc); ``signature(unit, vals)`` gives its axes (``unit_axes.signature``). One that cannot (a size argument, random ops, effects beyond its outputs, an
-    in-place output) stays as it is, for ``stops.custom_backward`` to judge; returns those, each
-    with why it is not a unit."""
+    """Each ``autograd_function_apply`` and ``register_hook`` of Dynamo's graph that can be a unit
+    becomes one (see the module doc); ``signature(unit, vals)`` gives its axes
+    (``unit_axes.signature``). One that cannot (a size argument, random ops, effects beyond its
+    outputs, an in-place output) stays as it is, for ``stops.custom_backward`` to judge; returns
+    those, each with why it is not a unit."""
     count, kept = 0, {}
     for n in list(gm.graph.nodes):
-        if not is_function_call(n):
+        hook = is_hook_call(n)
+        if not (hook or is_function_call(n)):
             continue
-        unit, why = _unit_of(gm, n)
+        unit, why = _hook_unit(gm, n) if hook else _unit_of(gm, n)
         if unit is None:
             kept[n] = why
             continue
-        inputs = [a for a in n.args[2:] if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
+        first = 0 if hook else 2   # (a hook's tensor, then its captured values; a Function's bodies come first)
+        inputs = [a for a in n.args[first:] if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
         vals = [_value(a) for a in inputs]
         try:
             key = _register(unit, vals, signature)
@@ -207,8 +236,15 @@ def wrap(gm: fx.GraphModule, signature) -> dict:
         if mode is not None:
             with mode:
                 new.meta["example_value"] = unit_op(key, vals)
-        bodies = n.args[:2]
-        n.replace_all_uses_with(new)
+        result = new
+        if hook:   # (the hooked tensor: the op's one output)
+            with gm.graph.inserting_after(new):
+                result = gm.graph.call_function(operator.getitem, (new, 0))
+            result.meta.update(n.meta)
+            if "example_value" in new.meta:
+                result.meta["example_value"] = new.meta["example_value"][0]
+        bodies = [a for a in n.args[:first + 2] if isinstance(a, fx.Node) and a.op == "get_attr"]
+        n.replace_all_uses_with(result)
         gm.graph.erase_node(n)
         for body in bodies:
             if not body.users:
@@ -218,6 +254,51 @@ def wrap(gm: fx.GraphModule, signature) -> dict:
         gm.graph.lint()
         gm.recompile()
     return kept
+
+
+def _hook_unit(gm: fx.GraphModule, n: fx.Node) -> tuple:
+    """(the unit of a ``register_hook`` call, None), or (None, why it cannot be one): forward
+    ``(tensor, *captured) -> ((tensor,), captured)``, backward ``(grad, *captured) -> (hook(grad,
+    *captured) or grad, None, ...)``."""
+    from .stops import _pure
+
+    body = getattr(gm, n.args[1].target)
+    if not _pure(body):
+        return None, "its hook calls more than tensor math"
+    if any(m.op == "call_method" and m.target in ("item", "tolist") for m in body.graph.nodes):
+        return None, "its hook reads a tensor's value as a number"
+    if _random(body):
+        return None, "its hook draws random numbers (a chunk's gradient would get others)"
+    captured = n.args[2:]
+    tensors = [n.args[0]] + [a for a in captured if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
+    args = [("in", 0)]
+    for a in captured:
+        if a in tensors:
+            args.append(("in", tensors.index(a)))
+        elif isinstance(a, fx.Node):
+            where = _size_of(_value(a), tensors)
+            if where is None:
+                return None, "its hook reads a size that is no size of its tensors"
+            args.append(where)
+        else:
+            args.append(("const", a))
+    fwd = fx.Graph()
+    xs = [fwd.placeholder(f"arg{i}") for i in range(len(args))]
+    fwd.output(((xs[0],), tuple(xs[1:])))
+    bwd = fx.Graph()
+    grad = bwd.placeholder("grad")
+    saved = [bwd.placeholder(f"saved{i}") for i in range(len(captured))]
+    params = body.graph.find_nodes(op="placeholder")
+    if len(params) != 1 + len(captured):
+        return None, "its hook body does not take (gradient, captured values)"
+    out = bwd.graph_copy(body.graph, dict(zip(params, [grad] + saved)))
+    if isinstance(out, (tuple, list)):
+        out = out[0] if len(out) == 1 else None if not out else out
+    if isinstance(out, (tuple, list)) or (out is not None and not isinstance(out, fx.Node)):
+        return None, "its hook does not return one gradient"
+    bwd.output((grad if out is None else out,) + (None,) * len(captured))
+    return Unit("register_hook", fx.GraphModule(torch.nn.Module(), fwd), fx.GraphModule(body, bwd), tuple(args), 1,
+                tuple(args[1:]), frozenset(), (0,), hook=True), None
 
 
 def _fake_mode(vals):
@@ -280,10 +361,12 @@ def _unit_of(gm: fx.GraphModule, n: fx.Node) -> tuple:
         return None, "its backward body does not take (output gradients, saved values)"
     grads = tuple(j for j, g in enumerate(bwd_out) if isinstance(g, fx.Node) and args[j][0] == "in")
     kept = [j for j in range(len(outs)) if j not in dropped]
-    return Unit(_class_of(fwd) or _function_name(n.meta.get("stack_trace") or ""), _without_grad_toggles(fwd),
+    trace = n.meta.get("stack_trace") or ""
+    hook = _registers_hook(trace)   # (torch 2.11 captures a gradient hook as a Function)
+    return Unit("register_hook" if hook else _class_of(fwd) or _function_name(trace), _without_grad_toggles(fwd),
                 _without_grad_toggles(bwd), tuple(args), len(kept), tuple(saved),
                 frozenset(kept.index(j) for j in n.kwargs.get("non_differentiable_idx", ()) if j in kept), grads,
-                dropped=dropped), None
+                dropped=dropped, hook=hook), None
 
 
 def _class_of(body: fx.GraphModule) -> str | None:
@@ -333,6 +416,16 @@ def _function_name(trace: str) -> str:
             return names[0]
     names = re.findall(r"(\w+)\.apply\(", trace)
     return names[-1] if names else "Function"
+
+
+def _registers_hook(trace: str) -> bool:
+    """Whether the innermost line of a Function call's stack trace registers a gradient hook
+    (``y.register_hook(fn)``) rather than applying a Function: the form Dynamo gives a hook on
+    an intermediate before torch 2.13."""
+    lines = trace.rstrip("\n").split("\n")
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "')]
+    source = lines[frames[-1] + 1] if frames and frames[-1] + 1 < len(lines) else ""
+    return ".register_hook(" in source and ".apply(" not in source
 
 
 def _size_of(v, tensors) -> tuple | None:

@@ -238,10 +238,18 @@ def _compile_graph(gm, example_inputs, config: StreamConfig, session: Session | 
     frames.check_callers(config.strict)  # a caller that Dynamo skipped runs eagerly around this graph
     frames.check_break(config.strict)    # a call that Dynamo runs eagerly after this graph, with no graph inside
     stops.mark(gm)
-    kept = units.wrap(gm, unit_axes.signature)  # a Function with a backward of its own: one op, run per chunk where it is per token
+    kept = units.wrap(gm, unit_axes.signature)  # a Function or gradient hook: one op, run per chunk where it is per token
     session.begin_graph(gm, example_inputs)
-    custom = stops.custom_backward(gm)
-    if custom is not None:
+    # (a hook that is no unit is never the derivative of its identity forward)
+    custom = next((n for n in kept if units.is_hook_call(n)), None) or stops.custom_backward(gm)
+    if custom is not None and units.is_hook(custom):
+        session.refuse("graph", CannotStream(
+            f"a gradient hook (Tensor.register_hook) that cannot run as one op ({kept.get(custom, 'unknown form')}) "
+            "is in the graph (streaming differentiates the forward again and would not apply it); register the "
+            "hook outside the compiled code (on the model's output or a parameter) or keep its body to tensor "
+            "math, so that the rest streams", custom))
+        session.unstreamed = True
+    elif custom is not None:
         session.refuse("graph", CannotStream(
             f"a torch.autograd.Function that cannot run as one op ({kept.get(custom, 'unknown form')}) and whose "
             "backward is not the derivative of its forward is in the graph (streaming differentiates the "

@@ -591,3 +591,125 @@ def test_a_checkpointed_call_whose_function_breaks_the_graph_runs_eagerly_and_sa
     torch._dynamo.reset()
     with pytest.raises(streamfx.StreamBPError, match="higher-order operator"):
         torch.compile(copy.deepcopy(lm), backend="streambp", options={"codegen": "eager", "strict": True})(*inputs.args)
+
+
+# ---- gradient hooks registered inside the model ------------------------------------------------
+class GradHooked(torch.nn.Module):
+    """``inner``'s output with a gradient hook registered on it inside the model
+    (``y.register_hook(fn)``, as code that scales, clips or watches a gradient on its way back
+    does): ``hook(module, grad)``. Dynamo captures it in the graph (torch >= 2.13: the
+    ``register_hook`` operator, whose hook the joint's backward applies; before: a Function)."""
+
+    def __init__(self, inner, hook):
+        super().__init__()
+        self.inner, self.hook = inner, hook
+        self.gain = torch.nn.Parameter(torch.tensor(0.5))   # (read by a hook only: no gradient in eager)
+
+    def forward(self, *args):
+        y = self.inner(*args)
+        if y.requires_grad:
+            y.register_hook(lambda g: self.hook(self, g))
+        return y
+
+
+def _scaled(module, g):
+    return g * 0.5
+
+
+def _clipped(module, g):
+    return g.clamp(-2e-3, 2e-3)
+
+
+def _captured(module, g):
+    return g * module.gain
+
+
+def _watched(module, g):
+    return None
+
+
+def _normalized(module, g):   # (the norm sums over every token: no chunk has it)
+    return g / g.norm()
+
+
+@torch.library.custom_op("streamfx_test::halved", mutates_args=())
+def _halved(g: torch.Tensor) -> torch.Tensor:
+    return g * 0.5
+
+
+@_halved.register_fake
+def _(g):
+    return torch.empty_like(g)
+
+
+def _opaque(module, g):   # (an op of its own in the hook: not tensor math the unit can run)
+    return _halved(g)
+
+
+def _hooked_llama(hooks: dict):
+    """The tiny Llama with ``hooks[site](module, grad)`` on each layer's ``attn``, ``mlp_norm``,
+    ``q_proj``, ``k_proj`` output and the ``lm_head`` output (the logits)."""
+    def wrap(block):
+        for site in ("q_proj", "k_proj"):
+            if site in hooks:
+                setattr(block.attn, site, GradHooked(getattr(block.attn, site), hooks[site]))
+        for site in ("attn", "mlp_norm"):
+            if site in hooks:
+                setattr(block, site, GradHooked(getattr(block, site), hooks[site]))
+
+    lm, inputs = _llama(wrap)
+    if "lm_head" in hooks:
+        lm.lm_head = GradHooked(lm.lm_head, hooks["lm_head"])
+    return lm, inputs
+
+
+@pytest.mark.fast
+@pytest.mark.heavy
+def test_gradient_hooks_inside_the_model_stream_per_chunk():
+    """A hook on an intermediate changes the gradient on its way back: streaming differentiates
+    the forward again, so each hook runs as a unit (an identity forward, the hook as its backward)
+    per chunk, with the tensors it captures. Every layer and the head stream, and the gradients
+    are eager's: the hooks' halving and clipping included (differentiating again without them
+    gives other gradients)."""
+    hooks = {"attn": _scaled, "mlp_norm": _clipped, "q_proj": _watched, "k_proj": _captured, "lm_head": _scaled}
+    lm, inputs = _hooked_llama(hooks)
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4, "strict": True})
+    _exact(run)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert not run.warnings, run.warnings
+    # per chunk: the attention's and the MLP norm's hook in 3 chunks of 2 layers, the logits' in 4
+    assert run.counters["unit_backward"] >= 2 * 2 * 3 + 4, run.counters
+    gain = "layers.0.attn.inner.k_proj.gain"   # (captured by the k_proj hook)
+    assert run.grads[gain] is None and run.ref_grads[gain] is None, (run.grads[gain], run.ref_grads[gain])
+    plain, _ = _hooked_llama({})
+    plain.load_state_dict(lm.state_dict(), strict=False)
+    unhooked = run_eager_and_compiled(plain, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    changed = (unhooked.ref_grads["lm_head.weight"] - run.ref_grads["lm_head.inner.weight"]).abs().max()
+    assert changed > 1e-3 * run.ref_grads["lm_head.inner.weight"].abs().max(), "the hooks change no gradient"
+    print(f"gradient hooks: max relative gradient error {_max_rel_error(run):.2e}")
+    torch._dynamo.reset()
+    lm2, inputs2 = _hooked_llama(hooks)
+    report = streamfx.explain(lm2, *inputs2.args, options={"chunk_size": 5})
+    where = {w for what, w in report.units if what.startswith("register_hook")}
+    assert {"per chunk in layer.0", "per chunk in layer.1", "per chunk in head"} <= where, report.units
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("hook,streams", [(_normalized, ["head"]), (_opaque, [])], ids=["mixing", "opaque"])
+def test_a_gradient_hook_that_cannot_run_per_chunk_is_refused_and_exact(hook, streams):
+    """A hook that sums over every token (a normalised gradient) cannot run per chunk: its
+    layers run unstreamed, the head streams, one warning names the hook, its op and its line.
+    One that calls an op of its own cannot run as a unit: the graph runs unstreamed (streaming
+    would drop it), and the warning says so. Exact either way; strict raises."""
+    lm, inputs = _hooked_llama({"attn": hook})
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    _exact(run)
+    assert [p.name for p in run.programs] == streams, [p.name for p in run.programs]
+    text = " ".join(run.warnings)
+    assert "gradient hook (Tensor.register_hook)" in text and "test_function_units.py" in text, run.warnings
+    if hook is _normalized:
+        assert "combines positions along the sequence" in text, run.warnings
+    torch._dynamo.reset()
+    lm2, inputs2 = _hooked_llama({"attn": hook})
+    with pytest.raises(streamfx.StreamBPError, match="gradient hook"):
+        torch.compile(lm2, backend="streambp", options={"codegen": "eager", "strict": True})(*inputs2.args)
