@@ -23,7 +23,7 @@ from .config import StreamConfig
 from . import frames, untraceable
 from .errors import CannotStream, StreamBPError, failure
 from . import logging_calls
-from .passes import stops, unit_axes, units, verify
+from .passes import inline, stops, unit_axes, units, verify
 from .passes.graphs import ancestors
 from .session import DetachOutputs, KeepOutputs, Session, _copy as _copy_graph
 
@@ -81,6 +81,7 @@ class _Partitioner(CustomPartitionerFn):
 def compile_graph(gm, example_inputs, config: StreamConfig, session: Session | None = None, detach=None):
     """``gm`` compiled streamed where it streams, exactly as captured where not (warned). ``detach``:
     the user outputs traced detached from the start (None: ``likely_dropped``'s guess)."""
+    inline.inline(gm)   # nested compile regions (a layer compiled once for all): their ops in the graph
     reached = differentiable(gm) if session is None and _evaluating(config) else None
     if reached is not None and evaluates_a_loss(gm, reached):
         return _compile_evaluation(gm, example_inputs, config, reached, detach)

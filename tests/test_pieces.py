@@ -474,3 +474,30 @@ def test_head_symbolic_slice_names_cause():
     messages = [str(w.message) for w in caught if "streamfx" in str(w.message)]
     assert len(messages) == 1 and "sliced along the sequence with a symbolic bound" in messages[0], messages
     assert "dynamic=None" in messages[0] and "test_pieces.py" in messages[0], messages
+
+
+def _in_nested_regions(layers) -> None:
+    """Each layer's ``forward`` under ``torch.compiler.nested_compile_region`` (compiled once for
+    every layer: Dynamo's ``invoke_subgraph``, one opaque op per call in AOTAutograd's graph)."""
+    for layer in layers:
+        cls = type(layer)
+        layer.__class__ = type(f"Region{cls.__name__}", (cls,),
+                               {"forward": torch.compiler.nested_compile_region(cls.forward)})
+
+
+@pytest.mark.parametrize("name,codegen", [pytest.param("qwen3", "eager", marks=pytest.mark.fast),
+                                          pytest.param("nanogpt", "eager", marks=pytest.mark.fast),
+                                          ("qwen3", "inductor")])
+def test_layers_in_a_nested_compile_region_stream(name, codegen):
+    """Layers whose forward is a nested compile region are inlined into the graph the passes
+    see: every layer and the head stream, exact, at a first length and a later one (a
+    differentiated ``invoke_subgraph`` left in the graph gave other gradients)."""
+    model, make_inputs = getattr(zoo, name)()
+    _in_nested_regions(model.model.layers if name == "qwen3" else model.transformer.h)
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp", options={**OPTIONS, "codegen": codegen})
+    for case in (["right_pad", "odd17"] if name == "qwen3" else ["odd13", "odd17"]):
+        ran, messages = compare(ref, compiled, make_inputs(case))
+        assert not messages, messages
+        assert ran["region_forward"] == zoo.LAYERS + 1, ran
+        assert ran["chunks_backward"] >= zoo.LAYERS * 3 + 4, ran
