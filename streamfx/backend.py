@@ -241,21 +241,9 @@ def _compile_graph(gm, example_inputs, config: StreamConfig, session: Session | 
     stops.mark(gm)
     kept = units.wrap(gm, unit_axes.signature)  # a Function or gradient hook: one op, run per chunk where it is per token
     session.begin_graph(gm, example_inputs)
-    # (a hook that is no unit is never the derivative of its identity forward)
-    custom = next((n for n in kept if units.is_hook_call(n)), None) or stops.custom_backward(gm)
-    if custom is not None and units.is_hook(custom):
-        session.refuse("graph", CannotStream(
-            f"a gradient hook (Tensor.register_hook) that cannot run as one op ({kept.get(custom, 'unknown form')}) "
-            "is in the graph (streaming differentiates the forward again and would not apply it); register the "
-            "hook outside the compiled code (on the model's output or a parameter) or keep its body to tensor "
-            "math, so that the rest streams", custom))
-        session.unstreamed = True
-    elif custom is not None:
-        session.refuse("graph", CannotStream(
-            f"a torch.autograd.Function that cannot run as one op ({kept.get(custom, 'unknown form')}) and whose "
-            "backward is not the derivative of its forward is in the graph (streaming differentiates the "
-            "forward again and would not call that backward); move the Function out of the compiled code "
-            "(torch.compiler.disable on the function that applies it) so that the rest streams", custom))
+    refusal = _whole_graph_refusal(gm, kept)
+    if refusal is not None:
+        session.refuse("graph", refusal)
         session.unstreamed = True
     original = gm
     try:
@@ -291,6 +279,33 @@ def _compile_graph(gm, example_inputs, config: StreamConfig, session: Session | 
         session.refuse("graph", failure(err, "compiling the streamed graph"))
         session.run_unstreamed()
         return _compile(original, example_inputs, config, session)
+
+
+def _whole_graph_refusal(gm, kept: dict) -> CannotStream | None:
+    """Why no part of ``gm`` can stream, or None: an op whose backward is not the derivative of its
+    forward and that cannot run as one op (``units.wrap`` left it, with why in ``kept``), which the
+    streamed joint, differentiating the forward again, would not call."""
+    # (a hook that is no unit is never the derivative of its identity forward)
+    custom = next((n for n in kept if units.is_hook_call(n)), None) or stops.custom_backward(gm)
+    if custom is not None and units.is_hook(custom):
+        return CannotStream(
+            f"a gradient hook (Tensor.register_hook) that cannot run as one op ({kept.get(custom, 'unknown form')}) "
+            "is in the graph (streaming differentiates the forward again and would not apply it); register the "
+            "hook outside the compiled code (on the model's output or a parameter) or keep its body to tensor "
+            "math, so that the rest streams", custom)
+    if custom is not None:
+        return CannotStream(
+            f"a torch.autograd.Function that cannot run as one op ({kept.get(custom, 'unknown form')}) and whose "
+            "backward is not the derivative of its forward is in the graph (streaming differentiates the "
+            "forward again and would not call that backward); move the Function out of the compiled code "
+            "(torch.compiler.disable on the function that applies it) so that the rest streams", custom)
+    region = next((n for n in gm.graph.nodes if inline.is_region_call(n)), None)
+    if region is not None:
+        return CannotStream(
+            "a call of a nested compile region (torch.compiler.nested_compile_region) that cannot be inlined (its "
+            "result is read other than by index) is in the graph: one op whose own backward streaming would not "
+            "call; remove the decorator so that the rest streams", region)
+    return None
 
 
 def _compile_detached(gm, indices, example_inputs, config, session):

@@ -501,3 +501,20 @@ def test_layers_in_a_nested_compile_region_stream(name, codegen):
         assert not messages, messages
         assert ran["region_forward"] == zoo.LAYERS + 1, ran
         assert ran["chunks_backward"] >= zoo.LAYERS * 3 + 4, ran
+
+
+@pytest.mark.fast
+def test_a_nested_compile_region_left_in_the_graph_runs_it_unstreamed(monkeypatch):
+    """A region call that is not inlined (here: the inlining switched off, as for a call whose
+    result is read other than by index) is one op whose own backward the streamed joint would
+    not call: the graph runs unstreamed, exact, and the warning names the call."""
+    from streamfx.passes import inline
+
+    monkeypatch.setattr(inline, "inline", lambda gm: 0)
+    model, make_inputs = zoo.nanogpt()
+    _in_nested_regions(model.transformer.h)
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp", options=OPTIONS)
+    ran, messages = compare(ref, compiled, make_inputs("odd13"))
+    assert ran["region_forward"] == 0, ran
+    assert len(messages) == 1 and "nested compile region" in messages[0] and "zoo.py" in messages[0], messages
