@@ -124,7 +124,9 @@ class Report:
             for sp in self.storage:
                 lines.append(f"    {sp.describe()}")
         if self.units:
-            lines.append("  torch.autograd.Functions, each one op with its own backward:")
+            kinds = {"gradient hooks" if what.startswith("register_hook ") else "torch.autograd.Functions"
+                     for what, _ in self.units}
+            lines.append(f"  {' and '.join(sorted(kinds, reverse=True))}, each one op with its own backward:")
             for what, where in self.units:
                 lines.append(f"    {what}: {where}")
         for where, why in self.caveats:

@@ -692,6 +692,7 @@ def test_gradient_hooks_inside_the_model_stream_per_chunk():
     report = streamfx.explain(lm2, *inputs2.args, options={"chunk_size": 5})
     where = {w for what, w in report.units if what.startswith("register_hook")}
     assert {"per chunk in layer.0", "per chunk in layer.1", "per chunk in head"} <= where, report.units
+    assert "gradient hooks, each one op with its own backward" in str(report)
 
 
 @pytest.mark.fast
