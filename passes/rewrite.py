@@ -796,6 +796,11 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     with mode, no_nan_check():
         new_joint = make_fx(joint_fn, decomposition_table=select_decomp_table(),
                             record_module_stack=True)(vals_p, vals_t)
+    for n in list(new_joint.graph.nodes):   # (an op's None output that nothing reads: partitioners save tensors)
+        if n.op == "call_function" and n.target is operator.getitem and not n.users \
+                and not isinstance(n.meta.get("val"), torch.Tensor):
+            new_joint.graph.erase_node(n)
+    new_joint.recompile()
     _tag_forward_backward(new_joint.graph)
     copy_fwd_metadata_to_bw_nodes(new_joint)   # (by the tags above)
     for n in new_joint.graph.nodes:

@@ -193,6 +193,52 @@ def test_buffer_statistic_over_the_tokens_is_exact():
     torch.testing.assert_close(run.model.running, run.ref_model.running)
 
 
+
+@torch.library.custom_op("streamfx_test::decay_into", mutates_args=("buf",))
+def _decay_into(x: torch.Tensor, buf: torch.Tensor) -> None:
+    """``buf <- buf / 2 + sum(x)``: an update that depends on the whole of ``x`` and on the order
+    of the calls (applied per chunk or twice it gives another value)."""
+    buf.copy_(buf * 0.5 + x.detach().sum())
+
+
+@_decay_into.register_fake
+def _(x, buf):
+    return None
+
+
+class RecordingMLP(torch.nn.Module):
+    """An MLP whose output a custom op that mutates a buffer records (AOTAutograd: an
+    ``auto_functionalized`` call whose first output is None, then a copy into the buffer)."""
+
+    def __init__(self, mlp):
+        super().__init__()
+        self.mlp = mlp
+        self.register_buffer("seen", torch.ones(()))
+
+    def forward(self, x):
+        y = self.mlp(x)
+        _decay_into(y, self.seen)
+        return y
+
+
+@pytest.mark.parametrize("codegen", [pytest.param("eager", marks=pytest.mark.fast), "inductor"])
+def test_a_custom_op_that_updates_a_buffer_inside_a_layer(codegen):
+    """The update runs once, on the whole output, and every layer and the head stream (with eager
+    codegen the op's None output, read by nothing, once reached the partitioner and left the
+    graph unstreamed)."""
+    model, make_inputs = zoo.tiny_llama()
+    for block in model.layers:
+        block.mlp = RecordingMLP(block.mlp)
+    run = run_eager_and_compiled(model, make_inputs("odd13"), {"chunk_size": 5, "head_chunk_size": 4,
+                                                               "codegen": codegen})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert not run.warnings, run.warnings
+    for got, ref in zip(run.model.layers, run.ref_model.layers):
+        torch.testing.assert_close(got.mlp.seen, ref.mlp.seen)
+        assert ref.mlp.seen.item() != 1.0
+
 # ---- tied embeddings ---------------------------------------------------------------------------------
 @pytest.mark.fast
 def test_tied_embedding_grads_add_up():
