@@ -205,17 +205,21 @@ def wrap(gm: fx.GraphModule, signature) -> dict:
     (``unit_axes.signature``). One that cannot (a size argument, random ops, effects beyond its
     outputs, an in-place output) stays as it is, for ``stops.custom_backward`` to judge; returns
     those, each with why it is not a unit."""
-    count, kept = 0, {}
+    count, kept, roots = 0, {}, {}
     for n in list(gm.graph.nodes):
-        hook = is_hook_call(n)
-        if not (hook or is_function_call(n)):
+        if is_hook_call(n):
+            why = _wrap_hook(gm, n, signature, roots)
+            if why is not None:
+                kept[n] = why
+            count += why is None
             continue
-        unit, why = _hook_unit(gm, n) if hook else _unit_of(gm, n)
+        if not is_function_call(n):
+            continue
+        unit, why = _unit_of(gm, n)
         if unit is None:
             kept[n] = why
             continue
-        first = 0 if hook else 2   # (a hook's tensor, then its captured values; a Function's bodies come first)
-        inputs = [a for a in n.args[first:] if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
+        inputs = [a for a in n.args[2:] if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
         vals = [_value(a) for a in inputs]
         try:
             key = _register(unit, vals, signature)
@@ -236,15 +240,8 @@ def wrap(gm: fx.GraphModule, signature) -> dict:
         if mode is not None:
             with mode:
                 new.meta["example_value"] = unit_op(key, vals)
-        result = new
-        if hook:   # (the hooked tensor: the op's one output)
-            with gm.graph.inserting_after(new):
-                result = gm.graph.call_function(operator.getitem, (new, 0))
-            result.meta.update(n.meta)
-            if "example_value" in new.meta:
-                result.meta["example_value"] = new.meta["example_value"][0]
-        bodies = [a for a in n.args[:first + 2] if isinstance(a, fx.Node) and a.op == "get_attr"]
-        n.replace_all_uses_with(result)
+        bodies = n.args[:2]
+        n.replace_all_uses_with(new)
         gm.graph.erase_node(n)
         for body in bodies:
             if not body.users:
@@ -254,6 +251,56 @@ def wrap(gm: fx.GraphModule, signature) -> dict:
         gm.graph.lint()
         gm.recompile()
     return kept
+
+
+def _wrap_hook(gm: fx.GraphModule, n: fx.Node, signature, roots: dict) -> str | None:
+    """A ``register_hook`` call as a unit (None), or why it cannot be one. Eager autograd applies
+    a tensor's hooks to its whole gradient, whichever reads came before the registration, in the
+    order they were registered; Dynamo's graph hands the hooked tensor only to the reads after
+    it. So the unit goes right after the tensor's definition and every read of the tensor goes
+    through it, and a later hook on the same tensor (``roots``: a unit's output -> its tensor)
+    goes between the tensor and the earlier ones, whose backward then runs first."""
+    given = n.args[0]
+    root = roots.get(given, given)
+    n.args = (root, *n.args[1:])
+    unit, why = _hook_unit(gm, n)
+    if unit is None:
+        return why
+    inputs = [root] + [a for a in n.args[2:] if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
+    vals = [_value(a) for a in inputs]
+    try:
+        key = _register(unit, vals, signature)
+    except (ImportError, NameError):  # this code against a torch it does not know: loud
+        raise
+    except Exception as e:  # noqa: BLE001 - a hook that does not trace to ATen: the graph runs unstreamed
+        if verify.enabled():
+            raise
+        return f"its hook does not trace to ATen: {type(e).__name__}"
+    order = {x: i for i, x in enumerate(gm.graph.nodes)}
+    after = max(inputs, key=order.__getitem__)
+    if after.op == "placeholder":
+        after = gm.graph.find_nodes(op="placeholder")[-1]
+    if any(u is not n and order[u] <= order[after] for u in root.users):
+        return "its hook reads a value computed after a read of its tensor"
+    with gm.graph.inserting_after(after):
+        new = gm.graph.call_function(UNIT, (key, inputs))
+    with gm.graph.inserting_after(new):
+        result = gm.graph.call_function(operator.getitem, (new, 0))
+    new.meta.update(n.meta)
+    result.meta.update(n.meta)
+    mode = _fake_mode(vals)
+    if mode is not None:
+        with mode:
+            new.meta["example_value"] = unit_op(key, vals)
+        result.meta["example_value"] = new.meta["example_value"][0]
+    root.replace_all_uses_with(result, delete_user_cb=lambda u: u is not new and u is not n)
+    n.replace_all_uses_with(given if given in roots else result)   # (the reads after it: through every hook)
+    body = n.args[1]
+    gm.graph.erase_node(n)
+    if isinstance(body, fx.Node) and not body.users:
+        gm.graph.erase_node(body)
+    roots[result] = root
+    return None
 
 
 def _hook_unit(gm: fx.GraphModule, n: fx.Node) -> tuple:

@@ -714,3 +714,40 @@ def test_a_gradient_hook_that_cannot_run_per_chunk_is_refused_and_exact(hook, st
     lm2, inputs2 = _hooked_llama({"attn": hook})
     with pytest.raises(streamfx.StreamBPError, match="gradient hook"):
         torch.compile(lm2, backend="streambp", options={"codegen": "eager", "strict": True})(*inputs2.args)
+
+
+class HookedTwice(torch.nn.Module):
+    """``form="early"``: the output read once before a hook is registered on it and once after
+    (eager applies the hook to the gradient of both reads); ``form="two"``: two hooks that do not
+    commute (a clip, then a scale: eager runs them in the order they were registered)."""
+
+    def __init__(self, inner, form):
+        super().__init__()
+        self.inner, self.form = inner, form
+
+    def forward(self, x):
+        y = self.inner(x)
+        if not y.requires_grad:
+            return y
+        if self.form == "early":
+            z = y * 2
+            y.register_hook(lambda g: g * 0.25)
+            return z + y
+        y.register_hook(lambda g: g.clamp(-1e-4, 1e-4))
+        y.register_hook(lambda g: g * 100)
+        return y
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("form", ["early", pytest.param("two", marks=pytest.mark.skipif(
+    tuple(map(int, torch.__version__.split(".")[:2])) < (2, 13),
+    reason="torch < 2.13's Dynamo chains a tensor's hooks in reverse order (aot_eager gives the same gradients)"))])
+def test_gradient_hooks_apply_to_every_read_in_the_order_registered(form):
+    """A hook applies to the tensor's whole gradient (reads before its registration included),
+    and several hooks on one tensor run in the order they were registered: each unit goes right
+    after the tensor's definition, a later one between the tensor and the earlier ones."""
+    lm, inputs = _llama(lambda block: setattr(block, "mlp", HookedTwice(block.mlp, form)))
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4, "strict": True})
+    _exact(run)
+    assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
+    assert not run.warnings, run.warnings
