@@ -67,6 +67,7 @@ def _inline_call(gm: fx.GraphModule, call: fx.Node) -> bool:
                 env[node].meta.update(node.meta)
                 continue
             env[node] = gm.graph.node_copy(node, lambda x: env[x])
+            _restack(env[node], call)
     outs = fx.node.map_arg(result, lambda x: env[x])
     outs = outs if isinstance(outs, (tuple, list)) else (outs,)
     for u in list(call.users):
@@ -76,6 +77,22 @@ def _inline_call(gm: fx.GraphModule, call: fx.Node) -> bool:
     if not body_node.users:
         gm.graph.erase_node(body_node)
     return True
+
+
+def _restack(node: fx.Node, call: fx.Node) -> None:
+    """The module stack of a node copied for ``call``: the subgraph was traced in one call (the
+    first layer's), so its nodes name that layer's modules; they get the call's own stack, and
+    the modules below it named under the call's module (``model.layers.1.self_attn``)."""
+    stack = list((node.meta.get("nn_module_stack") or {}).items())
+    outer = list((call.meta.get("nn_module_stack") or {}).items())
+    if not outer or len(stack) < len(outer) or \
+            getattr(stack[len(outer) - 1][1][1], "__qualname__", None) != getattr(outer[-1][1][1], "__qualname__", ""):
+        return
+    traced, own = stack[len(outer) - 1][1][0], outer[-1][1][0]
+    inner = [(f"{key}@{own}" if own != traced else key,
+              (own + path[len(traced):] if path.startswith(traced) else path, cls))
+             for key, (path, cls) in stack[len(outer):]]
+    node.meta["nn_module_stack"] = dict(outer + inner)
 
 
 def _attr(module, target: str):
