@@ -35,8 +35,7 @@ def inline(gm: fx.GraphModule) -> int:
         count += done
         if not done:
             break
-    if count:
-        gm.graph.eliminate_dead_code()
+    if count:   # (copies nothing reads are left to AOTAutograd's trace: an in-place update has no users either)
         gm.graph.lint()
         gm.recompile()
     return count

@@ -524,3 +524,29 @@ def test_a_nested_compile_region_left_in_the_graph_runs_it_unstreamed(monkeypatc
     ran, messages = compare(ref, compiled, make_inputs("odd13"))
     assert ran["region_forward"] == 0, ran
     assert len(messages) == 1 and "nested compile region" in messages[0] and "zoo.py" in messages[0], messages
+
+
+class CountedBlock(zoo.Block):
+    """A nanoGPT block that counts its calls in a buffer (an in-place update in the forward)."""
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return super().forward(x)
+
+
+@pytest.mark.fast
+def test_a_nested_compile_region_that_updates_a_buffer():
+    """The region's in-place buffer update is inlined with its ops and kept (AOTAutograd turns it
+    into a copy into the buffer; torch's own backends refuse such a region in training): every
+    layer streams, exact, each layer's counter at 1 as in eager."""
+    model, make_inputs = zoo.nanogpt()
+    for block in model.transformer.h:
+        block.__class__ = CountedBlock
+        block.register_buffer("calls", torch.zeros(()))
+    _in_nested_regions(model.transformer.h)
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp", options=OPTIONS)
+    ran, messages = compare(ref, compiled, make_inputs("odd13"))
+    assert not messages, messages
+    assert ran["region_forward"] == zoo.LAYERS + 1, ran
+    assert [b.calls.item() for b in model.transformer.h] == [b.calls.item() for b in ref.transformer.h] == [1.0] * zoo.LAYERS
