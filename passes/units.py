@@ -221,14 +221,9 @@ def wrap(gm: fx.GraphModule, signature) -> dict:
             continue
         inputs = [a for a in n.args[2:] if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
         vals = [_value(a) for a in inputs]
-        try:
-            key = _register(unit, vals, signature)
-        except (ImportError, NameError):  # this code against a torch it does not know: loud
-            raise
-        except Exception as e:  # noqa: BLE001 - bodies that do not trace to ATen: left to the derivative check
-            if verify.enabled():
-                raise
-            kept[n] = f"its bodies do not trace to ATen: {type(e).__name__}"
+        key, why = _registered(unit, vals, signature, "its bodies do")   # (if not: left to the derivative check)
+        if key is None:
+            kept[n] = why
             continue
         with gm.graph.inserting_before(n):
             new = gm.graph.call_function(UNIT, (key, inputs))
@@ -268,14 +263,9 @@ def _wrap_hook(gm: fx.GraphModule, n: fx.Node, signature, roots: dict) -> str | 
         return why
     inputs = [root] + [a for a in n.args[2:] if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
     vals = [_value(a) for a in inputs]
-    try:
-        key = _register(unit, vals, signature)
-    except (ImportError, NameError):  # this code against a torch it does not know: loud
-        raise
-    except Exception as e:  # noqa: BLE001 - a hook that does not trace to ATen: the graph runs unstreamed
-        if verify.enabled():
-            raise
-        return f"its hook does not trace to ATen: {type(e).__name__}"
+    key, why = _registered(unit, vals, signature, "its hook does")   # (if not: the graph runs unstreamed)
+    if key is None:
+        return why
     order = {x: i for i, x in enumerate(gm.graph.nodes)}
     after = max(inputs, key=order.__getitem__)
     if after.op == "placeholder":
@@ -318,17 +308,10 @@ def _hook_unit(gm: fx.GraphModule, n: fx.Node) -> tuple:
         return None, "its hook draws random numbers (a chunk's gradient would get others)"
     captured = n.args[2:]
     tensors = [n.args[0]] + [a for a in captured if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
-    args = [("in", 0)]
-    for a in captured:
-        if a in tensors:
-            args.append(("in", tensors.index(a)))
-        elif isinstance(a, fx.Node):
-            where = _size_of(_value(a), tensors)
-            if where is None:
-                return None, "its hook reads a size that is no size of its tensors"
-            args.append(where)
-        else:
-            args.append(("const", a))
+    args = _places(captured, tensors)
+    if args is None:
+        return None, "its hook reads a size that is no size of its tensors"
+    args = [("in", 0)] + args
     fwd = fx.Graph()
     xs = [fwd.placeholder(f"arg{i}") for i in range(len(args))]
     fwd.output(((xs[0],), tuple(xs[1:])))
@@ -371,17 +354,9 @@ def _unit_of(gm: fx.GraphModule, n: fx.Node) -> tuple:
     if _random(fwd) or _random(bwd):
         return None, "it draws random numbers (a chunk recomputed in the backward would draw others)"
     tensors = [a for a in n.args[2:] if isinstance(a, fx.Node) and isinstance(_value(a), torch.Tensor)]
-    args = []
-    for a in n.args[2:]:
-        if a in tensors:
-            args.append(("in", tensors.index(a)))
-        elif isinstance(a, fx.Node):  # a size (a dynamic compile lifts the inputs' sizes into the bodies)
-            where = _size_of(_value(a), tensors)
-            if where is None:
-                return None, "it takes a size as an argument that is no size of its tensor inputs"
-            args.append(where)
-        else:
-            args.append(("const", a))
+    args = _places(n.args[2:], tensors)
+    if args is None:
+        return None, "it takes a size as an argument that is no size of its tensor inputs"
     fwd_out = fwd.graph.find_nodes(op="output")[0].args[0]
     if not (isinstance(fwd_out, (tuple, list)) and len(fwd_out) == 2):
         return None, "its forward body is not (outputs, saved values)"
@@ -475,6 +450,24 @@ def _registers_hook(trace: str) -> bool:
     return ".register_hook(" in source and ".apply(" not in source
 
 
+def _places(values, tensors) -> list | None:
+    """Where each body argument comes from (``Unit.args``): ("in", i) tensor input i, ("size", i, k)
+    a size of one (a dynamic compile lifts the inputs' sizes into the bodies), ("const", value);
+    None where a size is no size of the tensors."""
+    places = []
+    for a in values:
+        if a in tensors:
+            places.append(("in", tensors.index(a)))
+        elif isinstance(a, fx.Node):
+            where = _size_of(_value(a), tensors)
+            if where is None:
+                return None
+            places.append(where)
+        else:
+            places.append(("const", a))
+    return places
+
+
 def _size_of(v, tensors) -> tuple | None:
     """("size", i, k): the size ``v`` (a SymInt) is dim k of tensor input i; None if none."""
     if isinstance(v, torch.SymInt):
@@ -508,6 +501,18 @@ def _symbols_of(vals):
     if not hasattr(env, "_streamfx_serial"):
         env._streamfx_serial = next(_serials)
     return env._streamfx_serial
+
+
+def _registered(unit: Unit, vals, signature, subject: str) -> tuple:
+    """(``_register``'s key, None), or (None, why not: "<subject> not trace to ATen: <error>")."""
+    try:
+        return _register(unit, vals, signature), None
+    except (ImportError, NameError):  # this code against a torch it does not know: loud
+        raise
+    except Exception as e:  # noqa: BLE001 - bodies that do not trace to ATen: the caller says why
+        if verify.enabled():
+            raise
+        return None, f"{subject} not trace to ATen: {type(e).__name__}"
 
 
 def _register(unit: Unit, vals, signature) -> int:
