@@ -441,11 +441,26 @@ def _mean_as_sum(x, *, dtype=None):
     return torch.ops.aten.div.Tensor(total, x.numel()).to(out_dtype)
 
 
+def _mean_dim_as_sum(x, dim=None, keepdim=False, *, dtype=None):
+    """The mean over some dims as the sum over them divided by their sizes' product (ATen's CPU
+    kernel computes it so), so a mean over the tokens (a per-sequence mean of per-token losses,
+    ``loss.view(B, T).mean(1)``) is a sum the head streams. Half precision as in ``_mean_as_sum``."""
+    dims = [d % max(x.dim(), 1) for d in ([dim] if isinstance(dim, int) else (dim or range(x.dim())))]
+    count = 1
+    for d in dims:
+        count = count * (x.shape[d] if x.dim() else 1)
+    out_dtype = dtype or x.dtype
+    acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    total = torch.ops.aten.sum.dim_IntList(x, dims, keepdim, dtype=acc)
+    return torch.ops.aten.div.Tensor(total, count).to(out_dtype)
+
+
 def decompositions() -> dict:
-    """Inductor's decomposition table without the ops in ``KEPT_WHOLE``, and the whole-tensor
-    mean as a sum (``_mean_as_sum``)."""
+    """Inductor's decomposition table without the ops in ``KEPT_WHOLE``, and the mean as a sum
+    (``_mean_as_sum``, ``_mean_dim_as_sum``)."""
     table = {op: fn for op, fn in select_decomp_table().items() if op not in KEPT_WHOLE}
     table[torch.ops.aten.mean.default] = _mean_as_sum
+    table[torch.ops.aten.mean.dim] = _mean_dim_as_sum
     return table
 
 

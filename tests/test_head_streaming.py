@@ -768,27 +768,38 @@ def test_per_token_outputs_kept_logits_dropped():
 
 
 class MeanTokenLoss(nn.Module):
-    """A per-token loss reduced with ``.mean()`` (plain PyTorch: ``reduction="none"``, then the
-    mean over batch and tokens)."""
+    """A per-token loss reduced with a mean (plain PyTorch: ``reduction="none"``, then the mean):
+    ``form`` "all": over batch and tokens; "per_sequence": over each sequence's tokens, the rows
+    weighted and summed; "flat_shifted": the classic shift, flattened, viewed back per sequence
+    and averaged per row (kept dims)."""
 
-    def __init__(self, lm):
+    def __init__(self, lm, form="all"):
         super().__init__()
-        self.lm = lm
+        self.lm, self.form = lm, form
 
     def forward(self, ids, labels):
         _, logits = self.lm(ids)
+        if self.form == "flat_shifted":
+            V = logits.shape[-1]
+            per_token = F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].clamp(min=0).reshape(-1),
+                                        reduction="none").view(ids.shape[0], -1)
+            return (per_token.mean(-1, keepdim=True) * torch.tensor([[0.5], [2.0]])).sum()
         per_token = F.cross_entropy(logits.transpose(1, 2), labels.clamp(min=0), reduction="none")
+        if self.form == "per_sequence":
+            return (per_token.mean(1) * torch.tensor([0.5, 2.0])).sum()
         return per_token.mean()
 
 
 @pytest.mark.fast
+@pytest.mark.parametrize("form", ["all", "per_sequence", "flat_shifted"])
 @pytest.mark.parametrize("dynamic", [None, pytest.param(True, marks=pytest.mark.extended)])
-def test_mean_of_per_token_loss_streams(dynamic):
-    """The mean of a whole tensor is its sum over its size: the head streams a ``.mean()`` loss
-    (with static and symbolic sizes), exactly."""
+def test_mean_of_per_token_loss_streams(dynamic, form):
+    """A mean is a sum over the sizes it averages: the head streams a loss that is the mean of
+    per-token terms, over all of them or over each sequence's (with static and symbolic sizes),
+    exactly."""
     lm, make_inputs = zoo.tiny_llama()
     ids, _, labels = zoo.tokens(zoo.Case("mean", 2, 13, pad="left", n_pad=3), zoo.VOCAB)
-    model = MeanTokenLoss(lm)
+    model = MeanTokenLoss(lm, form)
     inputs = PlainInputs((ids, labels), 2, 13)
     report = streamfx.explain(model, *inputs.args, options={**EAGER, "head_chunk_size": 4}, dynamic=dynamic)
     assert len(head_plans(report)) == 1 and not report.not_streamed, str(report)
