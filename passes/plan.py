@@ -19,7 +19,7 @@ from .kv import kv_outputs, returned_chain
 from .positions import rebuild_positions
 from .schedule import AUTO_CHUNK_RULE, auto_head_chunk, chunk_count, chunk_size
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
-from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL, UNKNOWN_MIXING
+from .seq_dims import CAUSAL_MIXING, SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL, UNKNOWN_MIXING, seq_slice
 from .specs import SUM, WHOLE, Spec, dim_order
 
 aten = torch.ops.aten
@@ -28,6 +28,11 @@ SUM_OPS = (aten.sum.dim_IntList, aten.sum.default)
 CACHE_OUTPUT = ("the attention's keys or values leave the layer in a form its K/V graph does not keep "
                 "(a KV cache of what the keys are computed from: use_cache=True); training streams with "
                 "use_cache=False (model.config.use_cache = False, or use_cache=False in the call)")
+HEAD_SLICE = ("unknown-mixing op in the head region, a slice along the sequence that does not move in front of "
+              "the head (the head streams one run of rows of one length; slices of different rows or lengths, as "
+              "logits[:, 1:] - logits[:, :-1] or two losses shifted by different offsets, are not one run); where it shifts a loss, shift the labels instead and keep the per-token values whole: "
+              "F.pad(labels, (0, n), value=-100)[:, n:] against them, with ignore_index=-100, as Hugging Face's "
+              "loss does")
 TOKEN_BY_TOKEN_OUTPUT = ("a [.., T, T] value leaves the layer, one entry per query and key (its attention "
                          "probabilities, as output_attentions=True returns them, or scores a later layer reads): "
                          "it exists whole for the whole sequence, so the layer runs unstreamed; call the model "
@@ -138,6 +143,8 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
     for n in region.nodes:
         cls = classes[n]
         if cls not in (TOKEN_LOCAL, SEQ_FREE, SEQ_REDUCTION):
+            if cls == UNKNOWN_MIXING and seq_slice(n, sd) is not None:
+                raise CannotStream(HEAD_SLICE, n)
             raise unit_axes.refusal(n, sd) or CannotStream(f"{cls} op in the head region", n)
         if cls == SEQ_REDUCTION:
             if n.target not in SUM_OPS:

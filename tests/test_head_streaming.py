@@ -575,12 +575,64 @@ def test_neighbour_logits_refusal_names_the_slice():
     report = streamfx.explain(model, *inputs.args, options={"head_chunk_size": 4})
     assert head_plans(report) == [] and report.moved == []
     reasons = " ".join(why for _, why in report.not_streamed)
-    assert "unknown-mixing op in the head region: aten.slice" in reasons
-    assert "logits[:, 1:] - logits[:, :-1]" in reasons
+    assert "a slice along the sequence that does not move in front of the head" in reasons
+    assert ": aten.slice at " in reasons and "logits[:, 1:] - logits[:, :-1]" in reasons
     run = run_eager_and_compiled(model, inputs, {**EAGER, "head_chunk_size": 4})
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
     assert_head_not_streamed(run)
+
+
+class TwoTokenLoss(nn.Module):
+    """Multi-token prediction: a second head predicts the token after next, its loss weighted in.
+    ``shift="logits"`` slices each head's logits by its own offset (``[:, :-1]``, ``[:, :-2]``);
+    ``shift="labels"`` shifts the labels instead, padded with -100 (the same loss)."""
+
+    def __init__(self, lm, shift):
+        super().__init__()
+        self.lm, self.shift = lm, shift
+        self.head2 = nn.Linear(lm.lm_head.in_features, lm.vocab, bias=False)
+
+    def forward(self, ids, labels):
+        lm = self.lm
+        x = lm.embed(ids)
+        for layer in lm.layers:
+            x = layer(x, lm.cos[:ids.shape[1]], lm.sin[:ids.shape[1]])
+        h = lm.norm(x)
+        loss = 0
+        for n, head in ((1, lm.lm_head), (2, self.head2)):
+            logits = head(h)
+            if self.shift == "logits":
+                term = F.cross_entropy(logits[:, :-n].reshape(-1, lm.vocab), labels[:, n:].reshape(-1))
+            else:
+                shifted = F.pad(labels, (0, n), value=-100)[:, n:]
+                term = F.cross_entropy(logits.reshape(-1, lm.vocab), shifted.reshape(-1), ignore_index=-100)
+            loss = loss + term / n
+        return loss
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("shift", ["logits", "labels"])
+def test_losses_shifted_by_two_offsets(shift):
+    """Two heads' losses shifted by different offsets: as slices of the logits, the head does not
+    stream (one run of rows per head), said with the slice's line and the label shift that
+    streams; as shifted labels, it streams. Exact either way."""
+    lm, make_inputs = zoo.tiny_llama()
+    ids = make_inputs("prompt").args[0]
+    labels = torch.randint(0, zoo.VOCAB, ids.shape, generator=torch.Generator().manual_seed(3))
+    model = TwoTokenLoss(lm, shift)
+    inputs = PlainInputs((ids, labels), 2, 16)
+    run = run_eager_and_compiled(model, inputs, {**EAGER, "head_chunk_size": 4})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert run.grads["head2.weight"].abs().sum() > 0
+    if shift == "labels":
+        assert not run.warnings and set(run.schedules["head"]) == {4}, (run.warnings, run.schedules)
+        return
+    assert_head_not_streamed(run)
+    [message] = run.warnings
+    assert "a slice along the sequence that does not move in front of the head" in message, message
+    assert "logits[:, :-n]" in message and "F.pad(labels, (0, n), value=-100)[:, n:]" in message, message
 
 
 class TRLGRPOLoss(nn.Module):
