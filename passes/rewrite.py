@@ -745,7 +745,9 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     outs = graph_outputs(joint.graph)
     fwd_outs, grad_outs = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
     ps, ts = primals(joint.graph), tangents(joint.graph)
-    needs_grad = [g is not None for g in grad_outs]
+    # (an opaque input, a process group a collective reads, has no gradient; the joint returns
+    # the object itself in its place)
+    needs_grad = [isinstance(g, fx.Node) and isinstance(g.meta.get("val"), torch.Tensor) for g in grad_outs]
     primal_names = [p.name for p in ps]
     tangent_outputs = _tangent_outputs(joint, ts, num_fwd_outputs)
 
@@ -770,7 +772,7 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
         # traced nodes keep their source lines and modules, and the backward's nodes get their
         # forward node's through ``seq_nr``, which the memory report and Inductor name them by)
         with torch.enable_grad(), fx_traceback.preserve_node_meta():
-            ps = [p.detach().requires_grad_(True) if ng and p.is_floating_point() else p
+            ps = [p.detach().requires_grad_(True) if ng and isinstance(p, torch.Tensor) and p.is_floating_point() else p
                   for p, ng in zip(primals, needs_grad)]
             outs = list(fx.Interpreter(fwd).run(*ps))
             with_tangent = tangent_outputs if tangent_outputs is not None else [
@@ -784,6 +786,9 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
             grads = torch.autograd.grad([o for o, _ in pairs], wrt, [t for _, t in pairs], allow_unused=True)
         it = iter(grads)
         all_grads = [next(it) if ng and p.requires_grad else None for p, ng in zip(ps, needs_grad)]
+        for i, g in enumerate(grad_outs):   # (an opaque object where the joint returns one: as it was)
+            if isinstance(g, fx.Node) and g.op == "placeholder" and not needs_grad[i]:
+                all_grads[i] = ps[primal_names.index(g.name)]
         lost = [i for i, (g, ng) in enumerate(zip(all_grads, needs_grad)) if ng and g is None]
         if lost:  # never a made-up zero: a gradient the joint computes must come through the regions
             raise CannotStream(f"the streamed graph does not reach the gradient of input(s) "

@@ -25,7 +25,7 @@ from .errors import CannotStream, StreamBPError, failure
 from . import logging_calls
 from .passes import inline, stops, unit_axes, units, verify
 from .passes.graphs import ancestors
-from .session import DetachOutputs, KeepOutputs, Session, _copy as _copy_graph
+from .session import DetachOutputs, KeepOutputs, Session, _copy as _copy_graph, source_name
 
 logging_calls.install()  # (loaded as a backend: before Dynamo traces the first model)
 frames.watch_recompile_limit()
@@ -299,12 +299,35 @@ def _whole_graph_refusal(gm, kept: dict) -> CannotStream | None:
             "backward is not the derivative of its forward is in the graph (streaming differentiates the "
             "forward again and would not call that backward); move the Function out of the compiled code "
             "(torch.compiler.disable on the function that applies it) so that the rest streams", custom)
+    subclass = _subclass_input(gm)
+    if subclass is not None:
+        node, value = subclass
+        kind = type(value).__name__
+        return CannotStream(
+            f"an input of the graph is a tensor subclass ({kind}: {source_name(node) or node.name}"
+            + (", a tensor-parallel layer's sharded weight" if kind == "DTensor" else "")
+            + "), whose ops AOTAutograd traces through the subclass's own rules, its backward with them (a "
+            "DTensor's collectives), which is not the derivative of the forward's ops: streaming differentiates "
+            "the forward again and would not run them; shard the parameters with FSDP2 or DeepSpeed ZeRO "
+            "instead (their layers compute on plain tensors, which stream)")
     region = next((n for n in gm.graph.nodes if inline.is_region_call(n)), None)
     if region is not None:
         return CannotStream(
             "a call of a nested compile region (torch.compiler.nested_compile_region) that cannot be inlined (its "
             "result is read other than by index) is in the graph: one op whose own backward streaming would not "
             "call; remove the decorator so that the rest streams", region)
+    return None
+
+
+def _subclass_input(gm) -> tuple | None:
+    """(placeholder, value) of the first input of Dynamo's graph that is a tensor subclass which
+    AOTAutograd desugars (a DTensor), or None."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    for node in gm.graph.find_nodes(op="placeholder"):
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
+            return node, value
     return None
 
 

@@ -209,3 +209,74 @@ def test_fsdp2_per_layer(tmp_path, mode):
         assert ran["chunks_backward"] == zoo.LAYERS * 3, ran
         skipped = [m for m in res["messages"] if m.startswith("streamfx: Dynamo runs") and "TinyLlama.forward" in m]
         assert len(skipped) == (mode == "fsdp2_whole") == len(res["messages"]), res["messages"]
+
+
+def _tensor_parallel_worker(rank, rendezvous, mode, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", STREAMFX_VERIFY="1")
+    sys.path.insert(0, os.path.dirname(__file__))
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from streamfx.runtime import COUNTERS
+
+    torch.set_num_threads(1)
+    init_ranks(rank, rendezvous)
+    try:
+        mesh = init_device_mesh("cpu", (WORLD,))
+        model, make_inputs = zoo.qwen3_sdpa()
+        kwargs = make_inputs("prompt").kwargs
+        plan = {}
+        for i in range(len(model.model.layers)):
+            at = f"model.layers.{i}."
+            plan.update({at + f"self_attn.{p}_proj": ColwiseParallel() for p in "qkv"})
+            plan.update({at + f"mlp.{p}_proj": ColwiseParallel() for p in ("gate", "up")})
+            plan.update({at + "self_attn.o_proj": RowwiseParallel(), at + "mlp.down_proj": RowwiseParallel()})
+        ref = copy.deepcopy(model)
+        parallelize_module(model, mesh, plan)
+        parallelize_module(ref, mesh, plan)
+        ref_loss = ref(**kwargs).loss
+        ref_loss.backward()
+        compiled = torch.compile(model, backend="streambp", options={**OPTIONS, "strict": mode == "strict"})
+        before = dict(COUNTERS)
+        raised = None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                loss = compiled(**kwargs).loss
+                loss.backward()
+            except Exception as err:   # noqa: BLE001 - strict: the error is the result
+                raised, loss = f"{type(err).__name__}: {err}", ref_loss
+        full = lambda g: g.full_tensor() if hasattr(g, "full_tensor") else g   # noqa: E731
+        grads = {n: full(p.grad).detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        ref_grads = {n: full(p.grad).detach().clone() for n, p in ref.named_parameters()}
+        torch.save({"ran": {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}, "grads": grads,
+                    "ref_grads": ref_grads, "loss": loss.detach(), "ref_loss": ref_loss.detach(), "raised": raised,
+                    "messages": [str(w.message) for w in caught if "streamfx" in str(w.message)]},
+                   f"{out}/rank{rank}.pt")
+        finish()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["warn", "strict"])
+def test_tensor_parallel_layers_run_unstreamed_and_say_why(tmp_path, mode):
+    """Tensor parallelism (DTensor weights, colwise/rowwise projections) on 2 ranks: AOTAutograd
+    traces the DTensors' own backward, its collectives not the derivative of the forward's ops,
+    which a streamed joint (differentiating the forward again) would lose: the graph runs
+    unstreamed, its gradients those of eager tensor parallelism, and one warning names the
+    DTensor weight and FSDP2 / ZeRO as the sharding that streams; strict=True raises."""
+    results = launch(mode, tmp_path, _tensor_parallel_worker)
+    for res in results:
+        if mode == "strict":
+            assert res["raised"] and res["raised"].startswith("StreamBPError") and "DTensor" in res["raised"], res
+            continue
+        assert res["raised"] is None, res["raised"]
+        torch.testing.assert_close(res["loss"], res["ref_loss"], rtol=1e-6, atol=1e-6)
+        assert_grads_match(res["ref_grads"], res["grads"], rtol=1e-5)
+        assert res["ran"].get("region_forward", 0) == 0, res["ran"]
+        [said] = res["messages"]
+        assert "tensor subclass (DTensor: " in said and "q_proj" in said and "FSDP2" in said, said
