@@ -16,6 +16,7 @@ from streamfx.errors import CannotStream, op_name, source_line
 from . import unit_axes
 from .graphs import ALIASES, ancestors, hint, in_order, per_token, same
 from .kv import kv_outputs, returned_chain
+from .rules import COLLECTIVE, is_collective
 from .positions import rebuild_positions
 from .schedule import AUTO_CHUNK_RULE, auto_head_chunk, chunk_count, chunk_size
 from .pulls import RANDOM_OPS, PulledMasks, keys_only, pull_created, pull_masks, pull_producers
@@ -145,7 +146,8 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
         if cls not in (TOKEN_LOCAL, SEQ_FREE, SEQ_REDUCTION):
             if cls == UNKNOWN_MIXING and seq_slice(n, sd) is not None:
                 raise CannotStream(HEAD_SLICE, n)
-            raise unit_axes.refusal(n, sd) or CannotStream(f"{cls} op in the head region", n)
+            raise unit_axes.refusal(n, sd) or CannotStream(
+                f"{cls} op in the head region" + (f": {COLLECTIVE}" if is_collective(n.target) else ""), n)
         if cls == SEQ_REDUCTION:
             if n.target not in SUM_OPS:
                 raise CannotStream("a reduction over the sequence that is not a sum", n)
@@ -392,8 +394,10 @@ def plan_layer(region, sd, classes, config, fwd: set, requires_grad=None) -> Lay
         if cls == CAUSAL_MIXING and n not in site_nodes:
             raise CannotStream("token mixing outside the recognised attention sites", n)
         if cls not in (TOKEN_LOCAL, SEQ_FREE, CAUSAL_MIXING):
+            why = COLLECTIVE if is_collective(n.target) else \
+                _INSIDE_A_LAYER.get(cls, "no rule computes its rows per chunk of tokens")
             raise unit_axes.refusal(n, sd) or CannotStream(
-                f"{cls} op inside a layer: {_INSIDE_A_LAYER.get(cls, 'no rule computes its rows per chunk of tokens')}"
+                f"{cls} op inside a layer: {why}"
                 "; this layer runs unstreamed, the other regions stream as they can; to stream it, "
                 + (CONV_ADVICE if n.target in CONV_OPS else "compute the op outside the decoder layers or per token")
                 + ". The op", n)

@@ -85,6 +85,19 @@ def _flat_nodes(node):
     return out
 
 
+# Collectives (communication between processes: tensor parallelism written with them) are not
+# run per chunk: a chunk's collective must be matched by every process running the same chunks,
+# and the chunk sizes may differ between processes (a memory budget reads each one's free memory).
+COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d", "_dtensor")
+COLLECTIVE = ("it communicates between processes (tensor parallelism written with collectives), which streaming "
+              "does not run per chunk: every process would have to run the same chunks")
+
+
+def is_collective(op) -> bool:
+    """Whether ``op`` (an FX node's target) is a collective (``COLLECTIVE_NAMESPACES``)."""
+    return getattr(op, "namespace", None) in COLLECTIVE_NAMESPACES
+
+
 def is_pointwise(op) -> bool:
     return torch.Tag.pointwise in getattr(op, "tags", ())
 

@@ -18,7 +18,7 @@ from torch.fx import traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from streamfx.errors import CannotStream, op_name, source_line
-from .rules import register
+from .rules import COLLECTIVE, is_collective, register
 from .units import _UNITS, UNIT, Unit, _fake_mode, _forward, _grads, _read
 
 aten = torch.ops.aten
@@ -34,6 +34,7 @@ class Signature:
     sizes: dict
     mixed: dict
     ops: frozenset = frozenset()  # the ATen ops of its bodies (a Function wrapping a linear projects)
+    collective: str = ""          # the first collective of its bodies (name and source line), or ""
 
 
 # ops through which a sum over a dim stays a sum of per-chunk parts (with operands free of it)
@@ -112,7 +113,9 @@ def signature(unit: Unit, vals) -> Signature:
     return Signature(tuple(ins), tuple(canon(o) for o in results[:n_res]),
                      {a: table.size[a] for a in table.parent if table.find(a) == a},
                      {a: _describe(node) for a, node in mixed.items()},
-                     frozenset(n.target for n in gm.graph.nodes if n.op == "call_function"))
+                     frozenset(n.target for n in gm.graph.nodes if n.op == "call_function"),
+                     next((_describe(n) for n in gm.graph.nodes if n.op == "call_function" and is_collective(n.target)),
+                          ""))
 
 
 def _sums_into_gradients(node, atoms, sd, table, results, grad_of, ins) -> bool:
@@ -229,6 +232,9 @@ def refusal(node: fx.Node, sd) -> CannotStream | None:
     streams = "a hook streams when each token's gradient depends only on that token's rows" if unit.hook else \
         ("a Function streams when each token's outputs and input gradients depend only on that token's rows "
          "(sums over the tokens only in weight gradients)")
+    if unit.signature.collective and ops:
+        return CannotStream(f"{unit.describe()} calls a collective ({unit.signature.collective}): {COLLECTIVE}; "
+                            "its region runs unstreamed", node)
     return CannotStream(
         f"{unit.describe()} combines positions along the sequence "
         f"({'; '.join(sorted(set(ops))[:2]) or 'in its outputs'}), so it cannot run per chunk of tokens "

@@ -280,3 +280,118 @@ def test_tensor_parallel_layers_run_unstreamed_and_say_why(tmp_path, mode):
         assert res["ran"].get("region_forward", 0) == 0, res["ran"]
         [said] = res["messages"]
         assert "tensor subclass (DTensor: " in said and "q_proj" in said and "FSDP2" in said, said
+
+
+class _CopyToShards(torch.autograd.Function):
+    """Megatron's f: identity forward, the input gradient summed over the ranks' shards."""
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        import torch.distributed._functional_collectives as funcol
+
+        return funcol.all_reduce(g, "sum", "0")
+
+
+class _ReduceFromShards(torch.autograd.Function):
+    """Megatron's g: the shards' partial outputs summed over the ranks, identity backward."""
+    @staticmethod
+    def forward(ctx, x):
+        import torch.distributed._functional_collectives as funcol
+
+        return funcol.all_reduce(x, "sum", "0")
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+def _manual_tp_model():
+    """A 2-layer causal LM whose attention heads and MLP columns are split over the 2 ranks by
+    hand (each rank its own shard's weights), joined by the Functions above."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class Block(nn.Module):
+        def __init__(self, d=32, heads=2, hd=8):
+            super().__init__()
+            self.heads, self.hd = heads, hd
+            self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.o = nn.Linear(d, 3 * heads * hd, bias=False), nn.Linear(heads * hd, d, bias=False)
+            self.up, self.down = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v = self.qkv(_CopyToShards.apply(self.n1(x))).view(B, T, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, -1)
+            x = x + _ReduceFromShards.apply(self.o(a))
+            return x + _ReduceFromShards.apply(self.down(F.gelu(self.up(_CopyToShards.apply(self.n2(x))))))
+
+    class LM(nn.Module):
+        def __init__(self, vocab=64, d=32):
+            super().__init__()
+            self.emb, self.blocks = nn.Embedding(vocab, d), nn.ModuleList(Block() for _ in range(2))
+            self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+        def forward(self, ids, labels):
+            x = self.emb(ids)
+            for block in self.blocks:
+                x = block(x)
+            return F.cross_entropy(self.head(self.norm(x)).flatten(0, 1), labels.flatten())
+
+    return LM()
+
+
+def _manual_tp_worker(rank, rendezvous, mode, out):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", STREAMFX_VERIFY="1")
+    import copy
+
+    import torch.distributed as dist
+
+    from streamfx.runtime import COUNTERS
+
+    torch.set_num_threads(1)
+    init_ranks(rank, rendezvous)
+    try:
+        torch.manual_seed(0)
+        model = _manual_tp_model()
+        torch.manual_seed(1 + rank)   # each rank's shard its own
+        for block in model.blocks:
+            for w in (block.qkv.weight, block.o.weight, block.up.weight, block.down.weight):
+                torch.nn.init.normal_(w, std=0.2)
+        g = torch.Generator().manual_seed(5)
+        ids, labels = torch.randint(0, 64, (2, 24), generator=g), torch.randint(0, 64, (2, 24), generator=g)
+        ref = copy.deepcopy(model)
+        ref_loss = ref(ids, labels)
+        ref_loss.backward()
+        compiled = torch.compile(model, backend="streambp", options=OPTIONS)
+        before = dict(COUNTERS)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loss = compiled(ids, labels)
+            loss.backward()
+        torch.save({"ran": {k: COUNTERS[k] - before.get(k, 0) for k in COUNTERS}, "loss": loss.detach(),
+                    "ref_loss": ref_loss.detach(), "raised": None,
+                    "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                    "ref_grads": {n: p.grad.clone() for n, p in ref.named_parameters()},
+                    "messages": [str(w.message) for w in caught if "streamfx" in str(w.message)]},
+                   f"{out}/rank{rank}.pt")
+        finish()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_tensor_parallelism_by_hand_runs_its_layers_unstreamed_and_says_why(tmp_path):
+    """Tensor parallelism written with Functions that call collectives (Megatron's f and g): the
+    layers run unstreamed (a collective is not run per chunk: every rank would have to run the
+    same chunks), the warning names the collective and its line; the head streams; exact."""
+    for res in launch("manual", tmp_path, _manual_tp_worker):
+        torch.testing.assert_close(res["loss"], res["ref_loss"], rtol=1e-6, atol=1e-6)
+        assert_grads_match(res["ref_grads"], res["grads"], rtol=1e-5)
+        assert res["ran"]["region_forward"] == 1 and res["ran"]["chunks_forward"] == 3, res["ran"]
+        [said] = res["messages"]
+        assert "calls a collective (_c10d_functional.all_reduce at " in said and "funcol.all_reduce(g" in said, said
+        assert "communicates between processes" in said, said
