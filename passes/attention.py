@@ -18,7 +18,7 @@ from streamfx.errors import source_line
 
 from . import kernels
 from .axes import RuleOut
-from .graphs import bind, normalize_dim, same
+from .graphs import ancestors, bind, normalize_dim, same
 from .rules import conv_step, is_pointwise, register, shape, token_shift
 
 aten = torch.ops.aten
@@ -45,7 +45,10 @@ def sdpa(node, table, ax):
     n_out = len(vals) if isinstance(vals, (tuple, list)) else 1
     outs = [out] + [tuple(qa[: len(v_.shape)]) if isinstance(v_, torch.Tensor) else None
                     for v_ in (list(vals)[1:] if n_out > 1 else [])]
-    return RuleOut(outs, mixed=((k, len(ka) - 2), (v, len(va) - 2)))
+    # (causal: which keys a query sees depends on its position, so it combines positions along the
+    # queries too; a causal self-attention is a site, which streams, ``find_sites``)
+    causal = ((q, len(qa) - 2),) if bind(node).get("is_causal") else ()
+    return RuleOut(outs, mixed=((k, len(ka) - 2), (v, len(va) - 2)) + causal)
 
 
 def _mask_of(node):
@@ -150,6 +153,8 @@ def find_sites(graph: fx.Graph, sd, forward: set) -> list[AttentionSite]:
             continue
         if node.target in SDPA_OVERLOADS:
             b = bind(node)
+            if not _keys_from_queries(b["query"], b["key"], b["value"], sd):
+                continue   # (cross-attention: the queries' positions mix nothing; the rule ``sdpa`` says)
             mask = _mask_of(node)
             site = AttentionSite(len(sites), "sdpa:" + node.target._overloadpacket.__name__,
                                  b["query"], b["key"], b["value"], node, frozenset([node]),
@@ -167,6 +172,22 @@ def find_sites(graph: fx.Graph, sd, forward: set) -> list[AttentionSite]:
                 claimed |= site.nodes
                 sites.append(site)
     return sites
+
+
+def _keys_from_queries(q: fx.Node, k: fx.Node, v: fx.Node, sd) -> bool:
+    """Whether the keys or values are computed from a tensor along the queries' positions (self-
+    attention, keys concatenated to other rows included); not where they come from other rows
+    only (cross-attention to an encoder's or an image's states), whose attention mixes nothing
+    along the queries: it is no site."""
+    axes = (sd.axes.get(q) or [None])[0]
+    if not axes or not axes[-2]:
+        return True
+    rows = {sd.table.find(a) for a in axes[-2]}
+    for x in ancestors([k, v]):
+        for out in sd.axes.get(x) or ():
+            if out and any(sd.table.find(a) in rows for dim in out for a in dim):
+                return True
+    return False
 
 
 def _module_or_line(node) -> str:

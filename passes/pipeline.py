@@ -180,10 +180,15 @@ def analyze(graph: fx.Graph, num_fwd_outputs: int, constants: dict | None = None
     attention = [s for s in sites if s.kind != "conv"]
     atoms = [sd.axes[s.query][0][-2] for s in attention]
     seed = seed_sequence(graph, sd)
-    # (where a site's queries lie along the token ids' axis, that one: a site found inside a
-    # linear attention's blocks, whose "queries" are positions within a block, comes first)
-    along = [a for a in atoms if a and seed is not None and sd.table.find(a[-1]) == sd.table.find(seed)]
-    atoms = along or atoms
+    # (where a site's queries lie along the axis of the loss's per-token targets, that one: an
+    # encoder-decoder's decoder, whose tokens the loss is over; else along the token ids' axis:
+    # a site found inside a linear attention's blocks, whose "queries" are positions within a
+    # block, comes first)
+    for axis in (seed_sequence(graph, sd, "loss") if attention else None, seed):
+        along = [a for a in atoms if a and axis is not None and sd.table.find(a[-1]) == sd.table.find(axis)]
+        if along:
+            atoms = along
+            break
     sd.set_seq(atoms[0][-1] if atoms and atoms[0] else None if attention else seed)
     # causal convolutions along the sequence (one along another dim mixes no tokens)
     sites = [s for s in sites if s.kind != "conv" or sd.has_seq(sd.axes[s.key][0][s.seq_dim])]
@@ -311,7 +316,10 @@ def _coverage(a: Analysis) -> None:
     in_layers = {s.index for r in a.regions if r.kind == "layer" for s in r.attention}
     for s in a.sites:
         if s.index not in in_layers:
+            other = a.sd.seq_dim(s.query) is None   # (an encoder-decoder's encoder)
             a.refusals.append((f"attention #{s.index}", CannotStream(
+                "attention over other positions than the sequence the loss is over (an encoder's, whose output "
+                "the decoder reads whole)" if other else
                 "attention outside every layer region (no residual stream found around it)", s.output)))
     regions = set().union(*(r.nodes for r in a.regions)) if a.regions else set()
     mixing = a.unknown_mixing() + _reductions_back_on_tokens(a, regions)

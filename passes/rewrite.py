@@ -372,13 +372,17 @@ def layer_program(plan, codegen: str, attention: str = "recompute") -> LayerProg
                      key_side=frozenset(plan.kv_nodes) if plan.kv_reach else frozenset())
 
     def attention_edits(gm, drop_masks=False):
-        # the copy keeps the graph order: its fused attention calls are the fused sites in order
-        fused = sorted((s for s in plan.sites if s.kind.startswith("sdpa")), key=lambda s: plan.nodes.index(s.output))
+        # the copy keeps the graph order: its fused attention calls are the region's in order,
+        # each a site, or a cross-attention (no site: its keys are whole for every chunk)
+        sites = {s.output: s for s in plan.sites if s.kind.startswith("sdpa")}
+        fused = [sites.get(n) for n in plan.nodes if n.op == "call_function" and n.target in kernels.FORWARD_OPS]
         calls = [n for n in gm.graph.nodes if n.op == "call_function" and n.target in kernels.FORWARD_OPS]
         if len(calls) != len(fused):
-            raise CannotStream(f"the chunk graph holds {len(calls)} fused attention calls for {len(fused)} sites")
+            raise CannotStream(f"the chunk graph holds {len(calls)} fused attention calls for {len(fused)} in the "
+                               "region")
         for node, site in zip(calls, fused):
-            _chunk_attention(gm, node, site, drop_masks)
+            if site is not None:
+                _chunk_attention(gm, node, site, drop_masks)
         gm.graph.eliminate_dead_code()
         gm.recompile()
 
@@ -424,6 +428,8 @@ def keep_attention(plan, query_graph, variants: dict, n_tensors: int):
     sites = sorted((s for s in plan.sites if s.kind.startswith("sdpa")), key=lambda s: plan.nodes.index(s.output))
     if not sites:
         return None, "it has no fused attention"
+    if sum(n.op == "call_function" and n.target in kernels.FORWARD_OPS for n in plan.nodes) != len(sites):
+        return None, "it holds a fused attention that is no causal site (a cross-attention), which keeping does not cover"
     kerns = [kernels.of(s.output) for s in sites]
     bad = [k.name for k in kerns if k is None or not k.keeps]
     if bad:

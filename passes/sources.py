@@ -18,12 +18,12 @@ aten = torch.ops.aten
 LOSS_OPS = (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)
 
 
-def seed_sequence(graph: fx.Graph, sd) -> int | None:
+def seed_sequence(graph: fx.Graph, sd, picks=None) -> int | None:
     """The sequence atom of a graph without attention: the last axis of the token indices of an
     embedding, else of the target of a per-token loss (labels, shifted or not): ``nll_loss``'s
     target, or the index of the ``gather`` that picks each token's log-probability (a decomposed
-    cross entropy)."""
-    for pick in (_embedding_indices, _loss_target):
+    cross entropy). ``picks``: "loss" for the loss target's only."""
+    for pick in ((_loss_target,) if picks == "loss" else (_embedding_indices, _loss_target)):
         for node in graph.nodes:
             dims = pick(node, sd) if node.op == "call_function" else None
             atoms = [a for d in dims or () for a in d]
@@ -81,8 +81,8 @@ def residual_sources(fwd_nodes, sd, requires_grad=frozenset()) -> list:
     hidden state handed to a graph piece; rotary cos/sin are narrower), preferring one that gets
     a gradient. Empty when there is neither."""
     embeddings = [n for n in fwd_nodes if n.op == "call_function" and n.target is aten.embedding.default]
-    if embeddings:
-        return embeddings
+    if embeddings:   # (those along the sequence: an encoder-decoder's encoder embeds other tokens)
+        return [n for n in embeddings if sd.seq_dim(n) is not None] or embeddings
     inputs = [n for n in fwd_nodes if n.op == "placeholder" and is_tensor(val(n)) and val(n).is_floating_point()
               and sd.seq_dim(n) is not None and sd.seq_is_atomic(n) and "k" not in sd.roles(n)]
     if not inputs:
