@@ -156,9 +156,10 @@ def encoder_decoder(name):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("name", ["bart", pytest.param("t5", marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("name", [pytest.param("bart", marks=pytest.mark.heavy), "t5"])
 def test_encoder_decoder_streams_its_decoder_and_head(name):
-    """Hugging Face encoder-decoders (BART; T5, with its learned relative position bias): the loss
+    """Hugging Face encoder-decoders (BART, whose decoder's LayerDrop draw breaks Dynamo's graph on
+    transformers 5.17, so it runs in the default tier; T5, with its learned relative position bias): the loss
     is over the decoder's tokens, so the sequence is the decoder's: its layers (self-attention
     and cross-attention to the padded encoder output) and the head stream; the encoder's
     bidirectional attention is over other positions and runs whole, said once; exact."""
@@ -174,10 +175,14 @@ def test_encoder_decoder_streams_its_decoder_and_head(name):
 @pytest.mark.fast
 def test_a_decoder_given_encoder_states_streams():
     """A decoder-only model with cross-attention layers called with an encoder's states and their
-    padding mask (BartForCausalLM, add_cross_attention): every layer and the head stream; exact."""
+    padding mask (GPT-2 with add_cross_attention): every layer and the head stream; exact."""
     import transformers
 
-    model = transformers.BartForCausalLM(_bart(is_decoder=True, add_cross_attention=True)).train()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=D, n_layer=2, n_head=4, n_positions=64,
+                                     add_cross_attention=True, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                     use_cache=False, attn_implementation="sdpa")
+    model = transformers.GPT2LMHeadModel(config).train()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, VOCAB, (2, T), generator=g)
     states = torch.randn(2, S, D, generator=g)
