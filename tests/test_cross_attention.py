@@ -194,3 +194,39 @@ def test_a_decoder_given_encoder_states_streams():
     assert_grads_match(run.ref_grads, run.grads)
     assert not run.warnings, run.warnings
     assert run.schedules == {"layer.0": [4] * 4, "layer.1": [4] * 4, "head": [4]}, run.schedules
+
+
+def test_mllama_with_images_streams_its_text_layers():
+    """Llama 3.2 Vision (Mllama) with an image: its cross-attention decoder layers (no self-
+    attention: they read the vision tower's states under a per-token cross-attention mask) stream
+    inside the regions of the self-attention layers before them, every text layer and the head
+    streaming; the vision tower's attention runs whole, said once; exact."""
+    import transformers
+
+    torch.manual_seed(0)
+    vision = transformers.MllamaVisionConfig(
+        hidden_size=D, intermediate_size=64, num_hidden_layers=2, num_global_layers=1, attention_heads=4,
+        image_size=28, patch_size=14, max_num_tiles=1, vision_output_dim=64, intermediate_layers_indices=[0],
+        supported_aspect_ratios=[[1, 1]])
+    text = transformers.MllamaTextConfig(
+        vocab_size=128, hidden_size=D, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, cross_attention_layers=[1, 3], max_position_embeddings=64, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2)
+    config = transformers.MllamaConfig(vision_config=vision, text_config=text, image_token_index=127)
+    config._attn_implementation = "sdpa"
+    model = transformers.MllamaForConditionalGeneration(config).train()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 120, (2, T), generator=g)
+    ids[:, 1] = 127   # the image token
+    seen = torch.zeros(2, T, 1, 1, dtype=torch.long)
+    seen[:, 1:] = 1    # the tokens from the image token on see the image
+    kwargs = dict(input_ids=ids, pixel_values=torch.randn(2, 1, 1, 3, 28, 28, generator=g),
+                  aspect_ratio_ids=torch.ones(2, 1, dtype=torch.long), aspect_ratio_mask=torch.ones(2, 1, 1, dtype=torch.long),
+                  cross_attention_mask=seen, labels=ids, use_cache=False)
+    run = run_eager_and_compiled(model, Inputs((), kwargs, lambda out: out.loss), OPTIONS)
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-6, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    # (two regions: each self-attention layer with the cross-attention layer after it)
+    assert run.schedules == {"layer.0": [4] * 4, "layer.1": [4] * 4, "head": [4]}, run.schedules
+    [said] = run.warnings
+    assert "attention over other positions than the sequence the loss is over" in said, said
