@@ -756,6 +756,13 @@ def stream_joint(joint: fx.GraphModule, num_fwd_outputs: int, fwd_nodes, plans, 
     needs_grad = [isinstance(g, fx.Node) and isinstance(g.meta.get("val"), torch.Tensor) for g in grad_outs]
     primal_names = [p.name for p in ps]
     tangent_outputs = _tangent_outputs(joint, ts, num_fwd_outputs)
+    effect = next((n for n in fwd_nodes if n.op == "call_function" and n.target is torch.ops.higher_order.with_effects),
+                  None)
+    if effect is not None:
+        op = effect.args[1]
+        raise CannotStream(f"an op with side effects ({getattr(op, '__name__', op)}) is in the graph, which AOTAutograd "
+                           "orders through effect tokens in the forward and the backward; streaming differentiates "
+                           "the forward again and would not keep that order", effect)
 
     # everything that can fail happens here, before any new graph exists
     programs = []

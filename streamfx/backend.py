@@ -299,6 +299,14 @@ def _whole_graph_refusal(gm, kept: dict) -> CannotStream | None:
             "backward is not the derivative of its forward is in the graph (streaming differentiates the "
             "forward again and would not call that backward); move the Function out of the compiled code "
             "(torch.compiler.disable on the function that applies it) so that the rest streams", custom)
+    leaf = next((n for n in gm.graph.nodes if n.op == "call_function"
+                 and getattr(n.target, "__name__", None) == "invoke_leaf_function"), None)
+    if leaf is not None:
+        return CannotStream(
+            "a leaf function (torch._dynamo.decorators.leaf_function) is in the graph: its eager code runs as one "
+            "opaque op with side effects, which AOTAutograd orders through effect tokens in the forward and the "
+            "backward; streaming differentiates the forward again and would not keep that order; call it from a "
+            "torch.compiler.disable'd function instead (a graph break around it), so that the rest streams", leaf)
     subclass = _subclass_input(gm)
     if subclass is not None:
         node, value = subclass

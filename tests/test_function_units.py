@@ -751,3 +751,51 @@ def test_gradient_hooks_apply_to_every_read_in_the_order_registered(form):
     _exact(run)
     assert {p.name for p in run.programs} == {"layer.0", "layer.1", "head"}, run.warnings
     assert not run.warnings, run.warnings
+
+
+# ---- ops with side effects -------------------------------------------------------------------------
+def _scaled_in_eager(x):
+    return (x * 2.0,)
+
+
+def _with_effects(kind):
+    """The tiny Llama whose first MLP input goes through ``kind``: "leaf" a leaf function (its
+    eager code runs as one opaque op with effects), "print" ATen's ordered ``_print``."""
+    lm, make_inputs = zoo.tiny_llama()
+    mlp = lm.layers[0].mlp
+    inner = mlp.forward
+    if kind == "leaf":
+        from torch._dynamo.decorators import leaf_function
+
+        scale = leaf_function(_scaled_in_eager)
+        scale.register_fake(lambda x: (torch.empty_like(x),))
+        mlp.forward = lambda x: inner(scale(x)[0])
+    else:
+        def printed(x):
+            torch.ops.aten._print("streamfx test: an ordered effect")
+            return inner(x)
+
+        mlp.forward = printed
+    return lm, make_inputs("prompt")
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("kind,says", [
+    ("leaf", "a leaf function (torch._dynamo.decorators.leaf_function) is in the graph"),
+    ("print", "an op with side effects (_print.default) is in the graph")])
+def test_an_op_with_side_effects_leaves_its_graph_unstreamed_and_says_why(kind, says):
+    """AOTAutograd orders an op with side effects (a leaf function's eager code, ATen's ``_print``)
+    through effect tokens in the forward and the backward, which a joint differentiated again
+    would not keep: the graph runs unstreamed, exact, one warning names the op and its line (was:
+    a layer refused as token mixing, then the whole graph with a count of tangents); strict
+    raises."""
+    lm, inputs = _with_effects(kind)
+    run = run_eager_and_compiled(lm, inputs, {"chunk_size": 5, "head_chunk_size": 4})
+    _exact(run)
+    assert run.programs == [], [p.name for p in run.programs]
+    [said] = run.warnings
+    assert says in said and "test_function_units.py" in said, said
+    torch._dynamo.reset()
+    lm2, inputs2 = _with_effects(kind)
+    with pytest.raises(streamfx.StreamBPError, match="side effects"):
+        torch.compile(lm2, backend="streambp", options={"codegen": "eager", "strict": True})(*inputs2.args)
