@@ -102,6 +102,16 @@ def is_pointwise(op) -> bool:
     return torch.Tag.pointwise in getattr(op, "tags", ())
 
 
+@register(aten.binary_cross_entropy.default)
+def binary_cross_entropy(node, table, ax):
+    """Per element with no reduction (the backend keeps it whole and reduces after it), else a
+    reduction over every dim of its input."""
+    if bind(node).get("reduction", 1) == 0:
+        return pointwise(node, table, ax)
+    x = node.args[0]
+    return RuleOut([()], reduced=tuple((x, k) for k in range(len(shape(x)))))
+
+
 register(aten.where.self, aten.clone.default, aten._to_copy.default, aten.alias.default,
          aten.detach.default, aten.lift_fresh_copy.default, aten.copy.default,
          aten.masked_fill.Scalar, aten.masked_fill.Tensor, aten.threshold_backward.default,
@@ -185,6 +195,22 @@ def topk(node, table, ax):
     a, d = list(ax(node.args[0])), normalize_dim(bind(node)["dim"], len(shape(node.args[0])))
     a[d] = table.fresh(out_shape_of(node, 0)[d])
     return RuleOut([tuple(a)] * 2, mixed=((node.args[0], d),))
+
+
+@register(aten.glu.default)
+def glu(node, table, ax):
+    """A gated linear unit: the first half of a dim times the sigmoid of the second; a new axis of
+    half the size there, the halves combined along it."""
+    x = node.args[0]
+    a, d = list(ax(x)), normalize_dim(bind(node).get("dim", -1), len(shape(x)))
+    a[d] = table.fresh(tuple(node.meta["val"].shape)[d])
+    return RuleOut([tuple(a)], mixed=((x, d),))
+
+
+@register(aten.glu_backward.default)
+def glu_backward(node, table, ax):
+    x = node.args[1]
+    return RuleOut([ax(x)], mixed=((x, normalize_dim(node.args[2], len(shape(x)))),))
 
 
 def out_shape_of(node: fx.Node, i: int) -> tuple:

@@ -457,8 +457,27 @@ def _fx_after_inductor_passes(gm, example_inputs, session):
 # Ops kept whole in the joint graph: the streamed joint differentiates the forward graph again,
 # and these ops' own derivatives are exact where their decompositions' are not (``_safe_softmax``
 # of a row whose keys are all masked is 0; differentiating its decomposition gives 0 * nan; the
-# gradient of a vector norm at a zero vector is 0, that of its decomposition sqrt(sum(x^2)) nan).
-KEPT_WHOLE = (torch.ops.aten._safe_softmax.default, torch.ops.aten.linalg_vector_norm.default)
+# gradient of a vector norm at a zero vector is 0, that of its decomposition sqrt(sum(x^2)) nan;
+# SiLU decomposed as x / (1 + exp(-x)) has the derivative exp(-x) / (1 + exp(-x))^2, inf / inf at
+# x = -100, where autograd's silu_backward gives 0). Every elementwise function the decomposition
+# table writes with other ops is kept whole (activations, softplus, logaddexp, xlogy...): the
+# re-derived joint, traced with the table, then decomposes it and its own backward, as
+# AOTAutograd does. Left to the table: arithmetic it only rewrites (add with alpha, rsub, true
+# division, bit operations), whose derivative is the same.
+_REWRITTEN_ONLY = {"add", "rsub", "true_divide", "__xor__", "bitwise_and_", "bitwise_or_", "conj_physical",
+                   "isfinite", "isneginf", "isposinf", "masked_fill", "lcm", "angle"}
+
+
+def _kept_whole() -> tuple:
+    table = select_decomp_table()
+    pointwise = tuple(op for op in table if isinstance(op, torch._ops.OpOverload) and torch.Tag.pointwise in op.tags
+                      and op.namespace == "aten" and not op._overloadpacket.__name__.endswith(("_backward", "_"))
+                      and op._overloadname not in ("out", "grad_input") and not op._overloadname.endswith("_out")
+                      and op._overloadpacket.__name__ not in _REWRITTEN_ONLY)
+    return (torch.ops.aten._safe_softmax.default, torch.ops.aten.linalg_vector_norm.default) + pointwise
+
+
+KEPT_WHOLE = _kept_whole()
 
 
 def _mean_as_sum(x, *, dtype=None):
@@ -486,12 +505,22 @@ def _mean_dim_as_sum(x, dim=None, keepdim=False, *, dtype=None):
     return torch.ops.aten.div.Tensor(total, count).to(out_dtype)
 
 
+def _binary_cross_entropy(x, target, weight=None, reduction=1):
+    """Binary cross-entropy as its elementwise op (kept whole: its own derivative is finite where the
+    probability is 0 or 1, that of its decomposition's clamped logarithm is not) and the reduction."""
+    if reduction == 0:
+        return NotImplemented
+    loss = torch.ops.aten.binary_cross_entropy.default(x, target, weight, 0)
+    return torch.ops.aten.mean.default(loss) if reduction == 1 else torch.ops.aten.sum.default(loss)
+
+
 def decompositions() -> dict:
     """Inductor's decomposition table without the ops in ``KEPT_WHOLE``, and the mean as a sum
     (``_mean_as_sum``, ``_mean_dim_as_sum``)."""
     table = {op: fn for op, fn in select_decomp_table().items() if op not in KEPT_WHOLE}
     table[torch.ops.aten.mean.default] = _mean_as_sum
     table[torch.ops.aten.mean.dim] = _mean_dim_as_sum
+    table[torch.ops.aten.binary_cross_entropy.default] = _binary_cross_entropy
     return table
 
 

@@ -83,21 +83,21 @@ def test_strict_raises_a_failing_chunk_with_its_op_and_source_line():
     compiled(*inputs.args)[0].backward()
     # (the last one: dropping the logits output traces again, each trace registers its programs)
     layer = [p for k, p in _PROGRAMS.items() if k not in known and p.name == "layer.1"][-1]
-    node = next(n for n in layer.chunk.gm.graph.nodes
-                if n.target is torch.ops.aten.exp.default and "zoo.py" in n.meta.get("stack_trace", ""))
+    node = next(n for n in layer.chunk.gm.graph.nodes   # (SwiGLU's gate)
+                if n.target is torch.ops.aten.silu.default and "zoo.py" in n.meta.get("stack_trace", ""))
 
-    def broken_exp(x):
+    def broken_silu(x):
         if x.shape[1] < 5:  # the last, uneven chunk
             raise IndexError("index 18 is out of bounds for dimension 0 with size 16")
-        return torch.ops.aten.exp.default(x)
+        return torch.ops.aten.silu.default(x)
 
-    node.target = broken_exp
+    node.target = broken_silu
     layer.chunk.gm.recompile()
     with pytest.raises(streamfx.StreamBPError) as caught:
         compiled(*inputs.args)
     text = str(caught.value)
     assert "region 'layer.1' could not run chunk by chunk (IndexError: index 18 is out of bounds" in text, text
-    assert "broken_exp at " in text and "zoo.py" in text and "the forward of chunk [10, 13) of 13 tokens" in text, text
+    assert "broken_silu at " in text and "zoo.py" in text and "the forward of chunk [10, 13) of 13 tokens" in text, text
     assert text.endswith("(strict=True)"), text
 
 
