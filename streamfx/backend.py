@@ -17,9 +17,9 @@ from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import default_partition
 from torch._inductor import config as inductor_config
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
-from torch._inductor.decomposition import select_decomp_table
 
 from .config import StreamConfig
+from .decompose import decompose_kept, decompositions
 from . import frames, untraceable
 from .errors import CannotStream, StreamBPError, failure
 from . import logging_calls
@@ -421,8 +421,17 @@ def _compile(gm, example_inputs, config, session):
             from torch._inductor.compile_fx import compile_fx
 
             with inductor_config.patch(custom_partitioner_fn=_Partitioner(session)):
-                compiled = compile_fx(gm, example_inputs, decompositions=decompositions())
+                compiled = compile_fx(gm, example_inputs, inner_compile=_decomposed_inner,
+                                      decompositions=decompositions())
     return session.wrap(compiled)
+
+
+def _decomposed_inner(gm, example_inputs, **kwargs):
+    """Inductor's compile of one graph (forward, backward or inference) with the ops kept whole for
+    their derivative decomposed first (``decompose.decompose_kept``)."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    return compile_fx_inner(decompose_kept(gm), example_inputs, **kwargs)
 
 
 def _fx_after_inductor_passes(gm, example_inputs, session):
@@ -452,76 +461,6 @@ def _fx_after_inductor_passes(gm, example_inputs, session):
             partition_fn=partition, decompositions=decompositions(),
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
-
-
-# Ops kept whole in the joint graph: the streamed joint differentiates the forward graph again,
-# and these ops' own derivatives are exact where their decompositions' are not (``_safe_softmax``
-# of a row whose keys are all masked is 0; differentiating its decomposition gives 0 * nan; the
-# gradient of a vector norm at a zero vector is 0, that of its decomposition sqrt(sum(x^2)) nan;
-# SiLU decomposed as x / (1 + exp(-x)) has the derivative exp(-x) / (1 + exp(-x))^2, inf / inf at
-# x = -100, where autograd's silu_backward gives 0). Every elementwise function the decomposition
-# table writes with other ops is kept whole (activations, softplus, logaddexp, xlogy...): the
-# re-derived joint, traced with the table, then decomposes it and its own backward, as
-# AOTAutograd does. Left to the table: arithmetic it only rewrites (add with alpha, rsub, true
-# division, bit operations), whose derivative is the same.
-_REWRITTEN_ONLY = {"add", "rsub", "true_divide", "__xor__", "bitwise_and_", "bitwise_or_", "conj_physical",
-                   "isfinite", "isneginf", "isposinf", "masked_fill", "lcm", "angle"}
-
-
-def _kept_whole() -> tuple:
-    table = select_decomp_table()
-    pointwise = tuple(op for op in table if isinstance(op, torch._ops.OpOverload) and torch.Tag.pointwise in op.tags
-                      and op.namespace == "aten" and not op._overloadpacket.__name__.endswith(("_backward", "_"))
-                      and op._overloadname not in ("out", "grad_input") and not op._overloadname.endswith("_out")
-                      and op._overloadpacket.__name__ not in _REWRITTEN_ONLY)
-    return (torch.ops.aten._safe_softmax.default, torch.ops.aten.linalg_vector_norm.default) + pointwise
-
-
-KEPT_WHOLE = _kept_whole()
-
-
-def _mean_as_sum(x, *, dtype=None):
-    """The mean of a whole tensor as its sum over its size, in aten ops (the streamed joint
-    differentiates them again), so a loss written as the mean of per-token terms
-    (``per_token.mean()``) is a sum the head streams. Half-precision sums accumulate in fp32 and
-    round once, as ``mean`` does."""
-    out_dtype = dtype or x.dtype
-    acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
-    total = torch.ops.aten.sum.default(x, dtype=acc)
-    return torch.ops.aten.div.Tensor(total, x.numel()).to(out_dtype)
-
-
-def _mean_dim_as_sum(x, dim=None, keepdim=False, *, dtype=None):
-    """The mean over some dims as the sum over them divided by their sizes' product (ATen's CPU
-    kernel computes it so), so a mean over the tokens (a per-sequence mean of per-token losses,
-    ``loss.view(B, T).mean(1)``) is a sum the head streams. Half precision as in ``_mean_as_sum``."""
-    dims = [d % max(x.dim(), 1) for d in ([dim] if isinstance(dim, int) else (dim or range(x.dim())))]
-    count = 1
-    for d in dims:
-        count = count * (x.shape[d] if x.dim() else 1)
-    out_dtype = dtype or x.dtype
-    acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
-    total = torch.ops.aten.sum.dim_IntList(x, dims, keepdim, dtype=acc)
-    return torch.ops.aten.div.Tensor(total, count).to(out_dtype)
-
-
-def _binary_cross_entropy(x, target, weight=None, reduction=1):
-    """Binary cross-entropy as its elementwise op (kept whole: its own derivative is finite where the
-    probability is 0 or 1, that of its decomposition's clamped logarithm is not) and the reduction."""
-    if reduction == 0:
-        return NotImplemented
-    loss = torch.ops.aten.binary_cross_entropy.default(x, target, weight, 0)
-    return torch.ops.aten.mean.default(loss) if reduction == 1 else torch.ops.aten.sum.default(loss)
-
-
-def decompositions() -> dict:
-    """Inductor's decomposition table without the ops in ``KEPT_WHOLE``, and the mean as a sum
-    (``_mean_as_sum``, ``_mean_dim_as_sum``)."""
-    table = {op: fn for op, fn in select_decomp_table().items() if op not in KEPT_WHOLE}
-    table[torch.ops.aten.mean.default] = _mean_as_sum
-    table[torch.ops.aten.mean.dim] = _mean_dim_as_sum
-    table[torch.ops.aten.binary_cross_entropy.default] = _binary_cross_entropy
-    return table
 
 
 def _boxed_nop(gm, example_inputs):

@@ -11,6 +11,7 @@ from streamfx.passes import pipeline, stops, verify
 from streamfx.passes.graphs import primals
 
 from .config import StreamConfig
+from .decompose import decompose_kept
 from .errors import CannotStream, StreamBPError, failure
 
 _graph_ids = itertools.count()
@@ -81,6 +82,7 @@ class Session:
 
         def base_partition(joint, joint_inputs, **kwargs):  # the backward exists: gradient stops are aliases
             stops.strip(joint)
+            decompose_kept(joint)   # (ops kept whole for the derivative: decomposed for Inductor)
             fw, bw = partition_(joint, joint_inputs, **kwargs)
             return without_saved(fw, bw, nfwd) if self.forward_only else (fw, bw)
 

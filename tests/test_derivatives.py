@@ -73,3 +73,63 @@ def test_binary_cross_entropy_of_probabilities_streams_in_the_head():
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
     assert run.schedules["head"] and not run.warnings, (run.schedules, run.warnings)
+
+
+@pytest.mark.fast
+def test_decompose_kept_replaces_each_kept_op_by_its_decomposition_in_place():
+    """Before Inductor compiles a graph, each op kept whole is replaced by its decomposition
+    (torch 2.11's Inductor has no lowering for some, SiLU and GELU among them): same values,
+    placeholders and names kept."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from streamfx.decompose import KEPT_WHOLE, decompose_kept
+
+    def f(x, y):
+        return F.silu(x) * F.softplus(y, beta=2.0, threshold=5.0) + torch.clamp(x, min=0.0) + F.gelu(y)
+
+    with FakeTensorMode():
+        gm = make_fx(f)(torch.randn(3, 4), torch.randn(3, 4))
+    names = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    assert sum(n.target in KEPT_WHOLE for n in gm.graph.nodes) == 4
+    decompose_kept(gm)
+    assert not any(n.target in KEPT_WHOLE for n in gm.graph.nodes)
+    assert [n.name for n in gm.graph.find_nodes(op="placeholder")] == names
+    x, y = torch.randn(3, 4) * 50, torch.randn(3, 4) * 50
+    torch.testing.assert_close(gm(x, y), f(x, y))
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("state", ["frozen", "no_attention", "streamed"])
+def test_inductor_compiles_the_graphs_with_kept_ops_decomposed(state):
+    """Every graph Inductor compiles has the kept ops decomposed: an inference graph (a frozen
+    model called with gradients on), a training graph where nothing streams (no attention: the
+    joint as traced), and a streamed one. Outputs and gradients are eager's, nothing said."""
+    import copy
+
+    torch.manual_seed(0)
+    if state == "no_attention":
+        model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.SiLU(), torch.nn.GELU(), torch.nn.Linear(7, 3))
+        args = (torch.randn(4, 5),)
+        loss_of = lambda out: out.square().sum()   # noqa: E731
+    else:
+        model, make_inputs = zoo.tiny_llama()
+        args, loss_of = make_inputs("prompt").args, (lambda out: out[0])
+    if state == "frozen":
+        model.requires_grad_(False)
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp", options={"codegen": "inductor", "chunk_size": 5})
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = loss_of(compiled(*args))
+        if state != "frozen":
+            loss.backward()
+    assert not [str(w.message) for w in caught if "streamfx" in str(w.message)]
+    ref_loss = loss_of(ref(*args))
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    if state != "frozen":
+        ref_loss.backward()
+        assert_grads_match({n: p.grad for n, p in ref.named_parameters()},
+                           {n: p.grad for n, p in model.named_parameters()})
