@@ -31,7 +31,8 @@ CACHE_OUTPUT = ("the attention's keys or values leave the layer in a form its K/
                 "use_cache=False (model.config.use_cache = False, or use_cache=False in the call)")
 HEAD_SLICE = ("unknown-mixing op in the head region, a slice along the sequence that does not move in front of "
               "the head (the head streams one run of rows of one length; slices of different rows or lengths, as "
-              "logits[:, 1:] - logits[:, :-1] or two losses shifted by different offsets, are not one run); where it shifts a loss, shift the labels instead and keep the per-token values whole: "
+              "logits[:, 1:] - logits[:, :-1] or two losses shifted by different offsets, are not one run); where "
+              "it shifts a loss, shift the labels instead and keep the per-token values whole: "
               "F.pad(labels, (0, n), value=-100)[:, n:] against them, with ignore_index=-100, as Hugging Face's "
               "loss does")
 TOKEN_BY_TOKEN_OUTPUT = ("a [.., T, T] value leaves the layer, one entry per query and key (its attention "
