@@ -7,7 +7,6 @@ Under ZeRO-3 the decoder layers are leaf modules (``set_z3_leaf_modules``): thei
 gathered once per layer, outside the layer's graph. ``streamfx.zero3.stream_head`` keeps a Hugging
 Face model's LM head in its loss's graph under ZeRO-3."""
 import os
-import sys
 import warnings
 
 import pytest
@@ -29,16 +28,14 @@ def _worker(rank, rendezvous, mode, out):
     # DeepSpeed's init_distributed looks for the launcher's variables (else it tries MPI discovery)
     # before it adopts the group already joined; the ranks meet through init_ranks' file store, and
     # nothing listens on MASTER_PORT
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500", RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", STREAMFX_VERIFY="1", DS_ACCELERATOR="cpu")
-    sys.path.insert(0, os.path.dirname(__file__))
+    # (set before deepspeed is imported: it picks its accelerator then; init_ranks sets the rest)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29500", LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
     import deepspeed
     import torch.distributed as dist
     from deepspeed.utils import safe_get_full_grad, set_z3_leaf_modules
 
     from streamfx.runtime import COUNTERS
 
-    torch.set_num_threads(1)
     init_ranks(rank, rendezvous)
     deepspeed.init_distributed(dist_backend="gloo")  # adopts the process group
     try:

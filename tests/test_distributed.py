@@ -27,22 +27,23 @@ CASE = zoo.Case("dist", 2, 24)          # the global batch: one row per rank
 
 
 def init_ranks(rank, rendezvous):
-    """Joins the 2 ranks' gloo group through a file store in the test's own directory: no port to
-    choose, so tests launched at once (pytest-xdist workers) cannot race for one; gloo's own
-    connections bind ports the system picks."""
+    """Sets up a rank's process (its rank in the environment, one thread, the checks of
+    ``STREAMFX_VERIFY``, the tests' modules importable) and joins the 2 ranks' gloo group through a
+    file store in the test's own directory: no port to choose, so tests launched at once
+    (pytest-xdist workers) cannot race for one; gloo's own connections bind ports the system picks."""
     import torch.distributed as dist
 
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", STREAMFX_VERIFY="1")
+    sys.path.insert(0, os.path.dirname(__file__))
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=WORLD)
 
 
 def _worker(rank, rendezvous, mode, out):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", STREAMFX_VERIFY="1")
-    sys.path.insert(0, os.path.dirname(__file__))
     import torch.distributed as dist
 
     from streamfx.runtime import COUNTERS
 
-    torch.set_num_threads(1)
     init_ranks(rank, rendezvous)
     try:
         model, make_inputs = zoo.tiny_llama()
@@ -212,8 +213,6 @@ def test_fsdp2_per_layer(tmp_path, mode):
 
 
 def _tensor_parallel_worker(rank, rendezvous, mode, out):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", STREAMFX_VERIFY="1")
-    sys.path.insert(0, os.path.dirname(__file__))
     import copy
 
     import torch.distributed as dist
@@ -222,7 +221,6 @@ def _tensor_parallel_worker(rank, rendezvous, mode, out):
 
     from streamfx.runtime import COUNTERS
 
-    torch.set_num_threads(1)
     init_ranks(rank, rendezvous)
     try:
         mesh = init_device_mesh("cpu", (WORLD,))
@@ -345,14 +343,12 @@ def _manual_tp_model():
 
 
 def _manual_tp_worker(rank, rendezvous, mode, out):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), OMP_NUM_THREADS="1", STREAMFX_VERIFY="1")
     import copy
 
     import torch.distributed as dist
 
     from streamfx.runtime import COUNTERS
 
-    torch.set_num_threads(1)
     init_ranks(rank, rendezvous)
     try:
         torch.manual_seed(0)
