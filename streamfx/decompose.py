@@ -39,13 +39,18 @@ def _kept_whole() -> tuple:
 KEPT_WHOLE = _kept_whole()
 
 
+def _mean_dtypes(x, dtype) -> tuple:
+    """(the mean's dtype, the dtype its sum accumulates in: fp32 for half precision)."""
+    out_dtype = dtype or x.dtype
+    return out_dtype, torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+
+
 def _mean_as_sum(x, *, dtype=None):
     """The mean of a whole tensor as its sum over its size, in aten ops (the streamed joint
     differentiates them again), so a loss written as the mean of per-token terms
     (``per_token.mean()``) is a sum the head streams. Half-precision sums accumulate in fp32 and
     round once, as ``mean`` does."""
-    out_dtype = dtype or x.dtype
-    acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    out_dtype, acc = _mean_dtypes(x, dtype)
     total = torch.ops.aten.sum.default(x, dtype=acc)
     return torch.ops.aten.div.Tensor(total, x.numel()).to(out_dtype)
 
@@ -58,8 +63,7 @@ def _mean_dim_as_sum(x, dim=None, keepdim=False, *, dtype=None):
     count = 1
     for d in dims:
         count = count * (x.shape[d] if x.dim() else 1)
-    out_dtype = dtype or x.dtype
-    acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    out_dtype, acc = _mean_dtypes(x, dtype)
     total = torch.ops.aten.sum.dim_IntList(x, dims, keepdim, dtype=acc)
     return torch.ops.aten.div.Tensor(total, count).to(out_dtype)
 
