@@ -108,7 +108,7 @@ def test_chunked_attention_reads_keys_from_its_block_start():
 
 
 @pytest.mark.parametrize("form, codegen, chunk", [pytest.param("mla", "eager", 5, marks=[pytest.mark.fast, pytest.mark.heavy]),
-                                                 pytest.param("mla_cat", "eager", 5, marks=[pytest.mark.fast, pytest.mark.heavy])] + [
+                                                 pytest.param("mla_cat", "eager", 5, marks=pytest.mark.extended)] + [
     pytest.param("mla", codegen, chunk, marks=SLOW if (codegen, chunk) == ("inductor", 5)
                  else [SLOW, pytest.mark.extended]) for codegen, chunk in
     [("eager", 1), ("eager", T - 1), ("eager", T + 7), ("inductor", 1), ("inductor", 5), ("inductor", T + 7)]])

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from conftest import assert_grads_match, run_eager_and_compiled
+from tiers import cases
 
 OPTIONS = {"codegen": "eager", "chunk_size": 5, "head_chunk_size": 5}
 T, S, D, VOCAB = 16, 7, 32, 64
@@ -93,8 +94,9 @@ def plain_inputs(mask=None):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("codegen", ["eager", pytest.param("inductor", marks=pytest.mark.heavy)])
-@pytest.mark.parametrize("mask", [None, "bool", "float"])
+@pytest.mark.parametrize("mask, codegen", cases([(m, c) for m in (None, "bool", "float") for c in ("eager", "inductor")],
+                                                [(None, "eager"), (None, "inductor"), ("bool", "eager"), ("float", "eager")],
+                                                fast=[(None, "eager"), ("bool", "eager"), ("float", "eager")]))
 def test_cross_attention_to_other_states_streams(mask, codegen):
     """Decoder layers whose cross-attention reads projected features (with a padding mask on
     them, boolean or additive, or none) stream, each chunk's queries against all the states;

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import zoo
 from conftest import assert_grads_match, run_eager_and_compiled
+from tiers import cases
 
 FORMS = {
     "silu": lambda h: F.silu(h * 200),
@@ -33,9 +34,12 @@ FORMS = {
     "bce": lambda h: h + F.binary_cross_entropy(torch.sigmoid(h * 200), torch.full_like(h, 0.3), reduction="none"),
 }
 FAST = ("silu", "softplus", "bce")
+# (the default run: one form of each way a decomposition overflows; the rest are extended)
+DEFAULT = FAST + ("gelu", "softplus_threshold", "logsigmoid", "log_softmax", "bce_with_logits", "expm1")
 
 
-@pytest.mark.parametrize("form", [pytest.param(f, marks=pytest.mark.fast) if f in FAST else f for f in FORMS])
+@pytest.mark.parametrize("form", [pytest.param(*p.values, marks=[*p.marks, pytest.mark.fast]) if p.values[0] in FAST else p
+                                  for p in cases(list(FORMS), DEFAULT, fast=FAST)])
 def test_saturated_functions_get_eagers_finite_gradients(form):
     model, make_inputs = zoo.tiny_llama()
     mlp = model.layers[0].mlp

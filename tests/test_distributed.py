@@ -260,7 +260,7 @@ def _tensor_parallel_worker(rank, rendezvous, mode, out):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["warn", "strict"])
+@pytest.mark.parametrize("mode", ["warn", pytest.param("strict", marks=pytest.mark.extended)])
 def test_tensor_parallel_layers_run_unstreamed_and_say_why(tmp_path, mode):
     """Tensor parallelism (DTensor weights, colwise/rowwise projections) on 2 ranks: AOTAutograd
     traces the DTensors' own backward, its collectives not the derivative of the forward's ops,

@@ -331,7 +331,7 @@ def test_output_attentions_runs_the_layers_whole_and_says_why():
 
 @pytest.mark.parametrize("name,codegen,extra", [
     pytest.param("qwen3_sdpa", "eager", {}, marks=[pytest.mark.fast, pytest.mark.heavy]), ("qwen3_sdpa", "inductor", {}),
-    ("qwen3_eager", "eager", {}), ("gpt2", "eager", {}), ("mistral_sliding", "eager", {}),
+    pytest.param("qwen3_eager", "eager", {}, marks=pytest.mark.extended), ("gpt2", "eager", {}), ("mistral_sliding", "eager", {}),
     ("qwen3_sdpa", "eager", {"offload": "disk", "keep_every": 2}), ("qwen3_sdpa", "eager", {"attention": "keep"})])
 def test_use_cache_true_streams_and_returns_the_cache(name, codegen, extra):
     """use_cache=True makes every layer's keys and values outputs of the graph (a Hugging Face
