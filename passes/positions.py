@@ -24,7 +24,7 @@ import torch.fx as fx
 from streamfx.errors import CannotStream, op_name, source_line
 
 from .graphs import in_order
-from .rules import VALUE_COPIES
+from .rules import UNIFORM_CREATION, VALUE_COPIES
 
 aten = torch.ops.aten
 
@@ -103,6 +103,17 @@ def _only_positions(x, inside) -> bool:
             continue
         return False
     return True
+
+
+def remade_per_chunk(x, inside) -> bool:
+    """Whether ``x``, a tensor made from sizes alone whose sequence dim merges other dims (a flat
+    ``[B*T]``, which a chunk cannot read as one slice of it), can be made again inside the region
+    at a chunk's sizes: its elements hold one value (``UNIFORM_CREATION``), or positions read only
+    as positions (a mixture-of-experts dispatch's ``inv[perm] = arange``: a chunk's own rows).
+    Positions read as data (a flat token index as a loss weight) hold, at each token, where it
+    sits in the whole sequence: a chunk made again would number its own rows from 0, so such a
+    tensor stays an input, read per chunk as rows of the flat dim."""
+    return x.target in UNIFORM_CREATION or _only_positions(x, inside)
 
 
 def rebuild_positions(region_nodes, nodes, inputs, sd):

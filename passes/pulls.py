@@ -16,6 +16,7 @@ import dataclasses
 import torch
 
 from .graphs import in_order, per_token, unpadded
+from .positions import remade_per_chunk
 from .rules import is_pointwise
 from .seq_dims import SEQ_FREE, TOKEN_LOCAL
 from .specs import WHOLE, Spec
@@ -219,9 +220,12 @@ def _per_token_role(f, sd):
 def pull_created(nodes, inputs, sd):
     """(nodes, inputs) with the inputs made from sizes alone (no tensor input: ``empty``,
     ``arange``, ``iota``) whose sequence dim is merged with another dim made inside the layer,
-    at its chunk's sizes: such an input cannot be sliced per chunk."""
+    at its chunk's sizes, where that makes the chunk's values (``positions.remade_per_chunk``);
+    the others stay inputs, read per chunk as rows of their flat dim."""
+    inside = set(nodes)
     created = [x for x in inputs if x.op == "call_function" and not _tensor_inputs(x)
-               and sd.seq_dim(x) is not None and not sd.seq_is_atomic(x) and "k" not in sd.roles(x)]
+               and sd.seq_dim(x) is not None and not sd.seq_is_atomic(x) and "k" not in sd.roles(x)
+               and remade_per_chunk(x, inside)]
     if not created:
         return nodes, inputs
     return in_order(list(nodes) + created), [x for x in inputs if x not in created]

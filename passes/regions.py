@@ -19,6 +19,7 @@ import torch
 import torch.fx as fx
 
 from .graphs import COPIES, SEQ_VIEWS, order, per_token, wider
+from .positions import remade_per_chunk
 from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, seq_slice
 from .sources import residual_sources
 from .units import projects
@@ -241,13 +242,18 @@ def _starts(chain, sites, g, rank) -> list:
 
 def _pull_merged_inputs(nodes: set, sd, classes) -> set:
     """Pull in token-local producers of inputs whose sequence dim is merged with the batch
-    (labels.view(-1)), so every input of the region can be sliced along a plain sequence dim."""
+    (labels.view(-1)), so every input of the region can be sliced along a plain sequence dim; not a
+    tensor made from sizes alone whose values a chunk would not make again (``remade_per_chunk``:
+    a flat ``arange`` read as data stays an input, read per chunk as rows of its flat dim)."""
     changed = True
     while changed:
         changed = False
         for n in list(nodes):
             for x in n.all_input_nodes:
                 if x in nodes or x.op != "call_function" or classes.get(x) != TOKEN_LOCAL:
+                    continue
+                if not [a for a in x.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)] \
+                        and not remade_per_chunk(x, nodes):
                     continue
                 if sd.seq_dim(x) is not None and not sd.seq_is_atomic(x):
                     nodes.add(x)

@@ -633,6 +633,14 @@ def creation(node, table, ax):
     return RuleOut([table.fresh_like(out_shape(node))])
 
 
+# Creation ops whose every element holds one value (or none: ``empty``): made at a chunk's sizes,
+# they hold what the whole tensor holds at the chunk's rows. Any other tensor made from sizes alone
+# (``arange``, ``iota``: positions) holds values that depend on where its rows sit in the sequence.
+UNIFORM_CREATION = {aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format,
+                    aten.empty_strided.default, aten.empty_permuted.default, aten.new_zeros.default,
+                    aten.new_ones.default, aten.new_empty.default, aten.new_full.default, aten.scalar_tensor.default}
+
+
 # ---- permutations of tokens (a mixture-of-experts dispatch) ----------------------------------
 # ``sort`` along a dim reorders its rows: the result is on a permuted copy of that axis
 # (``AxisTable.permuted``), the indices hold positions of the original. A gather by such an

@@ -874,6 +874,47 @@ def test_mean_of_per_token_loss_streams(dynamic, form):
         assert_grads_match(run.ref_grads, {n: p.grad for n, p in mine.named_parameters()})
 
 
+class WeightedTokenLoss(nn.Module):
+    """A per-token loss over the flattened tokens ``[B*T]`` weighted by a tensor made from sizes
+    alone over that flat dim: ``form`` "arange" (the flat token index), "linspace" (a ramp from
+    0.1 to 1 over every token), "ones_over_n" (``1/n`` at every token: one value)."""
+
+    def __init__(self, lm, form):
+        super().__init__()
+        self.lm, self.form = lm, form
+
+    def forward(self, ids, labels):
+        _, logits = self.lm(ids)
+        V = logits.shape[-1]
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        per_token = F.cross_entropy(logits.reshape(-1, V), shifted.reshape(-1), reduction="none")
+        n = per_token.numel()
+        if self.form == "arange":
+            w = torch.arange(n, device=per_token.device).to(per_token.dtype) / n
+        elif self.form == "linspace":
+            w = torch.linspace(0.1, 1.0, n, device=per_token.device)
+        else:
+            w = per_token.new_full((n,), 1.0 / n)
+        return (per_token * w).sum()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("form", ["arange", "linspace", "ones_over_n"])
+def test_a_weight_made_over_the_flat_tokens_is_read_per_chunk(form):
+    """A tensor made from sizes alone over the flattened tokens holds, at each token, a value of
+    where it sits in the whole batch (``arange(B*T)``): the head reads its chunk's rows of it as
+    an input (a chunk made again would number its own rows from 0: a wrong loss and gradients,
+    silently). One that holds one value everywhere is made per chunk. Exact, streamed."""
+    lm, _ = zoo.tiny_llama()
+    ids, _, labels = zoo.tokens(zoo.Case("weights", 2, 16, ignore=(2, 6)), zoo.VOCAB)
+    run = run_eager_and_compiled(WeightedTokenLoss(lm, form), PlainInputs((ids, labels), 2, 16),
+                                 {**EAGER, "chunk_size": 5, "head_chunk_size": 5})
+    assert run.counters["region_backward"] == zoo.LAYERS + 1 and not run.warnings, (run.counters, run.warnings)
+    assert run.schedules["head"] == [chunk_count(16, 5)] * run.head_passes, run.schedules
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-6, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+
+
 # ---- the head's gradient in the forward pass (head_grad) ------------------------------------------
 HEAD_GRAD_CASES = {
     "mean": lambda: (lambda m, mk: (m, mk("prompt")))(*zoo.nanogpt()),
