@@ -244,7 +244,8 @@ def _pull_merged_inputs(nodes: set, sd, classes) -> set:
     """Pull in token-local producers of inputs whose sequence dim is merged with the batch
     (labels.view(-1)), so every input of the region can be sliced along a plain sequence dim; not a
     tensor made from sizes alone whose values a chunk would not make again (``remade_per_chunk``:
-    a flat ``arange`` read as data stays an input, read per chunk as rows of its flat dim)."""
+    a flat ``arange`` read as data stays an input, read per chunk as rows of its flat dim), nor one
+    that reads a symbolic size as a value (``arange(n) / n``: the size is the whole sequence's)."""
     changed = True
     while changed:
         changed = False
@@ -252,9 +253,9 @@ def _pull_merged_inputs(nodes: set, sd, classes) -> set:
             for x in n.all_input_nodes:
                 if x in nodes or x.op != "call_function" or classes.get(x) != TOKEN_LOCAL:
                     continue
-                if not [a for a in x.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)] \
-                        and not remade_per_chunk(x, nodes):
-                    continue
+                tensors = [a for a in x.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+                if (not tensors and not remade_per_chunk(x, nodes)) or len(tensors) < len(x.all_input_nodes):
+                    continue   # (nor one that reads a symbolic size as a value: a chunk would read its own)
                 if sd.seq_dim(x) is not None and not sd.seq_is_atomic(x):
                     nodes.add(x)
                     changed = True

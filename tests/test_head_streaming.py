@@ -7,6 +7,7 @@ silently skipped pass fails. ``codegen="eager"`` throughout, but for the losses 
 whose graph Inductor's joint-graph passes rewrite.
 """
 import copy
+import warnings
 from collections import Counter
 
 import pytest
@@ -913,6 +914,34 @@ def test_a_weight_made_over_the_flat_tokens_is_read_per_chunk(form):
     assert run.schedules["head"] == [chunk_count(16, 5)] * run.head_passes, run.schedules
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-6, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
+
+
+@pytest.mark.fast
+@pytest.mark.heavy
+def test_a_weight_made_over_the_flat_tokens_streams_at_symbolic_sizes():
+    """``arange(n) / n`` over the flattened tokens with ``n`` symbolic: the weight (a symbolic
+    size read as a value, the whole batch's) is computed outside the head and read per chunk; the
+    head streams at every length of one compile, exactly."""
+    from streamfx.runtime import COUNTERS
+
+    lm, _ = zoo.tiny_llama()
+    model = WeightedTokenLoss(lm, "arange")
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp", options={**EAGER, "chunk_size": 5, "head_chunk_size": 5},
+                             dynamic=True)
+    for T in (16, 11):
+        ids, _, labels = zoo.tokens(zoo.Case("weights", 2, T, seed=T), zoo.VOCAB)
+        model.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        before = COUNTERS["region_backward"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled(ids, labels).backward()
+        assert not [w for w in caught if "streamfx" in str(w.message)], [str(w.message) for w in caught]
+        assert COUNTERS["region_backward"] - before == zoo.LAYERS + 1, dict(COUNTERS)
+        ref(ids, labels).backward()
+        assert_grads_match({n: p.grad for n, p in ref.named_parameters()},
+                           {n: p.grad for n, p in model.named_parameters()})
 
 
 # ---- the head's gradient in the forward pass (head_grad) ------------------------------------------
