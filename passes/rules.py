@@ -671,7 +671,7 @@ def index_target(x, table, ax):
     t = x.target
     if t is operator.getitem and x.args[0].target in (aten.sort.default, aten.sort.stable) and x.args[1] == 1:
         return table.canon(table.perms[x.args[0]][1]) if x.args[0] in table.perms else None
-    if t in (aten.arange.default, torch.ops.prims.iota.default) and len(shape(x)) == 1:
+    if _enumerates(x):
         return table.canon(ax(x)[0])
     if t in VALUE_COPIES and len(shape(x)) == len(shape(x.args[0])) == 1:
         return index_target(x.args[0], table, ax)
@@ -687,6 +687,15 @@ def index_target(x, table, ax):
     if t is aten.index_put.default and len(x.args) > 2 and not (len(x.args) > 3 and x.args[3]):
         return index_target(x.args[2], table, ax)
     return None
+
+
+def _enumerates(x) -> bool:
+    """Whether ``x`` holds 0, 1, ..., n-1: the positions of its own (one) dim."""
+    if not isinstance(x, fx.Node) or x.op != "call_function" or len(shape(x)) != 1:
+        return False
+    if x.target is torch.ops.prims.iota.default:
+        return x.kwargs.get("start", 0) == 0 and x.kwargs.get("step", 1) == 1
+    return x.target is aten.arange.default
 
 
 def _one_index(indices):
@@ -740,13 +749,42 @@ def _gather(node, table, ax, x, d, idx):
 @register(aten.index.Tensor)
 def index(node, table, ax):
     """``x[idx]`` along one dim: a lookup where the dim holds no tokens (an expert's bias by its
-    id), a reordering of rows where ``idx`` holds positions of the same tokens, else mixing."""
+    id), a reordering of rows where ``idx`` holds positions of the same tokens, else mixing.
+    ``x[i0, i1, ...]`` by 1-D indices on adjacent dims: element k of the result reads x at
+    (i0[k], i1[k], ...), so the indices line up element by element (as a pointwise op's inputs
+    do); a dim indexed by positions of its own rows (``lp[arange(n), labels]``: each token's
+    row) is read row by row, any other indexed dim is a lookup (mixed)."""
     x, indices = node.args[0], node.args[1]
     one = _one_index(indices)
-    if one is None or len(shape(one[1])) != 1:
-        n = len(shape(x))
+    if one is not None and len(shape(one[1])) == 1:
+        return _gather(node, table, ax, x, one[0], one[1])
+    several = _adjacent_indices(indices)
+    n = len(shape(x))
+    if several is None:
         return RuleOut([table.fresh_like(out_shape(node))], mixed=tuple((x, k) for k in range(n)))
-    return _gather(node, table, ax, x, one[0], one[1])
+    a, first, k = ax(x), several[0][0], len(several)
+    for d, i in several:   # (an arange as long as the dim it indexes enumerates that dim's rows)
+        if a[d] and _enumerates(i) and same(shape(i)[0], shape(x)[d]):
+            table.identify(ax(i)[0], a[d])
+    ref = max((i for _, i in several), key=lambda i: len(table.canon(ax(i)[0])))
+    for _, i in several:
+        if i is not ref and len(table.canon(ax(i)[0])) in (1, len(table.canon(ax(ref)[0]))):
+            table.identify(ax(i)[0], ax(ref)[0])
+    if len({table.canon(ax(i)[0]) for _, i in several}) != 1:   # (indices not aligned on one axis)
+        return RuleOut([table.fresh_like(out_shape(node))], mixed=tuple((x, k) for k in range(n)))
+    mixed = tuple((x, d) for d, i in several if a[d] and not _gathers_rows(a[d], i, table, ax, x))
+    return RuleOut([tuple(a[:first]) + (ax(ref)[0],) + tuple(a[first + k:])], mixed=mixed)
+
+
+def _adjacent_indices(indices):
+    """[(dim, index node)] of an advanced index by two or more 1-D index tensors of one length on
+    adjacent dims, or None."""
+    used = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(used) < 2 or not all(isinstance(i, fx.Node) and len(shape(i)) == 1 for _, i in used):
+        return None
+    if [d for d, _ in used] != list(range(used[0][0], used[0][0] + len(used))):
+        return None
+    return used if all(same(shape(i)[0], shape(used[0][1])[0]) for _, i in used) else None
 
 
 @register(aten.index_select.default)

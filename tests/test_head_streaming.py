@@ -916,6 +916,38 @@ def test_a_weight_made_over_the_flat_tokens_is_read_per_chunk(form):
     assert_grads_match(run.ref_grads, run.grads)
 
 
+class RowIndexedLoss(nn.Module):
+    """The labels' log-probabilities read by an advanced index of each token's row and its label,
+    ``logp[arange(n), labels]`` over the flattened tokens (the form many RL losses write)."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, ids, labels):
+        _, logits = self.lm(ids)
+        V = logits.shape[-1]
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:].reshape(-1)
+        logp = torch.log_softmax(logits.reshape(-1, V).float(), -1)
+        picked = logp[torch.arange(shifted.numel(), device=logp.device), shifted.clamp(min=0)]
+        keep = (shifted != -100).float()
+        return -(picked * keep).sum() / keep.sum()
+
+
+@pytest.mark.fast
+def test_labels_read_by_each_tokens_row_index_stream():
+    """``logp[arange(n), labels]`` reads one element of each token's own row: the head streams
+    it as the per-token gather it is (it ran whole, said to read selected tokens), exactly."""
+    lm, _ = zoo.tiny_llama()
+    ids, _, labels = zoo.tokens(zoo.Case("rows", 2, 16, ignore=(2, 6)), zoo.VOCAB)
+    run = run_eager_and_compiled(RowIndexedLoss(lm), PlainInputs((ids, labels), 2, 16),
+                                 {**EAGER, "chunk_size": 5, "head_chunk_size": 5, "strict": True})
+    assert run.counters["region_backward"] == zoo.LAYERS + 1 and not run.warnings, (run.counters, run.warnings)
+    assert run.schedules["head"] == [chunk_count(16, 5)] * run.head_passes, run.schedules
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-6, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+
+
 @pytest.mark.fast
 @pytest.mark.heavy
 def test_a_weight_made_over_the_flat_tokens_streams_at_symbolic_sizes():
