@@ -7,6 +7,8 @@ value of their symbols (``statically_known_true``), never because their current 
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
@@ -112,6 +114,12 @@ def node_inputs(node: fx.Node) -> list[fx.Node]:
     out: list[fx.Node] = []
     fx.node.map_arg((node.args, node.kwargs), lambda x: out.append(x) if is_tensor(val(x)) else None)
     return out
+
+
+def made_from_sizes(node: fx.Node) -> bool:
+    """Whether ``node`` is an op call with no tensor input (``arange``, ``empty``, ``full``: made
+    from sizes alone); an item of a multi-output op's result is not."""
+    return node.op == "call_function" and node.target is not operator.getitem and not node_inputs(node)
 
 
 def bind(node: fx.Node) -> dict:

@@ -16,14 +16,12 @@ otherwise the region is refused with that cause.
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 import torch.fx as fx
 
 from streamfx.errors import CannotStream, op_name, source_line
 
-from .graphs import in_order
+from .graphs import in_order, made_from_sizes
 from .rules import UNIFORM_CREATION, VALUE_COPIES
 
 aten = torch.ops.aten
@@ -125,9 +123,7 @@ def rebuild_positions(region_nodes, nodes, inputs, sd):
     for x, reader in position_inputs(region_nodes, sd).items():
         if x not in inputs:
             continue  # made per chunk already (a flat arange over merged dims)
-        created = x.op == "call_function" and x.target is not operator.getitem and not [
-            a for a in x.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
-        if created and sd.seq_dim(x) is not None and "k" not in sd.roles(x) and _only_positions(x, inside):
+        if made_from_sizes(x) and sd.seq_dim(x) is not None and "k" not in sd.roles(x) and _only_positions(x, inside):
             made.append(x)
             continue
         raise CannotStream("positions along the sequence computed outside the layer index rows the layer "

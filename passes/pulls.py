@@ -15,7 +15,7 @@ import dataclasses
 
 import torch
 
-from .graphs import in_order, per_token, unpadded
+from .graphs import in_order, made_from_sizes, per_token, unpadded
 from .positions import remade_per_chunk
 from .rules import is_pointwise
 from .seq_dims import SEQ_FREE, TOKEN_LOCAL
@@ -223,7 +223,7 @@ def pull_created(nodes, inputs, sd):
     at its chunk's sizes, where that makes the chunk's values (``positions.remade_per_chunk``);
     the others stay inputs, read per chunk as rows of their flat dim."""
     inside = set(nodes)
-    created = [x for x in inputs if x.op == "call_function" and not _tensor_inputs(x)
+    created = [x for x in inputs if made_from_sizes(x)
                and sd.seq_dim(x) is not None and not sd.seq_is_atomic(x) and "k" not in sd.roles(x)
                and remade_per_chunk(x, inside)]
     if not created:

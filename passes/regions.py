@@ -18,10 +18,10 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from .graphs import COPIES, SEQ_VIEWS, SIZE_ARG_OPS, order, per_token, wider
+from .graphs import COPIES, SEQ_VIEWS, made_from_sizes, order, per_token, wider
 from .positions import remade_per_chunk
 from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, seq_slice
-from .sizes import LENGTH_ARG_OPS
+from .sizes import reads_size_as_value
 from .sources import residual_sources
 from .units import projects
 
@@ -254,22 +254,12 @@ def _pull_merged_inputs(nodes: set, sd, classes) -> set:
             for x in n.all_input_nodes:
                 if x in nodes or x.op != "call_function" or classes.get(x) != TOKEN_LOCAL:
                     continue
-                made = not [a for a in x.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
-                if (made and not remade_per_chunk(x, nodes)) or _reads_size_as_value(x):
+                if (made_from_sizes(x) and not remade_per_chunk(x, nodes)) or reads_size_as_value(x):
                     continue
                 if sd.seq_dim(x) is not None and not sd.seq_is_atomic(x):
                     nodes.add(x)
                     changed = True
     return nodes
-
-
-def _reads_size_as_value(x: fx.Node) -> bool:
-    """Whether ``x`` reads a symbolic size other than as its shape argument (``arange(n) / n``):
-    the size is the whole sequence's, where a chunk graph would read its own."""
-    pos = SIZE_ARG_OPS.get(x.target, LENGTH_ARG_OPS.get(x.target))
-    arg = x.args[pos] if pos is not None and pos < len(x.args) else ()
-    shape = {a for a in (arg if isinstance(arg, (list, tuple)) else [arg]) if isinstance(a, fx.Node)}
-    return any(not isinstance(a.meta.get("val"), torch.Tensor) and a not in shape for a in x.all_input_nodes)
 
 
 def _projected(n: fx.Node) -> bool:

@@ -759,9 +759,15 @@ def index(node, table, ax):
     if one is not None and len(shape(one[1])) == 1:
         return _gather(node, table, ax, x, one[0], one[1])
     several = _adjacent_indices(indices)
-    n = len(shape(x))
-    if several is None:
-        return RuleOut([table.fresh_like(out_shape(node))], mixed=tuple((x, k) for k in range(n)))
+    out = _index_aligned(table, ax, x, several) if several is not None else None
+    if out is None:
+        return RuleOut([table.fresh_like(out_shape(node))], mixed=tuple((x, k) for k in range(len(shape(x)))))
+    return out
+
+
+def _index_aligned(table, ax, x, several):
+    """``x[i0, i1, ...]`` (``several``: their (dim, index) pairs) with the indices aligned on one
+    axis, or None where they cannot be."""
     a, first, k = ax(x), several[0][0], len(several)
     for d, i in several:   # (an arange as long as the dim it indexes enumerates that dim's rows)
         if a[d] and _enumerates(i) and same(shape(i)[0], shape(x)[d]):
@@ -770,8 +776,8 @@ def index(node, table, ax):
     for _, i in several:
         if i is not ref and len(table.canon(ax(i)[0])) in (1, len(table.canon(ax(ref)[0]))):
             table.identify(ax(i)[0], ax(ref)[0])
-    if len({table.canon(ax(i)[0]) for _, i in several}) != 1:   # (indices not aligned on one axis)
-        return RuleOut([table.fresh_like(out_shape(node))], mixed=tuple((x, k) for k in range(n)))
+    if len({table.canon(ax(i)[0]) for _, i in several}) != 1:
+        return None
     mixed = tuple((x, d) for d, i in several if a[d] and not _gathers_rows(a[d], i, table, ax, x))
     return RuleOut([tuple(a[:first]) + (ax(ref)[0],) + tuple(a[first + k:])], mixed=mixed)
 

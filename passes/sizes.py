@@ -25,6 +25,16 @@ aten = torch.ops.aten
 LENGTH_ARG_OPS = {torch.ops.prims.iota.default: 0, aten.arange.default: 0}
 
 
+def reads_size_as_value(x: fx.Node) -> bool:
+    """Whether ``x`` reads a symbolic size other than as its shape or length argument (which a
+    copy rebuilds: ``Sizes.patch``), as ``arange(n) / n`` does: the size is the whole sequence's,
+    where a chunk graph would read its own."""
+    pos = SIZE_ARG_OPS.get(x.target, LENGTH_ARG_OPS.get(x.target))
+    arg = x.args[pos] if pos is not None and pos < len(x.args) else ()
+    shape = {a for a in (arg if isinstance(arg, (list, tuple)) else [arg]) if isinstance(a, fx.Node)}
+    return any(not is_tensor(val(a)) and a not in shape for a in x.all_input_nodes)
+
+
 class Sizes:
     """Size arguments of one graph under construction.
 
