@@ -7,7 +7,9 @@ output) from the source; each chain node is a tensor every later activation is
 computed from. A layer region runs from the chain node that feeds an attention site's queries
 to the next such chain node; the sites whose queries follow from the same chain node (several
 attention calls in one layer) are that layer's. The head region is everything from the last hidden chain node
-(the narrowest one after the last attention site) to the sequence reductions that consume it.
+(the narrowest one after the last attention site) to the sequence reductions that consume it;
+without any, to the per-token outputs narrower than the hidden state that the wider values
+(the logits) are computed into (``_row_outputs``: a map of rows).
 """
 from __future__ import annotations
 
@@ -182,9 +184,10 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
             # and nothing sums over the tokens: a pooled head (sequence classification, a value
             # read at the last token) whose loss reads selected tokens. There is nothing to stream.
             return regions
+    rows = _row_outputs(wide, g, sd, sinks, reach, floor) if wide else []
     if head_entry is not None and reach and (red or chain[0].op != "placeholder"):
         anc = set()
-        for r in red:
+        for r in red or rows:
             anc |= nx.ancestors(g, r) | {r}
         core = set(n for n in fwd_nodes if n in reach and n in anc)
         pulled = _pull_merged_inputs(set(core), sd, classes) - core
@@ -192,7 +195,7 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
         head = _make_region("head", "head", head_entry, nodes, [], rank, fwd_nodes)
         head.shared = frozenset(pulled)
         head.outputs = [o for o in head.outputs if o not in pulled]
-        if wide:   # (what the refusal names: the values, whether they leave whole, what selects from them)
+        if wide and not rows:   # (what the refusal names: the values, whether they leave whole, what selects from them)
             head.unreduced = _unreduced(wide, g, sd, sinks)
         regions.append(head)
     return regions
@@ -200,6 +203,25 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
 
 # ops that read selected positions of a dim (an index, not a sum): the sequence dim gone after them
 SELECTS = frozenset({aten.select.int, aten.index.Tensor, aten.index_select.default, aten.gather.default})
+
+
+def _row_outputs(wide, g, sd, sinks, reach, floor) -> list:
+    """The graph outputs of a head without a sum over the tokens that are per-token values no
+    wider than the hidden state, computed from wider ones that nothing else reads (per-token
+    losses or log-probs that leave the graph before their reduction: ``per[mask].mean()``, a graph
+    break, a compiled function that returns them): the head streams as a map of rows, each chunk
+    writing its rows of them, so the wide values never exist whole. [] where a wide value leaves
+    the graph or is read by anything the outputs are not computed from (``logits[:, -1]``)."""
+    rows = [o for o in sinks if o in reach and o.op == "call_function" and sd.seq_dim(o) is not None
+            and not wider(o, sd, floor) and any(nx.has_path(g, w, o) for w in wide)]
+    if not rows:
+        return []
+    core = set(rows)
+    for o in rows:
+        core |= nx.ancestors(g, o)
+    if any(w in sinks or w not in core or any(u not in core for u in g.successors(w)) for w in wide):
+        return []
+    return rows
 
 
 def _unreduced(wide, g, sd, sinks) -> tuple:

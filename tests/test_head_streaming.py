@@ -976,6 +976,83 @@ def test_a_weight_made_over_the_flat_tokens_streams_at_symbolic_sizes():
                            {n: p.grad for n, p in model.named_parameters()})
 
 
+class PerTokenValues(nn.Module):
+    """Per-token values computed from the logits that leave the graph before any sum over the
+    tokens: ``form`` "masked" (per-token losses, then ``per[mask].mean()``: a boolean index, a
+    graph break after them), "logps" (the targets' log-probabilities and the entropy returned, the
+    loss computed by the caller, as an RL trainer's compiled log-prob function), "flat" (per-token
+    losses over the flattened tokens ``[B*T]`` returned)."""
+
+    def __init__(self, lm, form):
+        super().__init__()
+        self.lm, self.form = lm, form
+
+    def forward(self, ids, labels):
+        _, logits = self.lm(ids)
+        V = logits.shape[-1]
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        if self.form == "logps":
+            logp = torch.log_softmax(logits.float(), -1)
+            picked = torch.gather(logp, -1, shifted.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+            return picked, -(logp.exp() * logp).sum(-1)
+        per_token = F.cross_entropy(logits.reshape(-1, V), shifted.reshape(-1), reduction="none")
+        if self.form == "flat":
+            return per_token
+        keep = shifted.reshape(-1) != -100
+        return per_token[keep].mean()
+
+
+def _weighted(out):
+    """A loss over returned per-token values, with a different weight at every token."""
+    out = out if isinstance(out, tuple) else (out,)
+    return sum((x * torch.linspace(0.5, 1.5, x.numel()).view(x.shape)).sum() for x in out)
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("form", ["masked", "logps", pytest.param("flat", marks=pytest.mark.extended)])
+def test_per_token_values_that_leave_before_their_sum_stream_as_rows(form):
+    """A head whose per-token values leave the graph before their sum (nothing in the graph sums
+    over the tokens) streams as a map of rows: each chunk computes its logits and writes its rows
+    of the narrow values, the backward recomputes a chunk with its rows' gradients. The logits
+    never exist whole (they did, with a warning that the head computes no loss); exact, strict."""
+    lm, _ = zoo.tiny_llama()
+    ids, _, labels = zoo.tokens(zoo.Case("rows", 2, 16, ignore=(2, 6)), zoo.VOCAB)
+    inputs = PlainInputs((ids, labels), 2, 16)
+    inputs.loss_of = _weighted
+    run = run_eager_and_compiled(PerTokenValues(lm, form), inputs,
+                                 {**EAGER, "chunk_size": 5, "head_chunk_size": 5, "strict": True})
+    assert run.counters["region_backward"] == zoo.LAYERS + 1 and not run.warnings, (run.counters, run.warnings)
+    assert run.schedules["head"] == [chunk_count(16, 5)] * run.head_passes, run.schedules
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert all(h.seeds is None and SUM not in h.out_specs for h in run.programs_named("head")), run.programs
+
+
+@pytest.mark.fast
+def test_per_token_values_beside_the_logits_they_come_from_are_refused():
+    """Where the logits leave the graph too (or ``logits[:, -1]``), they exist whole whatever the
+    head does: it runs whole, exactly, with the warning that says so."""
+
+    class Beside(nn.Module):
+        def __init__(self, lm, last):
+            super().__init__()
+            self.lm, self.last = lm, last
+
+        def forward(self, ids, labels):
+            _, logits = self.lm(ids)
+            top = torch.log_softmax(logits, -1).amax(-1)
+            return top, (logits[:, -1] if self.last else logits)
+
+    ids, _, labels = zoo.tokens(zoo.Case("rows", 2, 16), zoo.VOCAB)
+    for last, cause in ((False, "the logits leave the graph whole"), (True, "reads selected tokens")):
+        lm, _ = zoo.tiny_llama()
+        inputs = PlainInputs((ids, labels), 2, 16)
+        inputs.loss_of = _weighted
+        run = run_eager_and_compiled(Beside(lm, last), inputs, {**EAGER, "chunk_size": 5, "head_chunk_size": 5})
+        assert "head" not in run.schedules and len(run.warnings) == 1 and cause in run.warnings[0], run.warnings
+        assert_grads_match(run.ref_grads, run.grads)
+
+
 # ---- the head's gradient in the forward pass (head_grad) ------------------------------------------
 HEAD_GRAD_CASES = {
     "mean": lambda: (lambda m, mk: (m, mk("prompt")))(*zoo.nanogpt()),
