@@ -223,10 +223,10 @@ def decide(a: Analysis, config) -> list:
     """Step 2, pure: plans for the regions that stream; refusals recorded (with the responsible node)."""
     plans = []
     fwd = set(a.fwd_nodes)
-    for r in a.regions:
+    for i, r in enumerate(a.regions):
         try:
             if r.kind == "head":
-                plans.append(plan_head(r, a.sd, a.classes, config, fwd, a.requires_grad, a.unsliced))
+                plans.append(_plan_head(a, i, config, fwd))
             else:
                 plans.append(plan_layer(r, a.sd, a.classes, config, fwd, a.requires_grad))
         except CannotStream as e:
@@ -235,6 +235,25 @@ def decide(a: Analysis, config) -> list:
     _coverage(a)
     verify.analysis(a)
     return plans
+
+
+def _plan_head(a: Analysis, i: int, config, fwd: set):
+    """The head's plan: over its sums, or where those do not stream, as the map of rows its
+    region also holds (``regions._rows``), which then takes its place; else the refusal of its
+    sums."""
+    region = a.regions[i]
+    try:
+        return plan_head(region, a.sd, a.classes, config, fwd, a.requires_grad, a.unsliced)
+    except CannotStream as refused:
+        if region.rows is None:
+            raise
+        try:
+            plan = plan_head(region.rows, a.sd, a.classes, config, fwd, a.requires_grad, a.unsliced)
+        except CannotStream:
+            raise refused from None
+    a.regions[i] = region.rows
+    _record(a, frozenset().union(*(s.nodes for s in a.sites)) if a.sites else frozenset())
+    return plan
 
 
 def _narrow(region, sd) -> bool:

@@ -8,8 +8,8 @@ computed from. A layer region runs from the chain node that feeds an attention s
 to the next such chain node; the sites whose queries follow from the same chain node (several
 attention calls in one layer) are that layer's. The head region is everything from the last hidden chain node
 (the narrowest one after the last attention site) to the sequence reductions that consume it;
-without any, to the per-token outputs narrower than the hidden state that the wider values
-(the logits) are computed into (``_row_outputs``: a map of rows).
+without any (or where those do not stream), to the first values narrower than the hidden state
+that the wider ones (the logits) are computed into (``_rows``: a map of rows).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import torch.fx as fx
 
 from .graphs import COPIES, SEQ_VIEWS, made_from_sizes, order, per_token, wider
 from .positions import remade_per_chunk
-from .seq_dims import SEQ_REDUCTION, TOKEN_LOCAL, seq_slice
+from .seq_dims import SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL, seq_slice
 from .sizes import reads_size_as_value
 from .sources import residual_sources
 from .units import projects
@@ -43,6 +43,9 @@ class Region:
     # a head without a sum over the tokens: (values, leaves, selector) of ``_unreduced`` for the
     # refusal's cause; None otherwise
     unreduced: tuple | None = None
+    # a head with sums over the tokens: the same head as a map of rows (``_rows``), planned where
+    # its sums do not stream
+    rows: "Region | None" = None
 
     def describe(self, names: bool = True) -> str:
         """The region; ``names``: graph node names (graph dumps), else its module (``explain()``)."""
@@ -173,55 +176,74 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
         regions.append(_make_region(f"layer.{i}", "layer", start, nodes, layer_sites, rank, fwd_nodes))
     reach = nx.descendants(g, head_entry) if head_entry is not None else set()
     red = [n for n in fwd_nodes if classes.get(n) == SEQ_REDUCTION and n in reach]
+    wide = [n for n in fwd_nodes if n in reach and wider(n, sd, floor)]
+    if head_entry is not None and reach and not red and not wide and chain[0].op != "placeholder":
+        # nothing after the last layer is wider per token than the hidden state it starts from,
+        # and nothing sums over the tokens: a pooled head (sequence classification, a value
+        # read at the last token) whose loss reads selected tokens. There is nothing to stream.
+        return regions
+    rows = _rows(wide, g, classes, reach) if wide else None
+    if rows is not None and not red and any(w in sinks for w in wide):
+        rows = None   # (the logits leave the graph whole: the loss is computed from them outside it)
     # a graph piece that starts at the residual stream and computes no loss has no head (a whole
-    # model without a loss keeps its head region, which then refuses: no loss in the graph); nor
-    # has a graph that ends at the head's entry (a model body whose head and loss a later graph runs)
-    wide = []
-    if head_entry is not None and reach and not red and chain[0].op != "placeholder":
-        wide = [n for n in fwd_nodes if n in reach and wider(n, sd, floor)]
-        if not wide:
-            # nothing after the last layer is wider per token than the hidden state it starts from,
-            # and nothing sums over the tokens: a pooled head (sequence classification, a value
-            # read at the last token) whose loss reads selected tokens. There is nothing to stream.
-            return regions
-    rows = _row_outputs(wide, g, sd, sinks, reach, floor) if wide else []
-    if head_entry is not None and reach and (red or chain[0].op != "placeholder"):
-        anc = set()
-        for r in red or rows:
-            anc |= nx.ancestors(g, r) | {r}
-        core = set(n for n in fwd_nodes if n in reach and n in anc)
-        pulled = _pull_merged_inputs(set(core), sd, classes) - core
-        nodes = [n for n in fwd_nodes if n in core or n in pulled]
-        head = _make_region("head", "head", head_entry, nodes, [], rank, fwd_nodes)
-        head.shared = frozenset(pulled)
-        head.outputs = [o for o in head.outputs if o not in pulled]
-        if wide and not rows:   # (what the refusal names: the values, whether they leave whole, what selects from them)
+    # model without a loss keeps its head region, which then refuses: no loss in the graph), but
+    # where it computes per-token values narrower than the wider ones they come from (a map of
+    # rows: log-probs returned); nor has a graph that ends at the head's entry (a model body whose
+    # head and loss a later graph runs)
+    if head_entry is not None and reach and (red or rows or chain[0].op != "placeholder"):
+        if red:
+            anc = set()
+            for r in red:
+                anc |= nx.ancestors(g, r) | {r}
+            core = set(n for n in fwd_nodes if n in reach and n in anc)
+        else:
+            core = rows or set()
+        head = _head_region(core, head_entry, sd, classes, rank, fwd_nodes)
+        if red and rows is not None:
+            head.rows = _head_region(rows, head_entry, sd, classes, rank, fwd_nodes)
+        if wide and not red and rows is None:
+            # (what the refusal names: the values, whether they leave whole, what selects from them)
             head.unreduced = _unreduced(wide, g, sd, sinks)
         regions.append(head)
     return regions
 
 
+def _head_region(core: set, entry, sd, classes, rank, fwd_nodes) -> Region:
+    pulled = _pull_merged_inputs(set(core), sd, classes) - core
+    nodes = [n for n in fwd_nodes if n in core or n in pulled]
+    head = _make_region("head", "head", entry, nodes, [], rank, fwd_nodes)
+    head.shared = frozenset(pulled)
+    head.outputs = [o for o in head.outputs if o not in pulled]
+    return head
+
+
+def _rows(wide, g, classes, reach) -> set | None:
+    """The head as a map of rows: the values wider per token than the hidden state (``wide``: the
+    logits and what is computed from them at their width), what they are computed from after the
+    head's entry, and every op that reads one, up to the first values no wider than the hidden
+    state (per-token losses, log-probs, entropy). Each chunk writes its rows of those; whatever
+    follows them (a mask's boolean index, a top-k or a maximum over the tokens, a reverse
+    cumulative sum) reads them whole, at a width that costs no more than the hidden state. None
+    where an op of it is neither row by row nor a sum over the tokens (``logits[:, -1]``). The
+    head of a loss takes this form where its own sums do not stream (``plan.plan_head`` refuses
+    them: a maximum over the tokens of the per-token losses); a head with no sum over the tokens
+    always does."""
+    core, todo = set(), list(wide)
+    while todo:
+        n = todo.pop()
+        if n in core:
+            continue
+        core.add(n)
+        todo += [x for x in nx.ancestors(g, n) if x in reach and x not in core]
+        if n in wide:
+            todo += [u for u in g.successors(n) if u not in core]
+    if any(classes.get(n) not in (TOKEN_LOCAL, SEQ_FREE, SEQ_REDUCTION) for n in core):
+        return None
+    return core
+
+
 # ops that read selected positions of a dim (an index, not a sum): the sequence dim gone after them
 SELECTS = frozenset({aten.select.int, aten.index.Tensor, aten.index_select.default, aten.gather.default})
-
-
-def _row_outputs(wide, g, sd, sinks, reach, floor) -> list:
-    """The graph outputs of a head without a sum over the tokens that are per-token values no
-    wider than the hidden state, computed from wider ones that nothing else reads (per-token
-    losses or log-probs that leave the graph before their reduction: ``per[mask].mean()``, a graph
-    break, a compiled function that returns them): the head streams as a map of rows, each chunk
-    writing its rows of them, so the wide values never exist whole. [] where a wide value leaves
-    the graph or is read by anything the outputs are not computed from (``logits[:, -1]``)."""
-    rows = [o for o in sinks if o in reach and o.op == "call_function" and sd.seq_dim(o) is not None
-            and not wider(o, sd, floor) and any(nx.has_path(g, w, o) for w in wide)]
-    if not rows:
-        return []
-    core = set(rows)
-    for o in rows:
-        core |= nx.ancestors(g, o)
-    if any(w in sinks or w not in core or any(u not in core for u in g.successors(w)) for w in wide):
-        return []
-    return rows
 
 
 def _unreduced(wide, g, sd, sinks) -> tuple:

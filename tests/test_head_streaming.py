@@ -981,17 +981,26 @@ class PerTokenValues(nn.Module):
     tokens: ``form`` "masked" (per-token losses, then ``per[mask].mean()``: a boolean index, a
     graph break after them), "logps" (the targets' log-probabilities and the entropy returned, the
     loss computed by the caller, as an RL trainer's compiled log-prob function), "flat" (per-token
-    losses over the flattened tokens ``[B*T]`` returned)."""
+    losses over the flattened tokens ``[B*T]`` returned), "piece" (the log-probs in a graph of
+    their own after a graph break between the layers and the LM head)."""
 
     def __init__(self, lm, form):
         super().__init__()
         self.lm, self.form = lm, form
 
     def forward(self, ids, labels):
-        _, logits = self.lm(ids)
+        if self.form == "piece":
+            lm, T = self.lm, ids.shape[1]
+            x = lm.embed(ids)
+            for layer in lm.layers:
+                x = layer(x, lm.cos[:T], lm.sin[:T])
+            torch._dynamo.graph_break()
+            logits = lm.lm_head(lm.norm(x))
+        else:
+            _, logits = self.lm(ids)
         V = logits.shape[-1]
         shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
-        if self.form == "logps":
+        if self.form in ("logps", "piece"):
             logp = torch.log_softmax(logits.float(), -1)
             picked = torch.gather(logp, -1, shifted.clamp(min=0).unsqueeze(-1)).squeeze(-1)
             return picked, -(logp.exp() * logp).sum(-1)
@@ -1009,7 +1018,7 @@ def _weighted(out):
 
 
 @pytest.mark.fast
-@pytest.mark.parametrize("form", ["masked", "logps", pytest.param("flat", marks=pytest.mark.extended)])
+@pytest.mark.parametrize("form", ["masked", "logps", "piece", pytest.param("flat", marks=pytest.mark.extended)])
 def test_per_token_values_that_leave_before_their_sum_stream_as_rows(form):
     """A head whose per-token values leave the graph before their sum (nothing in the graph sums
     over the tokens) streams as a map of rows: each chunk computes its logits and writes its rows
@@ -1051,6 +1060,54 @@ def test_per_token_values_beside_the_logits_they_come_from_are_refused():
         run = run_eager_and_compiled(Beside(lm, last), inputs, {**EAGER, "chunk_size": 5, "head_chunk_size": 5})
         assert "head" not in run.schedules and len(run.warnings) == 1 and cause in run.warnings[0], run.warnings
         assert_grads_match(run.ref_grads, run.grads)
+
+
+class OverTokenLosses(nn.Module):
+    """A loss over the per-token losses that is not a sum of per-token terms: ``form`` "max" (the
+    largest loss of each sequence), "topk" (the mean of each sequence's hardest half, as token
+    selection by loss writes it), "returns" (a reverse cumulative sum over the tokens), "std"
+    (their spread), "sort", "logsumexp" (a soft maximum over the tokens)."""
+
+    def __init__(self, lm, form):
+        super().__init__()
+        self.lm, self.form = lm, form
+
+    def forward(self, ids, labels):
+        _, logits = self.lm(ids)
+        T = logits.shape[1]
+        shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+        valid = shifted != -100
+        per = F.cross_entropy(logits.transpose(1, 2).float(), shifted, reduction="none").masked_fill(~valid, 0)
+        if self.form == "max":
+            return per.amax(-1).mean() + per.sum() / valid.sum()
+        if self.form == "topk":
+            return per.topk(T // 2, dim=-1).values.mean()
+        if self.form == "returns":
+            return per.flip(-1).cumsum(-1).flip(-1).mean()
+        if self.form == "std":
+            return per.std(-1).mean()
+        if self.form == "sort":
+            return torch.sort(per, dim=-1, descending=True).values[:, :4].mean()
+        return torch.logsumexp(per, -1).mean()
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("form", ["max", "topk", "returns", "std", pytest.param("sort", marks=pytest.mark.extended),
+                                  pytest.param("logsumexp", marks=pytest.mark.extended)])
+def test_a_loss_over_the_per_token_losses_that_is_not_their_sum_streams_their_rows(form):
+    """Where the head's sums over the tokens do not stream (a maximum, a top-k or a cumulative
+    sum over the per-token losses reads them all), the head streams as a map of rows up to the
+    per-token losses, and what follows reads them whole ([B, T], no wider than the hidden state):
+    the logits never exist whole (they did, with a warning naming the reduction); exact, strict."""
+    lm, _ = zoo.tiny_llama()
+    ids, _, labels = zoo.tokens(zoo.Case("rows", 2, 16, ignore=(2, 6)), zoo.VOCAB)
+    run = run_eager_and_compiled(OverTokenLosses(lm, form), PlainInputs((ids, labels), 2, 16),
+                                 {**EAGER, "chunk_size": 5, "head_chunk_size": 5, "strict": True})
+    assert run.counters["region_backward"] == zoo.LAYERS + 1 and not run.warnings, (run.counters, run.warnings)
+    assert run.schedules["head"] == [chunk_count(16, 5)] * run.head_passes, run.schedules
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert all(SUM not in h.out_specs for h in run.programs_named("head")), run.programs
 
 
 # ---- the head's gradient in the forward pass (head_grad) ------------------------------------------
