@@ -15,7 +15,7 @@ import dataclasses
 
 import torch
 
-from .graphs import in_order, made_from_sizes, per_token, unpadded
+from .graphs import in_order, made_from_sizes, node_inputs, per_token, unpadded
 from .positions import remade_per_chunk
 from .rules import is_pointwise
 from .seq_dims import SEQ_FREE, TOKEN_LOCAL
@@ -125,12 +125,7 @@ def _mask_inputs(n) -> list:
     """The tensor inputs a pulled mask node is built from; a pad taken back off is its unpadded
     input (a chunk copy reads that directly, see ``rewrite.build_graph``)."""
     x = unpadded(n)
-    return [x] if x is not None else _tensor_inputs(n)
-
-
-def _tensor_inputs(n) -> list:
-    """Inputs of ``n`` that are tensors (sizes are rebuilt where a node is copied, never read)."""
-    return [x for x in n.all_input_nodes if isinstance(x.meta.get("val"), torch.Tensor)]
+    return [x] if x is not None else node_inputs(n)
 
 
 def _frontier_spec(role) -> Spec:
@@ -180,7 +175,7 @@ def pull_producers(nodes, inputs, pulled: PulledMasks, sd, classes, requires_gra
                 frontier[n] = None
                 continue
             chosen.add(n)
-            stack.extend(_tensor_inputs(n))
+            stack.extend(node_inputs(n))
         if stack or not chosen:
             continue
         roles = {f: _per_token_role(f, sd) for f in frontier}
