@@ -20,7 +20,7 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from .graphs import COPIES, SEQ_VIEWS, made_from_sizes, order, per_token, wider
+from .graphs import COPIES, SEQ_VIEWS, is_tensor, made_from_sizes, order, per_token, val, wider
 from .positions import remade_per_chunk
 from .seq_dims import SEQ_FREE, SEQ_REDUCTION, TOKEN_LOCAL, seq_slice
 from .sizes import reads_size_as_value
@@ -183,8 +183,14 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
         # read at the last token) whose loss reads selected tokens. There is nothing to stream.
         return regions
     rows = _rows(wide, g, classes, reach) if wide else None
-    if rows is not None and not red and any(w in sinks for w in wide):
-        rows = None   # (the logits leave the graph whole: the loss is computed from them outside it)
+    # a loss computed in the graph from the wide values that is not a sum over the tokens (a top-k
+    # of the per-token losses): the logits it returns beside it follow the convention of a head
+    # with a loss (dropped, or kept with return_logits); without one, they leave the graph for
+    # the loss computed outside it, and exist whole
+    loss = not red and any(s in g and sd.seq_dim(s) is None and _floating(s) and
+                           any(nx.has_path(g, w, s) for w in wide) for s in sinks)
+    if rows is not None and not red and not loss and any(w in sinks for w in wide):
+        rows = None
     # a graph piece that starts at the residual stream and computes no loss has no head (a whole
     # model without a loss keeps its head region, which then refuses: no loss in the graph), but
     # where it computes per-token values narrower than the wider ones they come from (a map of
@@ -203,7 +209,7 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
             head.rows = _head_region(rows, head_entry, sd, classes, rank, fwd_nodes)
         if wide and not red and rows is None:
             # (what the refusal names: the values, whether they leave whole, what selects from them)
-            head.unreduced = _unreduced(wide, g, sd, sinks)
+            head.unreduced = _unreduced(wide, g, sd, [] if loss else sinks)
         regions.append(head)
     return regions
 
@@ -246,10 +252,16 @@ def _rows(wide, g, classes, reach) -> set | None:
 SELECTS = frozenset({aten.select.int, aten.index.Tensor, aten.index_select.default, aten.gather.default})
 
 
+def _floating(node) -> bool:
+    v = val(node)
+    return is_tensor(v) and v.is_floating_point()
+
+
 def _unreduced(wide, g, sd, sinks) -> tuple:
     """(values, leaves, selector) of a head without a sum over the tokens, for its refusal:
-    ``leaves``, per-token values wider than the hidden state are graph outputs (the logits leave
-    whole; the values are the widest of them); else ``selector``, where it is found, an op that
+    ``leaves``, per-token values wider than the hidden state are graph outputs (``sinks``: those
+    of a graph whose loss is computed outside it; the logits leave whole; the values are the
+    widest of them); else ``selector``, where it is found, an op that
     reads selected tokens of wide values (``logits[:, -1]``), and the values those are (a
     projection's result where there is one); else the widest values, and no selector."""
     out = [o for o in sinks if o in g and o in wide]

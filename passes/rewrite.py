@@ -853,14 +853,19 @@ def _tag_forward_backward(graph: fx.Graph) -> None:
 
 
 def dropped_outputs(fwd_outs, plans) -> set:
-    """Indices of the forward outputs ``plans`` drop (returned as None: the unsliced logits)."""
-    return {i for i, o in enumerate(fwd_outs) if any(_alias_root(o) in p.dropped for p in plans)}
+    """Indices of the forward outputs ``plans`` drop (returned as None: the unsliced logits): an
+    output that is a dropped value or an alias of one (through aliases a region may hold)."""
+    dropped = set().union(*(p.dropped for p in plans)) if plans else set()
+    return {i for i, o in enumerate(fwd_outs) if any(x in dropped for x in _alias_chain(o))}
 
 
-def _alias_root(node):
+def _alias_chain(node) -> list:
+    """``node`` and the values it aliases, down to the first that is not an alias."""
+    chain = [node]
     while isinstance(node, fx.Node) and node.target in ALIASES:
         node = node.args[0]
-    return node
+        chain.append(node)
+    return chain
 
 
 def _tangent_outputs(joint, tangents, num_fwd_outputs):

@@ -1110,6 +1110,28 @@ def test_a_loss_over_the_per_token_losses_that_is_not_their_sum_streams_their_ro
     assert all(SUM not in h.out_specs for h in run.programs_named("head")), run.programs
 
 
+def hardest_half(logits, labels, vocab_size, **kwargs):
+    """A Hugging Face ``loss_function``: the mean of each sequence's hardest half of the tokens."""
+    shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+    per = F.cross_entropy(logits.float().transpose(1, 2), shifted, reduction="none")
+    return per.topk(per.shape[1] // 2, dim=-1).values.mean()
+
+
+@pytest.mark.fast
+def test_a_models_own_loss_that_is_not_a_sum_streams_its_rows_and_drops_the_logits():
+    """A Hugging Face model whose ``loss_function`` is not a sum over the tokens returns its
+    logits beside the loss: as for a loss that sums, the head streams (as a map of rows here)
+    and the logits are dropped (None; ``return_logits=True`` keeps them). Exact, strict."""
+    model, make_inputs = zoo.qwen3_sdpa()
+    model.loss_function = hardest_half
+    run = run_eager_and_compiled(model, make_inputs("left_pad"),
+                                 {**EAGER, "chunk_size": 5, "head_chunk_size": 5, "strict": True})
+    assert run.counters["region_backward"] == zoo.LAYERS + 1 and not run.warnings, (run.counters, run.warnings)
+    assert run.out.logits is None and run.ref_out.logits is not None, "the logits should be dropped"
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+
+
 # ---- the head's gradient in the forward pass (head_grad) ------------------------------------------
 HEAD_GRAD_CASES = {
     "mean": lambda: (lambda m, mk: (m, mk("prompt")))(*zoo.nanogpt()),
