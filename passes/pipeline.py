@@ -251,6 +251,7 @@ def _plan_head(a: Analysis, i: int, config, fwd: set):
             plan = plan_head(region.rows, a.sd, a.classes, config, fwd, a.requires_grad, a.unsliced)
         except CannotStream:
             raise refused from None
+        plan.rows = f"its sums over the tokens do not stream: {refused.describe()}"
     a.regions[i] = region.rows
     _record(a, frozenset().union(*(s.nodes for s in a.sites)) if a.sites else frozenset())
     return plan

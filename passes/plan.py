@@ -59,6 +59,8 @@ class RegionPlan:
     # (output, flat index) of each scalar output element whose gradient the forward computes
     # (the head's loss sums), or None: the backward recomputes each chunk (see ``grad_seeds``)
     seeds: tuple | None = None
+    # a head that streams as a map of rows (``regions._rows``): why its loss's sums do not
+    rows: str | None = None
 
     @property
     def results(self) -> list:
@@ -110,7 +112,8 @@ class RegionPlan:
                         f"depends on {self.symbols()})")
         if not names:
             return f"{self.name}{self.module()}: {schedule}; {self._keeps()}" + \
-                (f"; drops {len(self.dropped)} output(s) nothing reads (the logits)" if self.dropped else "")
+                (f"; drops {len(self.dropped)} output(s) nothing reads (the logits)" if self.dropped else "") + \
+                (f"; a map of rows up to its per-token values, read whole after it ({self.rows})" if self.rows else "")
         saves = (f"computes the gradients of {len(self.seeds)} output value(s) in the forward, keeps them "
                  f"instead of its inputs" if self.seeds is not None else f"saves {[x.name for x in self.saved]}")
         return (f"{self.name}: {schedule}; "
@@ -216,7 +219,8 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
     chunk = config.head_chunk_size or _auto_head_chunk(region, sd)
     seeds = grad_seeds(outputs, out_specs, requires_grad, config.head_grad) if grad_inputs else None
     return RegionPlan("head", "head", region.nodes, region.inputs, outputs, dropped, in_specs,
-                      out_specs, chunk, T, grad_inputs, sd, region.shared, seeds=seeds)
+                      out_specs, chunk, T, grad_inputs, sd, region.shared, seeds=seeds,
+                      rows=None if reductions else "no sum over the tokens in the graph")
 
 
 MAX_SEEDS = 64  # head_grad="forward": at most this many output values get their gradients in the forward

@@ -1108,6 +1108,11 @@ def test_a_loss_over_the_per_token_losses_that_is_not_their_sum_streams_their_ro
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
     assert all(SUM not in h.out_specs for h in run.programs_named("head")), run.programs
+    if form == "max":   # explain() says how the head streams and why its sums do not
+        report = streamfx.explain(OverTokenLosses(copy.deepcopy(lm), form), ids, labels,
+                                  options={**EAGER, "head_chunk_size": 5})
+        (line,) = [ln for ln in str(report).splitlines() if ln.strip().startswith("head (lm.lm_head): 4 chunk")]
+        assert "a map of rows" in line and "not a sum: aten.amax at" in line and "test_head_streaming.py" in line, line
 
 
 def hardest_half(logits, labels, vocab_size, **kwargs):
