@@ -324,10 +324,12 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
             ua = (sd.axes.get(user) or [None])[0]
             if _sink_cat(user, n, sd, seq):
                 keys.add(sd.table.canon(ua[-1]))
-            # (the scores' two sequence dims: the keys last, the queries before them. A row's
-            # value, [.., queries], ends in the sequence dim too, but holds no key dim: a
+            # (the scores' two sequence dims: the keys last, the queries before them, but for
+            # dims of one element after them (einsum's: ``[b, h, q, k, 1]`` between its products).
+            # A row's value, [.., queries], ends in the sequence dim too, but holds no key dim: a
             # statistic over the keys, ``_key_statistics``, or a reduction no chunk computes)
-            if ua and len(ua) >= 2 and sd.table.canon(ua[-1]) in keys \
+            ua = _without_trailing_ones(ua, user)
+            if ua and len(ua) >= 2 and ua[-1] and sd.table.canon(ua[-1]) in keys \
                     and any(d and sd.table.canon(d) == rows for d in ua[:-1]):
                 interior.add(user)
                 frontier.append(user)
@@ -374,6 +376,17 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
     return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
                          frozenset(interior | {out} | stats), False, mask, mask_user=mask_user, conflict=conflict,
                          softmax=softmax, mask_chain=chain)
+
+
+def _without_trailing_ones(axes, node):
+    """``axes`` of ``node``'s value without the dims of size one at its end."""
+    v = node.meta.get("val")
+    if not axes or not isinstance(v, torch.Tensor) or len(v.shape) != len(axes):
+        return axes
+    n = len(axes)
+    while n > 2 and same(v.shape[n - 1], 1):
+        n -= 1
+    return axes[:n]
 
 
 # steps of per-row values between a statistic of the scores and its use in them

@@ -902,6 +902,89 @@ def test_multihead_attention_streams_at_every_length(form):
                                                            "head": {-(-(T - 1) // 4)}}, (B, T, dict(schedules))
 
 
+class EinsumAttention(torch.nn.Module):
+    """Attention written with ``torch.einsum`` (as many research codebases write it), in the
+    layout ``form`` names: "tokens_first" (``[B, T, H, d]`` throughout, a causal buffer sliced to
+    T), "heads_first" (``[B, H, T, d]``), "seq_first" (``[T, B, H, d]``); a padding mask added to
+    the scores. Between its products einsum's decomposition adds a dim of one element after the
+    keys (``[B, H, T, T, 1]``)."""
+
+    def __init__(self, form, d=zoo.HIDDEN, heads=zoo.HEADS):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.form, self.heads = form, heads
+        self.register_buffer("tril", torch.tril(torch.ones(64, 64)), persistent=False)
+
+    def forward(self, x, padding):
+        B, T, D = x.shape
+        q, k, v = (t.view(B, T, self.heads, -1) for t in self.qkv(x).split(D, -1))
+        hidden = (1.0 - padding.float()) * -1e9   # (padding: 1 where a token is present)
+        scale = (D // self.heads) ** -0.5
+        if self.form == "tokens_first":
+            s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+            s = s.masked_fill(self.tril[:T, :T] == 0, float("-inf")) + hidden[:, None, None, :]
+            a = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v)
+        else:
+            causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            if self.form == "heads_first":
+                q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+                s = torch.einsum("bhqd,bhkd->bhqk", q, k) * scale
+                p = (s.masked_fill(~causal, float("-inf")) + hidden[:, None, None, :]).softmax(-1)
+                a = torch.einsum("bhqk,bhkd->bhqd", p, v).transpose(1, 2)
+            else:
+                q, k, v = (t.transpose(0, 1) for t in (q, k, v))
+                s = torch.einsum("qbhd,kbhd->bhqk", q, k) * scale
+                p = (s.masked_fill(~causal, float("-inf")) + hidden[:, None, None, :]).softmax(-1)
+                a = torch.einsum("bhqk,kbhd->bqhd", p, v)
+        return self.out(a.reshape(B, T, D))
+
+
+class EinsumLM(torch.nn.Module):
+    def __init__(self, form, d=zoo.HIDDEN, layers=zoo.LAYERS):
+        super().__init__()
+        self.embed = torch.nn.Embedding(zoo.VOCAB, d)
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(d) for _ in range(layers))
+        self.attention = torch.nn.ModuleList(EinsumAttention(form, d) for _ in range(layers))
+        self.mlps = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.LayerNorm(d), torch.nn.Linear(d, 2 * d),
+                                                            torch.nn.GELU(), torch.nn.Linear(2 * d, d))
+                                        for _ in range(layers))
+        self.head = torch.nn.Linear(d, zoo.VOCAB)
+
+    def forward(self, idx, padding, labels):
+        x = self.embed(idx)
+        for norm, attention, mlp in zip(self.norms, self.attention, self.mlps):
+            x = x + attention(norm(x), padding)
+            x = x + mlp(x)
+        return F.cross_entropy(self.head(x)[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+
+@pytest.mark.parametrize("form", [pytest.param("heads_first", marks=pytest.mark.fast), "tokens_first", "seq_first"])
+def test_einsum_attention_streams_at_every_length(form):
+    """Attention written with ``torch.einsum`` in three layouts, with right padding, at three
+    lengths and batch sizes in one compile (the later ones symbolic): every layer and the head
+    stream, exact (strict). Its scores reach the softmax through a dim of one element after the
+    keys, which the attention's walk from Q·Kᵀ to the product with V passes."""
+    torch.manual_seed(0)
+    model = EinsumLM(form)
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp",
+                             options={"codegen": "eager", "chunk_size": 4, "head_chunk_size": 4, "strict": True})
+    for B, T in [(2, 16), (3, 12), (2, 21)]:
+        idx, padding, labels = zoo.tokens(zoo.Case("einsum", B, T, pad="right", seed=B * 100 + T))
+        for m in (ref, model):
+            m.zero_grad(set_to_none=True)
+        ref_loss = ref(idx, padding, labels)
+        ref_loss.backward()
+        with record_schedules() as schedules:
+            loss = compiled(idx, padding, labels)
+            loss.backward()
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        assert_grads_match({n: p.grad for n, p in ref.named_parameters()},
+                           {n: p.grad for n, p in model.named_parameters()}, rtol=1e-4)
+        assert {k: set(v) for k, v in schedules.items()} == {"layer.0": {-(-T // 4)}, "layer.1": {-(-T // 4)},
+                                                           "head": {-(-(T - 1) // 4)}}, (B, T, dict(schedules))
+
+
 class PrefixLM(torch.nn.Module):
     """Attention under a mask built from a per-token flag whose 0 opens a bidirectional prefix
     (a prefix-LM's, as multimodal models mark image tokens): causal where every flag is 1."""
