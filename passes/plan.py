@@ -158,7 +158,7 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
             if any(u in inside for u in n.users):
                 raise CannotStream("a sum over the sequence is used again inside the head region", n)
     reductions = [n for n in region.nodes if classes[n] == SEQ_REDUCTION]
-    if not reductions and region.unreduced is not None:   # (else a map of rows: ``regions._row_outputs``)
+    if not reductions and region.unreduced is not None:   # (else a map of rows: ``regions._rows``)
         values, leaves, selector = region.unreduced
         if leaves:
             raise CannotStream("the head computes no reduction over the sequence (no loss in the graph): the logits "
