@@ -877,27 +877,40 @@ def test_multihead_attention_streams_at_every_length(form):
     present where it hides the fewest keys."""
     model = MultiheadLM(batch_first=form != "sequence_first", need_weights=form != "sdpa_key_padding",
                         bool_mask=form in ("key_padding", "sdpa_key_padding"))
-    ref = copy.deepcopy(model)
-    compiled = torch.compile(model, backend="streambp",
-                             options={"codegen": "eager", "chunk_size": 4, "head_chunk_size": 4, "strict": True})
-    for B, T in [(2, 16), (3, 12), (2, 21)]:
+
+    def batch(B, T):
         idx = torch.randint(0, zoo.VOCAB, (B, T), generator=torch.Generator().manual_seed(B * 100 + T))
         labels, padding = idx.clone(), None
         if "key_padding" in form:
             padding = torch.zeros(B, T, dtype=torch.bool)
             padding[-1, T - 3:] = True
             labels[-1, T - 3:] = -100
+        return idx, labels, padding
+
+    assert_streams_at_every_length(model, batch)
+
+
+def assert_streams_at_every_length(model, batch):
+    """One strict compile of a two-layer LM with a shifted loss over (B, T) = (2, 16), (3, 12),
+    (2, 21) (the later ones symbolic), ``batch(B, T)`` its arguments: losses and gradients equal
+    eager's, every layer streams in chunks of 4 and the head over the T - 1 positions its shifted
+    loss reads."""
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp",
+                             options={"codegen": "eager", "chunk_size": 4, "head_chunk_size": 4, "strict": True})
+    for B, T in [(2, 16), (3, 12), (2, 21)]:
+        args = batch(B, T)
         for m in (ref, model):
             m.zero_grad(set_to_none=True)
-        ref_loss = ref(idx, labels, padding)
+        ref_loss = ref(*args)
         ref_loss.backward()
         with record_schedules() as schedules:
-            loss = compiled(idx, labels, padding)
+            loss = compiled(*args)
             loss.backward()
         torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
         assert_grads_match({n: p.grad for n, p in ref.named_parameters()},
                            {n: p.grad for n, p in model.named_parameters()}, rtol=1e-4)
-        chunks = -(-T // 4)   # (the head streams the T - 1 positions its shifted loss reads)
+        chunks = -(-T // 4)
         assert {k: set(v) for k, v in schedules.items()} == {"layer.0": {chunks}, "layer.1": {chunks},
                                                            "head": {-(-(T - 1) // 4)}}, (B, T, dict(schedules))
 
@@ -965,24 +978,8 @@ def test_einsum_attention_streams_at_every_length(form):
     stream, exact (strict). Its scores reach the softmax through a dim of one element after the
     keys, which the attention's walk from Q·Kᵀ to the product with V passes."""
     torch.manual_seed(0)
-    model = EinsumLM(form)
-    ref = copy.deepcopy(model)
-    compiled = torch.compile(model, backend="streambp",
-                             options={"codegen": "eager", "chunk_size": 4, "head_chunk_size": 4, "strict": True})
-    for B, T in [(2, 16), (3, 12), (2, 21)]:
-        idx, padding, labels = zoo.tokens(zoo.Case("einsum", B, T, pad="right", seed=B * 100 + T))
-        for m in (ref, model):
-            m.zero_grad(set_to_none=True)
-        ref_loss = ref(idx, padding, labels)
-        ref_loss.backward()
-        with record_schedules() as schedules:
-            loss = compiled(idx, padding, labels)
-            loss.backward()
-        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
-        assert_grads_match({n: p.grad for n, p in ref.named_parameters()},
-                           {n: p.grad for n, p in model.named_parameters()}, rtol=1e-4)
-        assert {k: set(v) for k, v in schedules.items()} == {"layer.0": {-(-T // 4)}, "layer.1": {-(-T // 4)},
-                                                           "head": {-(-(T - 1) // 4)}}, (B, T, dict(schedules))
+    assert_streams_at_every_length(
+        EinsumLM(form), lambda B, T: zoo.tokens(zoo.Case("einsum", B, T, pad="right", seed=B * 100 + T)))
 
 
 class PrefixLM(torch.nn.Module):
