@@ -205,12 +205,13 @@ def analyze(graph: fx.Graph, num_fwd_outputs: int, constants: dict | None = None
     requires_grad = differentiable(graph, num_fwd_outputs, fwd)
     regions = find_regions(fwd, sd, sites, fwd_outs, classes, requires_grad)
     analysis = Analysis(graph, num_fwd_outputs, fwd, bwd, sd, sites, classes, regions, requires_grad=requires_grad)
-    _record(analysis, site_nodes)
+    _record(analysis)
     verify.analysis(analysis)
     return analysis
 
 
-def _record(a: Analysis, site_nodes) -> None:
+def _record(a: Analysis) -> None:
+    """Each node's analysis record: its dims, class, part, region and attention site."""
     region_of = {n: r.name for r in a.regions for n in r.nodes}
     site_of = {n: s.index for s in a.sites for n in s.nodes}
     fwd = set(a.fwd_nodes)
@@ -253,7 +254,7 @@ def _plan_head(a: Analysis, i: int, config, fwd: set):
             raise refused from None
         plan.rows = f"its sums over the tokens do not stream: {refused.describe()}"
     a.regions[i] = region.rows
-    _record(a, frozenset().union(*(s.nodes for s in a.sites)) if a.sites else frozenset())
+    _record(a)
     return plan
 
 

@@ -239,8 +239,8 @@ def _rows(wide, g, classes, reach) -> set | None:
         n = todo.pop()
         if n in core:
             continue
-        core.add(n)
-        todo += [x for x in nx.ancestors(g, n) if x in reach and x not in core]
+        core.add(n)   # (its inputs after the head's entry: every ancestor in reach, by closure)
+        todo += [x for x in g.predecessors(n) if x in reach and x not in core]
         if n in wide:
             todo += [u for u in g.successors(n) if u not in core]
     if any(classes.get(n) not in (TOKEN_LOCAL, SEQ_FREE, SEQ_REDUCTION) for n in core):
