@@ -99,6 +99,9 @@ class AttentionSite:
     dropout: object = None             # a fused kernel's dropout probability where it draws dropout inside
     mask_note: str | None = None       # why a mask that looks causal is not read as causal (masks.classify)
     seq_dim: int = -2                  # the sequence dim of ``query`` (and of ``key``)
+    # the dims of the queries and the keys in the scores as the mask's op returns them (from the
+    # end: [.., T, T] unless the queries sit elsewhere, grouped heads' ``[b, g, T, r, T]``)
+    score_dims: tuple = (-2, -1)
     # a causal convolution (kind "conv"): output row t reads rows t - reach .. t of ``key``;
     # ``trim``: (output dim, first row) where the output is a slice of the convolution's rows
     reach: int | None = None
@@ -279,18 +282,29 @@ def _operands(node: fx.Node) -> tuple:
     return tuple(node.args[1:3]) if node.target is aten.baddbmm.default else tuple(node.args[:2])
 
 
+def _holds(dim, seq: tuple, sd) -> bool:
+    """Whether a dim indexes the axis ``seq`` (a canonical product of atoms): it is that axis, or
+    that axis (one atom) merged with others, each of its entries one position of it (grouped
+    heads' queries laid out as ``[.., heads x T, ..]`` or ``[.., T x heads, ..]`` by einsum)."""
+    if not dim:
+        return False
+    atoms = sd.table.canon(dim)
+    return atoms == seq or (len(seq) == 1 and atoms.count(seq[0]) == 1)
+
+
 def _self_similar(node: fx.Node, sd) -> bool:
-    """True if the last two dims of the output are one axis (query positions × key positions)
-    and both operands are floating-point tensors carrying that axis (queries and keys)."""
+    """True if the last two dims of the output index one axis (query positions × key positions:
+    the keys alone, the queries alone or merged with other axes, ``_holds``) and both operands
+    are floating-point tensors carrying that axis (queries and keys)."""
     axes = sd.axes.get(node, [None])[0]
     if not axes or len(axes) < 2 or not axes[-1] or not axes[-2]:
         return False
     seq = sd.table.canon(axes[-1])
-    if sd.table.canon(axes[-2]) != seq:
+    if not _holds(axes[-2], seq, sd):
         return False
     operands = _operands(node)
     return all(isinstance(x, fx.Node) and x.meta["val"].is_floating_point()
-               and any(d and sd.table.canon(d) == seq for d in (sd.axes.get(x) or [()])[0])
+               and any(_holds(d, seq, sd) for d in (sd.axes.get(x) or [()])[0])
                for x in operands)
 
 
@@ -310,7 +324,7 @@ def _sink_cat(node: fx.Node, scores: fx.Node, sd, seq) -> bool:
 def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
     """Walk from Q·Kᵀ through the nodes that keep both sequence dims to the matmul with V."""
     seq = sd.table.canon(sd.axes[scores][0][-1])
-    rows = sd.table.canon(sd.axes[scores][0][-2])   # the queries' axis
+    rows = seq   # the queries' axis: the keys', alone or merged with other axes in a dim (``_holds``)
     keys = {seq}   # the scores' key axis, and the key axis extended by sink logits
     interior, frontier, out, mask = {scores}, [scores], None, None
     while frontier:
@@ -330,7 +344,7 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
             # statistic over the keys, ``_key_statistics``, or a reduction no chunk computes)
             ua = _without_trailing_ones(ua, user)
             if ua and len(ua) >= 2 and ua[-1] and sd.table.canon(ua[-1]) in keys \
-                    and any(d and sd.table.canon(d) == rows for d in ua[:-1]):
+                    and any(_holds(d, rows, sd) for d in ua[:-1]):
                 interior.add(user)
                 frontier.append(user)
     if out is None:
@@ -359,7 +373,7 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
         for x in n.all_input_nodes:
             xa = (sd.axes.get(x) or [None])[0]
             if x not in interior and xa and len(xa) >= 2 and xa[-1] and sd.table.canon(xa[-1]) == seq \
-                    and xa[-2] and sd.table.canon(xa[-2]) == seq and x is not scores \
+                    and any(d and sd.table.canon(d) == seq for d in xa[:-1]) and x is not scores \
                     and all(c[0] is not x for c in candidates) and not _same_everywhere(x) \
                     and not _ignored(x, n):
                 candidates.append((x, n))
@@ -375,7 +389,18 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
     stats = _key_statistics(masked, keys, sd, forward)
     return AttentionSite(index, "matmul-softmax", q, kt, out.args[1], out,
                          frozenset(interior | {out} | stats), False, mask, mask_user=mask_user, conflict=conflict,
-                         softmax=softmax, mask_chain=chain)
+                         softmax=softmax, mask_chain=chain, score_dims=_score_dims(mask_user, seq, sd))
+
+
+def _score_dims(user, seq: tuple, sd) -> tuple:
+    """(queries' dim, keys' dim), from the end, of the scores ``user`` returns: the keys the last
+    dim of the sequence's axis, the queries the one before it (a dim of their own; where the
+    queries share a dim with other axes, the default, which reads no causal pattern from it)."""
+    axes = (sd.axes.get(user) or [None])[0] if user is not None else None
+    if not axes:
+        return (-2, -1)
+    dims = [i - len(axes) for i, d in enumerate(axes) if d and sd.table.canon(d) == seq]
+    return (dims[-2], dims[-1]) if len(dims) >= 2 else (-2, -1)
 
 
 def _without_trailing_ones(axes, node):

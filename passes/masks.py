@@ -61,6 +61,8 @@ def classify(site, constants: dict, length) -> None:
     with unset_fake_temporarily():
         value = _evaluate(target, nodes, constants, preset)
         value = _most_present(value, target, nodes, constants, preset, site.data)
+        if value is not None and value.dim() >= 2:   # (queries and keys last: [.., T, T])
+            value = value.movedim(site.score_dims, (-2, -1))
         allowed, varies = _allowed(value) if value is not None else (None, False)
         kind, window = pattern(allowed) if allowed is not None else ("unknown", None)
         more = kind == "causal" and (varies or _adds_values(value))

@@ -169,6 +169,17 @@ def differentiable(graph: fx.Graph, num_fwd_outputs: int, fwd: list) -> frozense
     return frozenset(out)
 
 
+def _query_axis(site, sd) -> tuple:
+    """The atoms of a site's query dim; where it merges the sequence with other axes (grouped
+    heads' queries as ``[b x g, r x T, d]``), the one of them the keys run along."""
+    atoms = sd.table.canon(sd.axes[site.query][0][-2])
+    if len(atoms) <= 1:
+        return atoms
+    keys = {a for d in sd.axes[site.key][0] if d for a in sd.table.canon(d) if len(sd.table.canon(d)) == 1}
+    along = [a for a in atoms if a in keys]
+    return (along[-1],) if len(along) == 1 else atoms
+
+
 def analyze(graph: fx.Graph, num_fwd_outputs: int, constants: dict | None = None) -> Analysis:
     """Step 1, pure: sequence dims, attention sites and their masks, regions, node classes.
     ``constants``: real values of graph inputs that are parameters or buffers (masks built from
@@ -178,7 +189,7 @@ def analyze(graph: fx.Graph, num_fwd_outputs: int, constants: dict | None = None
     sites = attn.find_sites(graph, sd, set(fwd))
     # the sequence is the query axis of the attention (none when a sequence has one token)
     attention = [s for s in sites if s.kind != "conv"]
-    atoms = [sd.axes[s.query][0][-2] for s in attention]
+    atoms = [_query_axis(s, sd) for s in attention]
     seed = seed_sequence(graph, sd)
     # (where a site's queries lie along the axis of the loss's per-token targets, that one: an
     # encoder-decoder's decoder, whose tokens the loss is over; else along the token ids' axis:

@@ -125,7 +125,7 @@ def _mask_part(site, inside: set, sd) -> tuple:
         scores = {x for x in chain[0].all_input_nodes if x in site.nodes}
         terms = [x for n in chain for x in n.all_input_nodes if x not in site.nodes]
         nodes = ancestors(terms, within=inside) | set(chain) | {x for x in terms if x not in inside}
-        return chain[-1], nodes, scores, ("additive", True, -1, -2)
+        return chain[-1], nodes, scores, ("additive", True, site.score_dims[1], site.score_dims[0])
     kind, fill_finite = convention(site)
     mask = site.mask
     nodes = ancestors([mask], within=inside) | {mask}

@@ -982,6 +982,80 @@ def test_einsum_attention_streams_at_every_length(form):
         EinsumLM(form), lambda B, T: zoo.tokens(zoo.Case("einsum", B, T, pad="right", seed=B * 100 + T)))
 
 
+class GroupedEinsumAttention(torch.nn.Module):
+    """Grouped-query attention written with one ``torch.einsum`` over query groups (``[B, T, G, R,
+    d]`` queries, ``[B, T, G, d]`` keys and values: each of the G key/value heads serves R query
+    heads, with no repeat of the keys). Einsum lays its products out as ``[B x G, R x T, d]``
+    ("grq", scores ``[B, G, R, T, T]``) or ``[B x G, T x R, d]`` ("gqr", scores ``[B, G, T, R, T]``,
+    a causal mask ``[T, 1, T]`` and the padding added after it; ``window`` keys: a sliding window;
+    ``"future"``: each query sees its own and later keys), or ``[B x G, R x T, d]`` with the groups
+    first ("rgq", scores ``[R, B, G, T, T]``): the queries share one dim of the products with
+    other axes, on either side of them."""
+
+    def __init__(self, form, d=zoo.HIDDEN, heads=zoo.HEADS, groups=2, window=None):
+        super().__init__()
+        self.d_head, self.heads, self.groups, self.form, self.window = d // heads, heads, groups, form, window
+        self.q, self.kv = torch.nn.Linear(d, d), torch.nn.Linear(d, 2 * groups * (d // heads))
+        self.out = torch.nn.Linear(d, d)
+
+    def forward(self, x, padding):
+        B, T, D = x.shape
+        G, R = self.groups, self.heads // self.groups
+        q = self.q(x).view(B, T, G, R, self.d_head) * self.d_head ** -0.5
+        k, v = self.kv(x).view(B, T, 2, G, self.d_head).unbind(2)
+        ones = torch.ones(T, T, dtype=torch.bool, device=x.device)
+        allowed = ones.triu() if self.window == "future" else ones.tril()
+        if isinstance(self.window, int):
+            allowed = allowed & ones.triu(1 - self.window)
+        hidden = (1.0 - padding.float()) * -1e9   # (padding: 1 where a token is present)
+        if self.form == "grq":
+            s = torch.einsum("bqgrd,bkgd->bgrqk", q, k).masked_fill(~allowed, float("-inf"))
+            a = torch.einsum("bgrqk,bkgd->bqgrd", (s + hidden[:, None, None, None, :]).softmax(-1), v)
+        elif self.form == "gqr":
+            s = torch.einsum("bqgrd,bkgd->bgqrk", q, k).masked_fill(~allowed[:, None, :], float("-inf"))
+            a = torch.einsum("bgqrk,bkgd->bqgrd", (s + hidden[:, None, None, None, :]).softmax(-1), v)
+        else:
+            s = torch.einsum("bqgrd,bkgd->rbgqk", q, k).masked_fill(~allowed, float("-inf"))
+            a = torch.einsum("rbgqk,bkgd->bqgrd", (s + hidden[None, :, None, None, :]).softmax(-1), v)
+        return self.out(a.reshape(B, T, D))
+
+
+def grouped_einsum_lm(form, window=None):
+    torch.manual_seed(0)
+    model = EinsumLM("heads_first")
+    model.attention = torch.nn.ModuleList(GroupedEinsumAttention(form, window=window) for _ in model.attention)
+    return model
+
+
+@pytest.mark.parametrize("form,window", [pytest.param("gqr", None, marks=pytest.mark.fast), ("grq", None),
+                                         ("rgq", None), ("gqr", 3)], ids=["gqr", "grq", "rgq", "gqr-window3"])
+def test_grouped_einsum_attention_streams_at_every_length(form, window):
+    """Grouped-query attention in one einsum, its queries merged with their group's heads in one
+    dim of the products (before or after them), under a causal or sliding-window mask whose query
+    dim is not the scores' second to last (``[B, G, T, R, T]``), with right padding, at three
+    lengths in one compile: every layer and the head stream, exact (strict)."""
+    assert_streams_at_every_length(
+        grouped_einsum_lm(form, window), lambda B, T: zoo.tokens(zoo.Case("gqa", B, T, pad="right", seed=B * 10 + T)))
+
+
+@pytest.mark.fast
+def test_grouped_einsum_attention_that_sees_later_keys_is_refused():
+    """The same layout under a mask that lets each query see its own and the later keys (read in
+    the scores' own dims, ``[T, 1, T]`` against ``[B, G, T, R, T]``): not causal, so the layers
+    run whole with that cause, exact."""
+    model = grouped_einsum_lm("gqr", "future")
+    case = zoo.Case("gqa", 2, 12, pad="right", seed=7)
+    args = zoo.tokens(case)
+    report = streamfx.explain(model, *args, options={"codegen": "eager", "chunk_size": 4})
+    assert [name for name, _ in report.not_streamed] == ["layer.0", "layer.1"], report.not_streamed
+    assert all("attention that is not causal" in why for _, why in report.not_streamed), report.not_streamed
+    inputs = zoo.Inputs(args, {}, case, lambda loss: loss, lambda loss: None, zoo.VOCAB)
+    run = run_eager_and_compiled(model, inputs, {"chunk_size": 4})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert not run.programs_named("layer.0") and run.programs_named("head")
+
+
 class PrefixLM(torch.nn.Module):
     """Attention under a mask built from a per-token flag whose 0 opens a bidirectional prefix
     (a prefix-LM's, as multimodal models mark image tokens): causal where every flag is 1."""
