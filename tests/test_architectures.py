@@ -918,7 +918,8 @@ def assert_streams_at_every_length(model, batch):
 class EinsumAttention(torch.nn.Module):
     """Attention written with ``torch.einsum`` (as many research codebases write it), in the
     layout ``form`` names: "tokens_first" (``[B, T, H, d]`` throughout, a causal buffer sliced to
-    T), "heads_first" (``[B, H, T, d]``), "seq_first" (``[T, B, H, d]``); a padding mask added to
+    T), "scores_tokens_first" (the same, its scores ``[B, T, H, T]``: the causal mask ``[T, 1, T]``),
+    "heads_first" (``[B, H, T, d]``), "seq_first" (``[T, B, H, d]``); a padding mask added to
     the scores. Between its products einsum's decomposition adds a dim of one element after the
     keys (``[B, H, T, T, 1]``)."""
 
@@ -937,6 +938,10 @@ class EinsumAttention(torch.nn.Module):
             s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
             s = s.masked_fill(self.tril[:T, :T] == 0, float("-inf")) + hidden[:, None, None, :]
             a = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v)
+        elif self.form == "scores_tokens_first":
+            s = torch.einsum("bqhd,bkhd->bqhk", q, k) * scale
+            s = s.masked_fill(self.tril[:T, None, :T] == 0, float("-inf")) + hidden[:, None, None, :]
+            a = torch.einsum("bqhk,bkhd->bqhd", s.softmax(-1), v)
         else:
             causal = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             if self.form == "heads_first":
@@ -971,9 +976,10 @@ class EinsumLM(torch.nn.Module):
         return F.cross_entropy(self.head(x)[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
 
-@pytest.mark.parametrize("form", [pytest.param("heads_first", marks=pytest.mark.fast), "tokens_first", "seq_first"])
+@pytest.mark.parametrize("form", [pytest.param("heads_first", marks=pytest.mark.fast), "tokens_first", "seq_first",
+                                  "scores_tokens_first"])
 def test_einsum_attention_streams_at_every_length(form):
-    """Attention written with ``torch.einsum`` in three layouts, with right padding, at three
+    """Attention written with ``torch.einsum`` in four layouts, with right padding, at three
     lengths and batch sizes in one compile (the later ones symbolic): every layer and the head
     stream, exact (strict). Its scores reach the softmax through a dim of one element after the
     keys, which the attention's walk from Q·Kᵀ to the product with V passes."""
