@@ -46,15 +46,16 @@ class MovedSlice:
 
 
 def head_slices(analysis) -> list:
-    """Sequence slices inside a head region that did not stream."""
-    if any(p.kind == "head" for p in analysis.plans):
-        return []
-    heads = [r for r in analysis.regions if r.kind == "head"]
-    if not heads:
-        return []
-    inside = set(heads[0].nodes)
-    return [n for n in heads[0].nodes if analysis.classes.get(n) == UNKNOWN_MIXING
-            and seq_slice(n, analysis.sd) is not None and n.args[0] in inside]
+    """(slice, its head region) of the sequence slices inside the head regions that did not stream."""
+    streamed = {p.name for p in analysis.plans}
+    out = []
+    for head in analysis.regions:
+        if head.kind != "head" or head.name in streamed:
+            continue
+        inside = set(head.nodes)
+        out += [(n, head) for n in head.nodes if analysis.classes.get(n) == UNKNOWN_MIXING
+                and seq_slice(n, analysis.sd) is not None and n.args[0] in inside]
+    return out
 
 
 def copy_graph(graph: fx.Graph):
@@ -68,8 +69,7 @@ def copy_graph(graph: fx.Graph):
 
 def move_one(graph: fx.Graph, analysis) -> MovedSlice | None:
     """Move the first head slice that can move; None when none can."""
-    head = next((r for r in analysis.regions if r.kind == "head"), None)
-    for s in head_slices(analysis):
+    for s, head in head_slices(analysis):
         try:
             return move_slice(graph, s, head, analysis.sd, analysis.classes)
         except CannotStream:

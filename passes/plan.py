@@ -30,9 +30,9 @@ CACHE_OUTPUT = ("the attention's keys or values leave the layer in a form its K/
                 "(a KV cache of what the keys are computed from: use_cache=True); training streams with "
                 "use_cache=False (model.config.use_cache = False, or use_cache=False in the call)")
 HEAD_SLICE = ("unknown-mixing op in the head region, a slice along the sequence that does not move in front of "
-              "the head (the head streams one run of rows of one length; slices of different rows or lengths, as "
-              "logits[:, 1:] - logits[:, :-1] or two losses shifted by different offsets, are not one run); where "
-              "it shifts a loss, shift the labels instead and keep the per-token values whole: "
+              "the head (a head streams one run of rows of one length, and each loss over its own run of rows "
+              "is a head of its own; a value computed from two runs, as logits[:, 1:] - logits[:, :-1], is "
+              "neither); where it shifts a loss, shift the labels instead and keep the per-token values whole: "
               "F.pad(labels, (0, n), value=-100)[:, n:] against them, with ignore_index=-100, as Hugging Face's "
               "loss does")
 TOKEN_BY_TOKEN_OUTPUT = ("a [.., T, T] value leaves the layer, one entry per query and key (its attention "
@@ -218,7 +218,7 @@ def plan_head(region, sd, classes, config, fwd: set, requires_grad=None, unslice
                    and _nonempty(x) and (requires_grad is None or x in requires_grad)]
     chunk = config.head_chunk_size or _auto_head_chunk(region, sd)
     seeds = grad_seeds(outputs, out_specs, requires_grad, config.head_grad) if grad_inputs else None
-    return RegionPlan("head", "head", region.nodes, region.inputs, outputs, dropped, in_specs,
+    return RegionPlan(region.name, "head", region.nodes, region.inputs, outputs, dropped, in_specs,
                       out_specs, chunk, T, grad_inputs, sd, region.shared, seeds=seeds,
                       rows=None if reductions else "no sum over the tokens in the graph")
 

@@ -174,6 +174,12 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
         end = bounds[i + 1] if i + 1 < len(bounds) else None
         nodes = _between(fwd_nodes, g, start, end, rank)
         regions.append(_make_region(f"layer.{i}", "layer", start, nodes, layer_sites, rank, fwd_nodes))
+    heads = _heads_on_runs(head_entry, g, sd, classes, fwd_nodes) \
+        if head_entry is not None and layer_end is head_entry else None
+    if heads:
+        for k, (start, core) in enumerate(heads):
+            regions.append(_head_region(core, start, sd, classes, rank, fwd_nodes, "head" if k == 0 else f"head.{k}"))
+        return regions
     reach = nx.descendants(g, head_entry) if head_entry is not None else set()
     red = [n for n in fwd_nodes if classes.get(n) == SEQ_REDUCTION and n in reach]
     wide = [n for n in fwd_nodes if n in reach and wider(n, sd, floor)]
@@ -214,10 +220,41 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
     return regions
 
 
-def _head_region(core: set, entry, sd, classes, rank, fwd_nodes) -> Region:
+def _heads_on_runs(entry, g, sd, classes, fwd_nodes) -> list | None:
+    """Heads over different runs of the hidden state's rows: [(start, nodes)] where the losses
+    read the hidden state through static slices along the sequence of different bounds (each a
+    shifted loss's slice moved in front of its head: multi-token prediction's heads, each
+    ``hidden[:, :-n]``; a distillation term over every token beside a next-token loss over
+    ``hidden[:, :-1]``), each run of rows with its own sums, and no value computed from two runs
+    (``logits[:, 1:] - logits[:, :-1]`` mixes tokens). ``start`` is a slice, or the hidden state
+    itself for what reads it whole. Each is a head of its own, streamed along its run's axis.
+    None where that is not the case (one run: the head of ``_through_slice``)."""
+    slices = [u for u in entry.users if u in g and seq_slice(u, sd) is not None]
+    direct = [u for u in entry.users if u in g and u not in slices]
+    if not slices or len(slices) + bool(direct) < 2:
+        return None
+    runs = [(s, nx.descendants(g, s)) for s in slices]
+    if direct:
+        runs.append((entry, set().union(*(nx.descendants(g, u) | {u} for u in direct))))
+    heads = []
+    for i, (start, reach) in enumerate(runs):
+        red = [n for n in fwd_nodes if classes.get(n) == SEQ_REDUCTION and n in reach]
+        if not red:
+            return None
+        core = set()
+        for r in red:
+            core |= (nx.ancestors(g, r) | {r}) & reach
+        if any(core & other for j, (_, other) in enumerate(runs) if j != i):
+            return None
+        heads.append((start, core))
+    rank = order(fwd_nodes)
+    return sorted(heads, key=lambda h: rank[h[0]] if h[0] is not entry else -1)
+
+
+def _head_region(core: set, entry, sd, classes, rank, fwd_nodes, name: str = "head") -> Region:
     pulled = _pull_merged_inputs(set(core), sd, classes) - core
     nodes = [n for n in fwd_nodes if n in core or n in pulled]
-    head = _make_region("head", "head", entry, nodes, [], rank, fwd_nodes)
+    head = _make_region(name, "head", entry, nodes, [], rank, fwd_nodes)
     head.shared = frozenset(pulled)
     head.outputs = [o for o in head.outputs if o not in pulled]
     return head

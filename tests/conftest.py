@@ -314,15 +314,17 @@ def assert_streamed(run: Run, T: int | None = None, head_chunk_size: int | None 
 
 
 def assert_head_not_streamed(run: Run) -> None:
-    """The LM head + loss did not stream in this compile: no "head" region program was registered
-    (layer regions may still stream; their chunks are not checked here)."""
-    heads = run.programs_named("head")
+    """The LM head + loss did not stream in this compile: no head region program ("head", nor
+    "head.1", ... of losses over other runs of rows) was registered (layer regions may still
+    stream; their chunks are not checked here)."""
+    heads = [p for p in run.programs if p.name == "head" or p.name.startswith("head.")]
     assert not heads, [p.name for p in run.programs]
 
 
 def head_plans(report) -> list:
-    """The streamed head plans of a ``streamfx.explain`` report (layer plans left out)."""
-    return [p for p in report.plan if p.name == "head"]
+    """The streamed head plans of a ``streamfx.explain`` report (layer plans left out): ``head``,
+    and ``head.1``, ... where losses over different runs of rows are heads of their own."""
+    return [p for p in report.plan if p.kind == "head"]
 
 
 def at_chunk_size(graph, q: int, k: int | None = None):

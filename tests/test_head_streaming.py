@@ -18,8 +18,8 @@ import torch.nn.functional as F
 import streamfx
 import zoo
 from streamfx.passes.specs import SUM
-from conftest import (assert_grads_match, assert_head_not_streamed, assert_streamed, at_chunk_size, head_plans,
-                      relative_error, run_eager_and_compiled)
+from conftest import (assert_grads_match, assert_head_not_streamed, assert_streamed, at_chunk_size, grads_of,
+                      head_plans, record_schedules, relative_error, run_eager_and_compiled)
 from streamfx.passes.schedule import chunk_count
 
 EAGER = {"codegen": "eager"}
@@ -615,9 +615,10 @@ class TwoTokenLoss(nn.Module):
 @pytest.mark.fast
 @pytest.mark.parametrize("shift", ["logits", "labels"])
 def test_losses_shifted_by_two_offsets(shift):
-    """Two heads' losses shifted by different offsets: as slices of the logits, the head does not
-    stream (one run of rows per head), said with the slice's line and the label shift that
-    streams; as shifted labels, it streams. Exact either way."""
+    """Two heads' losses shifted by different offsets: as slices of the logits, each loss streams
+    as a head of its own over its run of rows (T - 1 and T - 2 tokens: ceil(15 / 4) and
+    ceil(14 / 4) chunks), its slice moved in front of its projection; as shifted labels, one head
+    streams both over the T tokens. Exact either way, with no warning."""
     lm, make_inputs = zoo.tiny_llama()
     ids = make_inputs("prompt").args[0]
     labels = torch.randint(0, zoo.VOCAB, ids.shape, generator=torch.Generator().manual_seed(3))
@@ -627,13 +628,71 @@ def test_losses_shifted_by_two_offsets(shift):
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
     assert_grads_match(run.ref_grads, run.grads)
     assert run.grads["head2.weight"].abs().sum() > 0
+    assert not run.warnings, run.warnings
     if shift == "labels":
-        assert not run.warnings and set(run.schedules["head"]) == {4}, (run.warnings, run.schedules)
+        assert set(run.schedules["head"]) == {4} and "head.1" not in run.schedules, run.schedules
         return
-    assert_head_not_streamed(run)
-    [message] = run.warnings
-    assert "a slice along the sequence that does not move in front of the head" in message, message
-    assert "logits[:, :-n]" in message and "F.pad(labels, (0, n), value=-100)[:, n:]" in message, message
+    assert {k: set(v) for k, v in run.schedules.items() if k.startswith("head")} == {"head": {4}, "head.1": {4}}, \
+        run.schedules
+    report = streamfx.explain(model, *inputs.args, options={**EAGER, "head_chunk_size": 4})
+    assert [(p.name, p.length) for p in head_plans(report)] == [("head", 15), ("head.1", 14)], report.plan
+    assert [(m.start, m.stop) for m in report.moved] == [(0, 15), (0, 14)], report.moved
+
+
+class DistilledLoss(nn.Module):
+    """Knowledge distillation beside a next-token loss: the KL divergence from a teacher's logits
+    over ``run`` (every token, or the first T - 2), plus the cross-entropy of ``logits[:, :-1]``."""
+
+    def __init__(self, lm, run):
+        super().__init__()
+        self.lm, self.run = lm, run
+
+    def forward(self, ids, labels, teacher):
+        _, logits = self.lm(ids)
+        V = logits.shape[-1]
+        ce = F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1))
+        student, teacher = (logits, teacher) if self.run == "all" else (logits[:, :-2], teacher[:, :-2])
+        kl = F.kl_div(F.log_softmax(student, -1), F.log_softmax(teacher, -1), log_target=True, reduction="batchmean")
+        return ce + 0.5 * kl
+
+
+@pytest.mark.parametrize("run_of_kl", [pytest.param("all", marks=pytest.mark.fast), "prefix"])
+def test_a_distillation_term_beside_a_shifted_loss_streams_as_two_heads(run_of_kl):
+    """A KL term over every token (or the first T - 2) and a cross-entropy over ``logits[:, :-1]``
+    read different runs of the same logits: two heads, each streamed over its own run (16 or 14
+    tokens, and 15), exact with the gradients computed in the forward or recomputed, and at three
+    lengths in one compile (the later ones symbolic). A loss that reads two runs in one value
+    (``logits[:, 1:] - logits[:, :-1]``) is refused (``test_neighbour_logits_refusal_names_the_slice``)."""
+    lm, make_inputs = zoo.tiny_llama()
+    model = DistilledLoss(lm, run_of_kl)
+    runs = {"all": [15, 16], "prefix": [14, 15]}[run_of_kl]
+    for head_grad in ("auto", "recompute"):
+        ids = make_inputs("prompt").args[0]
+        g = torch.Generator().manual_seed(5)
+        labels = torch.randint(0, zoo.VOCAB, ids.shape, generator=g)
+        inputs = PlainInputs((ids, labels, 3 * torch.randn(2, 16, zoo.VOCAB, generator=g)), 2, 16)
+        run = run_eager_and_compiled(model, inputs, {**EAGER, "head_chunk_size": 4, "head_grad": head_grad,
+                                                     "strict": True})
+        torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+        assert_grads_match(run.ref_grads, run.grads)
+        assert {k for k in run.schedules if k.startswith("head")} == {"head", "head.1"}, run.schedules
+    report = streamfx.explain(model, *inputs.args, options={**EAGER, "head_chunk_size": 4})
+    assert sorted(p.length for p in head_plans(report)) == runs, report.plan
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="streambp", options={**EAGER, "head_chunk_size": 4, "strict": True})
+    for B, T in [(2, 16), (3, 11), (2, 21)]:
+        g = torch.Generator().manual_seed(B * T)
+        ids, labels = (torch.randint(0, zoo.VOCAB, (B, T), generator=g) for _ in range(2))
+        teacher = 3 * torch.randn(B, T, zoo.VOCAB, generator=g)
+        for m in (ref, model):
+            m.zero_grad(set_to_none=True)
+        ref(ids, labels, teacher).backward()
+        with record_schedules() as schedules:
+            compiled(ids, labels, teacher).backward()
+        assert_grads_match(grads_of(ref), grads_of(model))
+        lengths = [T, T - 1] if run_of_kl == "all" else [T - 1, T - 2]
+        assert sorted(chunk_count(n, 4) for n in lengths) == sorted(schedules[k][0] for k in ("head", "head.1")), \
+            (B, T, dict(schedules))
 
 
 class TRLGRPOLoss(nn.Module):
