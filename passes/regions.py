@@ -174,11 +174,14 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
         end = bounds[i + 1] if i + 1 < len(bounds) else None
         nodes = _between(fwd_nodes, g, start, end, rank)
         regions.append(_make_region(f"layer.{i}", "layer", start, nodes, layer_sites, rank, fwd_nodes))
-    heads = _heads_on_runs(head_entry, g, sd, classes, fwd_nodes) \
+    heads = _heads_on_runs(head_entry, g, sd, classes, fwd_nodes, floor) \
         if head_entry is not None and layer_end is head_entry else None
     if heads:
-        for k, (start, core) in enumerate(heads):
-            regions.append(_head_region(core, start, sd, classes, rank, fwd_nodes, "head" if k == 0 else f"head.{k}"))
+        for k, (start, core, rows) in enumerate(heads):
+            name = "head" if k == 0 else f"head.{k}"
+            regions.append(_head_region(core, start, sd, classes, rank, fwd_nodes, name))
+            if rows is not None:
+                regions[-1].rows = _head_region(rows, start, sd, classes, rank, fwd_nodes, name)
         return regions
     reach = nx.descendants(g, head_entry) if head_entry is not None else set()
     red = [n for n in fwd_nodes if classes.get(n) == SEQ_REDUCTION and n in reach]
@@ -220,14 +223,15 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
     return regions
 
 
-def _heads_on_runs(entry, g, sd, classes, fwd_nodes) -> list | None:
+def _heads_on_runs(entry, g, sd, classes, fwd_nodes, floor) -> list | None:
     """Heads over different runs of the hidden state's rows: [(start, nodes)] where the losses
     read the hidden state through static slices along the sequence of different bounds (each a
     shifted loss's slice moved in front of its head: multi-token prediction's heads, each
     ``hidden[:, :-n]``; a distillation term over every token beside a next-token loss over
     ``hidden[:, :-1]``), each run of rows with its own sums, and no value computed from two runs
     (``logits[:, 1:] - logits[:, :-1]`` mixes tokens). ``start`` is a slice, or the hidden state
-    itself for what reads it whole. Each is a head of its own, streamed along its run's axis.
+    itself for what reads it whole. Each is a head of its own, streamed along its run's axis,
+    with its map of rows (``_rows``) where that stays within the run: [(start, nodes, rows)].
     None where that is not the case (one run: the head of ``_through_slice``)."""
     slices = [u for u in entry.users if u in g and seq_slice(u, sd) is not None]
     direct = [u for u in entry.users if u in g and u not in slices]
@@ -244,9 +248,12 @@ def _heads_on_runs(entry, g, sd, classes, fwd_nodes) -> list | None:
         core = set()
         for r in red:
             core |= (nx.ancestors(g, r) | {r}) & reach
-        if any(core & other for j, (_, other) in enumerate(runs) if j != i):
+        others = [other for j, (_, other) in enumerate(runs) if j != i]
+        if any(core & other for other in others):
             return None
-        heads.append((start, core))
+        wide = [n for n in fwd_nodes if n in reach and wider(n, sd, floor)]
+        rows = _rows(wide, g, classes, reach) if wide else None
+        heads.append((start, core, None if rows is None or any(rows & other for other in others) else rows))
     rank = order(fwd_nodes)
     return sorted(heads, key=lambda h: rank[h[0]] if h[0] is not entry else -1)
 

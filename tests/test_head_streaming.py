@@ -641,7 +641,9 @@ def test_losses_shifted_by_two_offsets(shift):
 
 class DistilledLoss(nn.Module):
     """Knowledge distillation beside a next-token loss: the KL divergence from a teacher's logits
-    over ``run`` (every token, or the first T - 2), plus the cross-entropy of ``logits[:, :-1]``."""
+    over ``run`` (every token, or the first T - 2), plus the cross-entropy of ``logits[:, :-1]``;
+    ``run="max"``: the largest log-partition function over every token instead of the KL (no sum
+    over its run: a map of rows)."""
 
     def __init__(self, lm, run):
         super().__init__()
@@ -651,21 +653,24 @@ class DistilledLoss(nn.Module):
         _, logits = self.lm(ids)
         V = logits.shape[-1]
         ce = F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, 1:].reshape(-1))
+        if self.run == "max":
+            return ce + 0.1 * torch.logsumexp(logits, -1).amax()
         student, teacher = (logits, teacher) if self.run == "all" else (logits[:, :-2], teacher[:, :-2])
         kl = F.kl_div(F.log_softmax(student, -1), F.log_softmax(teacher, -1), log_target=True, reduction="batchmean")
         return ce + 0.5 * kl
 
 
-@pytest.mark.parametrize("run_of_kl", [pytest.param("all", marks=pytest.mark.fast), "prefix"])
+@pytest.mark.parametrize("run_of_kl", [pytest.param("all", marks=pytest.mark.fast), "prefix", "max"])
 def test_a_distillation_term_beside_a_shifted_loss_streams_as_two_heads(run_of_kl):
-    """A KL term over every token (or the first T - 2) and a cross-entropy over ``logits[:, :-1]``
-    read different runs of the same logits: two heads, each streamed over its own run (16 or 14
-    tokens, and 15), exact with the gradients computed in the forward or recomputed, and at three
-    lengths in one compile (the later ones symbolic). A loss that reads two runs in one value
+    """A KL term over every token (or the first T - 2; or the largest log-partition function over
+    every token, a map of rows) and a cross-entropy over ``logits[:, :-1]`` read different runs
+    of the same logits: two heads, each streamed over its own run (16 or 14 tokens, and 15),
+    exact with the gradients computed in the forward or recomputed, and at three lengths in one
+    compile (the later ones symbolic). A loss that reads two runs in one value
     (``logits[:, 1:] - logits[:, :-1]``) is refused (``test_neighbour_logits_refusal_names_the_slice``)."""
     lm, make_inputs = zoo.tiny_llama()
     model = DistilledLoss(lm, run_of_kl)
-    runs = {"all": [15, 16], "prefix": [14, 15]}[run_of_kl]
+    runs = {"all": [15, 16], "prefix": [14, 15], "max": [15, 16]}[run_of_kl]
     for head_grad in ("auto", "recompute"):
         ids = make_inputs("prompt").args[0]
         g = torch.Generator().manual_seed(5)
@@ -690,7 +695,7 @@ def test_a_distillation_term_beside_a_shifted_loss_streams_as_two_heads(run_of_k
         with record_schedules() as schedules:
             compiled(ids, labels, teacher).backward()
         assert_grads_match(grads_of(ref), grads_of(model))
-        lengths = [T, T - 1] if run_of_kl == "all" else [T - 1, T - 2]
+        lengths = [T - 1, T - 2] if run_of_kl == "prefix" else [T, T - 1]
         assert sorted(chunk_count(n, 4) for n in lengths) == sorted(schedules[k][0] for k in ("head", "head.1")), \
             (B, T, dict(schedules))
 
