@@ -64,10 +64,17 @@ class Analysis:
 
     @property
     def seq_len(self):
+        """The sequence length: a streamed layer's, else the attention's queries', else a
+        streamed head's (which may stream a run of it: a shifted loss's T - 1)."""
+        for p in self.plans:
+            if p.kind == "layer":
+                return p.length
+        for s in self.sites:
+            atoms = _query_axis(s, self.sd) if s.kind != "conv" else ()
+            # (queries merged with other axes in one dim: the size of the axis the keys run along)
+            return self.sd.table.size[atoms[0]] if len(atoms) == 1 else s.query.meta["val"].shape[s.seq_dim]
         for p in self.plans:
             return p.length
-        for s in self.sites:
-            return s.query.meta["val"].shape[s.seq_dim]
         return None
 
     def unknown_mixing(self) -> list:

@@ -1048,13 +1048,15 @@ def test_grouped_einsum_attention_streams_at_every_length(form, window):
 def test_grouped_einsum_attention_that_sees_later_keys_is_refused():
     """The same layout under a mask that lets each query see its own and the later keys (read in
     the scores' own dims, ``[T, 1, T]`` against ``[B, G, T, R, T]``): not causal, so the layers
-    run whole with that cause, exact."""
+    run whole with that cause, exact; the report's sequence length is the tokens' (12), not the
+    merged queries' (T x R) nor the shifted head's (T - 1)."""
     model = grouped_einsum_lm("gqr", "future")
     case = zoo.Case("gqa", 2, 12, pad="right", seed=7)
     args = zoo.tokens(case)
     report = streamfx.explain(model, *args, options={"codegen": "eager", "chunk_size": 4})
     assert [name for name, _ in report.not_streamed] == ["layer.0", "layer.1"], report.not_streamed
     assert all("attention that is not causal" in why for _, why in report.not_streamed), report.not_streamed
+    assert list(report.seq_dim) == [12], report.seq_dim
     inputs = zoo.Inputs(args, {}, case, lambda loss: loss, lambda loss: None, zoo.VOCAB)
     run = run_eager_and_compiled(model, inputs, {"chunk_size": 4})
     torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
