@@ -231,7 +231,9 @@ def _heads_on_runs(entry, g, sd, classes, fwd_nodes, floor) -> list | None:
     ``hidden[:, :-1]``), each run of rows with its own sums, and no value computed from two runs
     (``logits[:, 1:] - logits[:, :-1]`` mixes tokens). ``start`` is a slice, or the hidden state
     itself for what reads it whole. Each is a head of its own, streamed along its run's axis,
-    with its map of rows (``_rows``) where that stays within the run: [(start, nodes, rows)].
+    with its map of rows (``_rows``) where that stays within the run: [(start, nodes, rows)]. A
+    run with no sum over its tokens and nothing wider than the hidden state (a pooled first
+    token's classifier beside a shifted loss) is no head: it runs as it is.
     None where that is not the case (one run: the head of ``_through_slice``)."""
     slices = [u for u in entry.users if u in g and seq_slice(u, sd) is not None]
     direct = [u for u in entry.users if u in g and u not in slices]
@@ -244,7 +246,9 @@ def _heads_on_runs(entry, g, sd, classes, fwd_nodes, floor) -> list | None:
     for i, (start, reach) in enumerate(runs):
         red = [n for n in fwd_nodes if classes.get(n) == SEQ_REDUCTION and n in reach]
         if not red:
-            return None
+            if any(wider(n, sd, floor) for n in reach):
+                return None
+            continue   # (a run read at no more than the hidden state's width, a pooled token: no head)
         core = set()
         for r in red:
             core |= (nx.ancestors(g, r) | {r}) & reach
@@ -254,6 +258,8 @@ def _heads_on_runs(entry, g, sd, classes, fwd_nodes, floor) -> list | None:
         wide = [n for n in fwd_nodes if n in reach and wider(n, sd, floor)]
         rows = _rows(wide, g, classes, reach) if wide else None
         heads.append((start, core, None if rows is None or any(rows & other for other in others) else rows))
+    if not heads:
+        return None
     rank = order(fwd_nodes)
     return sorted(heads, key=lambda h: rank[h[0]] if h[0] is not entry else -1)
 

@@ -700,6 +700,41 @@ def test_a_distillation_term_beside_a_shifted_loss_streams_as_two_heads(run_of_k
             (B, T, dict(schedules))
 
 
+class ClassifiedLM(nn.Module):
+    """A next-token loss over ``logits[:, :-1]`` beside a classifier of the first token's hidden
+    state (``hidden[:, :1]``, a slice of one row: a pooled token, no sum over the tokens)."""
+
+    def __init__(self, lm, classes=3):
+        super().__init__()
+        self.lm, self.classifier = lm, nn.Linear(lm.lm_head.in_features, classes)
+
+    def forward(self, ids, labels, target):
+        lm = self.lm
+        x = lm.embed(ids)
+        for layer in lm.layers:
+            x = layer(x, lm.cos[:ids.shape[1]], lm.sin[:ids.shape[1]])
+        h = lm.norm(x)
+        next_token = F.cross_entropy(lm.lm_head(h)[:, :-1].reshape(-1, lm.vocab), labels[:, 1:].reshape(-1))
+        return next_token + F.cross_entropy(self.classifier(h[:, :1]).squeeze(1), target)
+
+
+@pytest.mark.fast
+def test_a_pooled_token_beside_a_shifted_loss_leaves_the_head_to_stream():
+    """The classifier's run of rows (the first token) has no sum over the tokens and nothing
+    wider than the hidden state: it is no head, and the next-token loss's head streams over its
+    T - 1 tokens with its slice moved in front of the LM head, strict and exact."""
+    lm, make_inputs = zoo.tiny_llama()
+    ids = make_inputs("prompt").args[0]
+    labels = torch.randint(0, zoo.VOCAB, ids.shape, generator=torch.Generator().manual_seed(3))
+    inputs = PlainInputs((ids, labels, torch.tensor([0, 2])), 2, 16)
+    run = run_eager_and_compiled(ClassifiedLM(lm), inputs, {**EAGER, "head_chunk_size": 4, "strict": True})
+    torch.testing.assert_close(run.loss, run.ref_loss, rtol=1e-5, atol=1e-6)
+    assert_grads_match(run.ref_grads, run.grads)
+    assert run.grads["classifier.weight"].abs().sum() > 0
+    assert_streamed(run, T=15, head_chunk_size=4)
+    assert [p.name for p in run.programs if p.name.startswith("head")] == ["head"], run.programs
+
+
 class TRLGRPOLoss(nn.Module):
     """GRPO as TRL's trainer computes it, in plain PyTorch: the model returns logits for the last
     K + 1 positions only (HF's ``logits_to_keep``: a slice of the hidden states), the logits are
