@@ -224,7 +224,7 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
 
 
 def _heads_on_runs(entry, g, sd, classes, fwd_nodes, floor) -> list | None:
-    """Heads over different runs of the hidden state's rows: [(start, nodes)] where the losses
+    """Heads over different runs of the hidden state's rows, where the losses
     read the hidden state through static slices along the sequence of different bounds (each a
     shifted loss's slice moved in front of its head: multi-token prediction's heads, each
     ``hidden[:, :-n]``; a distillation term over every token beside a next-token loss over
