@@ -1034,7 +1034,8 @@ def grouped_einsum_lm(form, window=None):
 
 
 @pytest.mark.parametrize("form,window", [pytest.param("gqr", None, marks=pytest.mark.fast), ("grq", None),
-                                         ("rgq", None), ("gqr", 3)], ids=["gqr", "grq", "rgq", "gqr-window3"])
+                                         pytest.param("rgq", None, marks=pytest.mark.extended), ("gqr", 3)],
+                         ids=["gqr", "grq", "rgq", "gqr-window3"])
 def test_grouped_einsum_attention_streams_at_every_length(form, window):
     """Grouped-query attention in one einsum, its queries merged with their group's heads in one
     dim of the products (before or after them), under a causal or sliding-window mask whose query

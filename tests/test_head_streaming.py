@@ -660,7 +660,8 @@ class DistilledLoss(nn.Module):
         return ce + 0.5 * kl
 
 
-@pytest.mark.parametrize("run_of_kl", [pytest.param("all", marks=pytest.mark.fast), "prefix", "max"])
+@pytest.mark.parametrize("run_of_kl", [pytest.param("all", marks=pytest.mark.fast),
+                                       pytest.param("prefix", marks=pytest.mark.extended), "max"])
 def test_a_distillation_term_beside_a_shifted_loss_streams_as_two_heads(run_of_kl):
     """A KL term over every token (or the first T - 2; or the largest log-partition function over
     every token, a map of rows) and a cross-entropy over ``logits[:, :-1]`` read different runs
