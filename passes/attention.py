@@ -323,8 +323,8 @@ def _sink_cat(node: fx.Node, scores: fx.Node, sd, seq) -> bool:
 
 def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
     """Walk from Q·Kᵀ through the nodes that keep both sequence dims to the matmul with V."""
+    # (the keys' axis; the queries lie along it too, alone or merged with other axes in a dim: ``_holds``)
     seq = sd.table.canon(sd.axes[scores][0][-1])
-    rows = seq   # the queries' axis: the keys', alone or merged with other axes in a dim (``_holds``)
     keys = {seq}   # the scores' key axis, and the key axis extended by sink logits
     interior, frontier, out, mask = {scores}, [scores], None, None
     while frontier:
@@ -344,7 +344,7 @@ def _matmul_site(scores: fx.Node, sd, index: int, forward: set):
             # statistic over the keys, ``_key_statistics``, or a reduction no chunk computes)
             ua = _without_trailing_ones(ua, user)
             if ua and len(ua) >= 2 and ua[-1] and sd.table.canon(ua[-1]) in keys \
-                    and any(_holds(d, rows, sd) for d in ua[:-1]):
+                    and any(_holds(d, seq, sd) for d in ua[:-1]):
                 interior.add(user)
                 frontier.append(user)
     if out is None:

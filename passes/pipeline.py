@@ -182,7 +182,7 @@ def _query_axis(site, sd) -> tuple:
     atoms = sd.table.canon(sd.axes[site.query][0][-2])
     if len(atoms) <= 1:
         return atoms
-    keys = {a for d in sd.axes[site.key][0] if d for a in sd.table.canon(d) if len(sd.table.canon(d)) == 1}
+    keys = {d[0] for d in map(sd.table.canon, sd.axes[site.key][0]) if len(d) == 1}
     along = [a for a in atoms if a in keys]
     return (along[-1],) if len(along) == 1 else atoms
 

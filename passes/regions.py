@@ -174,7 +174,7 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
         end = bounds[i + 1] if i + 1 < len(bounds) else None
         nodes = _between(fwd_nodes, g, start, end, rank)
         regions.append(_make_region(f"layer.{i}", "layer", start, nodes, layer_sites, rank, fwd_nodes))
-    heads = _heads_on_runs(head_entry, g, sd, classes, fwd_nodes, floor) \
+    heads = _heads_on_runs(head_entry, g, sd, classes, fwd_nodes, floor, rank) \
         if head_entry is not None and layer_end is head_entry else None
     if heads:
         for k, (start, core, rows) in enumerate(heads):
@@ -206,13 +206,7 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
     # rows: log-probs returned); nor has a graph that ends at the head's entry (a model body whose
     # head and loss a later graph runs)
     if head_entry is not None and reach and (red or rows or chain[0].op != "placeholder"):
-        if red:
-            anc = set()
-            for r in red:
-                anc |= nx.ancestors(g, r) | {r}
-            core = set(n for n in fwd_nodes if n in reach and n in anc)
-        else:
-            core = rows or set()
+        core = _summed(red, g, reach) if red else rows or set()
         head = _head_region(core, head_entry, sd, classes, rank, fwd_nodes)
         if red and rows is not None:
             head.rows = _head_region(rows, head_entry, sd, classes, rank, fwd_nodes)
@@ -223,7 +217,15 @@ def find_regions(fwd_nodes, sd, sites, sinks, classes, requires_grad=frozenset()
     return regions
 
 
-def _heads_on_runs(entry, g, sd, classes, fwd_nodes, floor) -> list | None:
+def _summed(red, g, reach: set) -> set:
+    """The sums over the tokens ``red`` and what they are computed from within ``reach``."""
+    core = set(red)
+    for r in red:
+        core |= nx.ancestors(g, r) & reach
+    return core
+
+
+def _heads_on_runs(entry, g, sd, classes, fwd_nodes, floor, rank) -> list | None:
     """Heads over different runs of the hidden state's rows, where the losses
     read the hidden state through static slices along the sequence of different bounds (each a
     shifted loss's slice moved in front of its head: multi-token prediction's heads, each
@@ -249,9 +251,7 @@ def _heads_on_runs(entry, g, sd, classes, fwd_nodes, floor) -> list | None:
             if any(wider(n, sd, floor) for n in reach):
                 return None
             continue   # (a run read at no more than the hidden state's width, a pooled token: no head)
-        core = set()
-        for r in red:
-            core |= (nx.ancestors(g, r) | {r}) & reach
+        core = _summed(red, g, reach)
         others = [other for j, (_, other) in enumerate(runs) if j != i]
         if any(core & other for other in others):
             return None
@@ -260,7 +260,6 @@ def _heads_on_runs(entry, g, sd, classes, fwd_nodes, floor) -> list | None:
         heads.append((start, core, None if rows is None or any(rows & other for other in others) else rows))
     if not heads:
         return None
-    rank = order(fwd_nodes)
     return sorted(heads, key=lambda h: rank[h[0]] if h[0] is not entry else -1)
 
 

@@ -584,6 +584,14 @@ def test_neighbour_logits_refusal_names_the_slice():
     assert_head_not_streamed(run)
 
 
+def final_hidden(lm, ids):
+    """The tiny Llama's normalised last hidden state, before its LM head."""
+    x = lm.embed(ids)
+    for layer in lm.layers:
+        x = layer(x, lm.cos[:ids.shape[1]], lm.sin[:ids.shape[1]])
+    return lm.norm(x)
+
+
 class TwoTokenLoss(nn.Module):
     """Multi-token prediction: a second head predicts the token after next, its loss weighted in.
     ``shift="logits"`` slices each head's logits by its own offset (``[:, :-1]``, ``[:, :-2]``);
@@ -596,10 +604,7 @@ class TwoTokenLoss(nn.Module):
 
     def forward(self, ids, labels):
         lm = self.lm
-        x = lm.embed(ids)
-        for layer in lm.layers:
-            x = layer(x, lm.cos[:ids.shape[1]], lm.sin[:ids.shape[1]])
-        h = lm.norm(x)
+        h = final_hidden(lm, ids)
         loss = 0
         for n, head in ((1, lm.lm_head), (2, self.head2)):
             logits = head(h)
@@ -711,10 +716,7 @@ class ClassifiedLM(nn.Module):
 
     def forward(self, ids, labels, target):
         lm = self.lm
-        x = lm.embed(ids)
-        for layer in lm.layers:
-            x = layer(x, lm.cos[:ids.shape[1]], lm.sin[:ids.shape[1]])
-        h = lm.norm(x)
+        h = final_hidden(lm, ids)
         next_token = F.cross_entropy(lm.lm_head(h)[:, :-1].reshape(-1, lm.vocab), labels[:, 1:].reshape(-1))
         return next_token + F.cross_entropy(self.classifier(h[:, :1]).squeeze(1), target)
 
